@@ -1,0 +1,53 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each makes its own
+# virtualenv (.venv) and installs what it needs; nothing is installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# Root installs system packages directly; anyone else through sudo.
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test test-all bench proto-check redis-server clean help
+
+help:
+	@echo "make demo      run Veil end to end on this machine (the main job)"
+	@echo "make test      run the test suite (installs what it needs)"
+	@echo "make test-all  the test suite with the slow statistical tests"
+	@echo "make bench     run the benchmarks against the peer libraries"
+	@echo "make clean     remove the virtualenv and caches"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.aggregator: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[aggregator]'
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[dev]'
+	touch $@ $(VENV)/.aggregator
+
+# The tests start their own redis-server on free ports; install Debian's where it is missing.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (Debian package)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
+
+demo: $(VENV)/.aggregator
+	$(VENV)/bin/veil demo
+
+test: $(VENV)/.dev redis-server
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: $(VENV)/.dev redis-server
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.dev
+	$(PY) bench/bench_randomize.py
+
+proto-check: $(VENV)/.dev
+	$(PY) proto/generate.py --check
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist
+	find . -name __pycache__ -prune -exec rm -rf {} +

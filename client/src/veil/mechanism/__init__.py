@@ -1,0 +1,54 @@
+"""veil.mechanism: the mathematics of on-device randomization (standard library only).
+
+Specs for every mechanism Veil supports, one-report randomization from an injected random
+source (the OS CSPRNG by default), exact transition matrices for small k, the privacy
+calculus, and the exact risk of each mechanism's minimax estimator. The SDK embeds this
+package; the aggregator's estimators read their coefficients from it.
+"""
+
+from ._errors import MechanismError
+from ._law import LinearEstimator, WeightLaw
+from ._metric import DEFAULT_MECHANISM, MECHANISMS, MetricSpec, spec_for
+from ._privacy import (
+    epsilon_to_gamma,
+    gamma_to_epsilon,
+    is_admissible,
+    parity,
+    posterior_bounds,
+    rho_gamma,
+    row_parity,
+    transition_matrix,
+)
+from ._random import RandomSource, SeededRandomSource, SystemRandomSource, WordRandomSource
+from ._rappor import AdmissibleRapporSpec, RapporSpec
+from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, minimax_q, subset_objective
+
+__all__ = [
+    "MechanismError",
+    "MechanismSpec",
+    "SubsetSpec",
+    "KrrSpec",
+    "WarnerSpec",
+    "RapporSpec",
+    "AdmissibleRapporSpec",
+    "MetricSpec",
+    "MECHANISMS",
+    "DEFAULT_MECHANISM",
+    "spec_for",
+    "minimax_q",
+    "subset_objective",
+    "LinearEstimator",
+    "WeightLaw",
+    "RandomSource",
+    "SystemRandomSource",
+    "SeededRandomSource",
+    "WordRandomSource",
+    "epsilon_to_gamma",
+    "gamma_to_epsilon",
+    "posterior_bounds",
+    "rho_gamma",
+    "row_parity",
+    "parity",
+    "is_admissible",
+    "transition_matrix",
+]

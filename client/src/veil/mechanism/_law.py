@@ -1,0 +1,75 @@
+"""What the estimators and the risk calculus need to know about a design.
+
+Every mechanism here is a mixture of t-subset designs (MATH.md): a report has some number t of
+categories ("Hamming weight"), drawn with a probability p_t that does not depend on the true
+value, and given t it is a t-subset design. Every estimator here is linear per report and per
+weight: category j's estimate is the mean over reports of Y_j = alpha_t z_j + beta_t, where z_j
+says whether the report contains j. So the sufficient statistics are n_t (reports of weight t)
+and V_j^(t) (those among them containing j), and the variance of an estimator follows from
+two numbers per weight, P(T = t, Z_j = 1) under X = j and under X != j.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._errors import MechanismError
+
+__all__ = ["WeightLaw", "LinearEstimator"]
+
+
+@dataclass(frozen=True)
+class WeightLaw:
+    """The distribution of (report weight, membership of a category) under a design."""
+
+    weights: tuple[int, ...]  # the weights t a report can have
+    p: tuple[float, ...]  # P(T = t), the same under every true value
+    one_true: tuple[float, ...]  # P(T = t, Z_j = 1 | X = j)
+    one_other: tuple[float, ...]  # P(T = t, Z_j = 1 | X = i) for any i != j
+
+
+@dataclass(frozen=True)
+class LinearEstimator:
+    """pi_hat_j = (1/n) sum_t (alpha_t V_j^(t) + beta_t n_t), over the weights of the law."""
+
+    name: str
+    weights: tuple[int, ...]
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+
+    @property
+    def needs_weights(self) -> bool:
+        """True when the coefficients differ between weights, so per-weight counts are needed;
+        otherwise totals n and V_j suffice."""
+        return len(set(self.alpha)) > 1 or len(set(self.beta)) > 1
+
+    def moments(self, law: WeightLaw) -> tuple[float, float, float, float]:
+        """(E[Y_j | X=j], E[Y_j | X!=j], E[Y_j^2 | X=j], E[Y_j^2 | X!=j]) for one report.
+        An unbiased estimator has the first two equal to 1 and 0."""
+        if law.weights != self.weights:
+            raise MechanismError("The estimator and the weight law cover different weights.")
+        mean_true = mean_other = square_true = square_other = 0.0
+        for a, b, p, one_t, one_o in zip(self.alpha, self.beta, law.p, law.one_true, law.one_other):
+            mean_true += a * one_t + b * p
+            mean_other += a * one_o + b * p
+            square_true += (a + b) ** 2 * one_t + b * b * (p - one_t)
+            square_other += (a + b) ** 2 * one_o + b * b * (p - one_o)
+        return mean_true, mean_other, square_true, square_other
+
+    def variances(self, law: WeightLaw, pi: Sequence[float]) -> list[float]:
+        """n * Var(pi_hat_j) for each category under the population distribution pi.
+
+        Var(Y_j) = E[Y_j^2] - pi_j^2, and by symmetry E[Y_j^2] = pi_j A + (1 - pi_j) B with A
+        and B the second moments under X = j and X != j."""
+        _, _, a, b = self.moments(law)
+        return [p * a + (1.0 - p) * b - p * p for p in pi]
+
+
+def binomial_pmf(m: int, p: float, s: int) -> float:
+    """C(m, s) p^s (1-p)^(m-s), in logs so that large m neither overflows nor underflows."""
+    if s < 0 or s > m:
+        return 0.0
+    log = math.lgamma(m + 1) - math.lgamma(s + 1) - math.lgamma(m - s + 1)
+    return math.exp(log + s * math.log(p) + (m - s) * math.log1p(-p))

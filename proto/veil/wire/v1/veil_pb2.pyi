@@ -1,0 +1,155 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mechanism(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MECHANISM_UNSPECIFIED: _ClassVar[Mechanism]
+    SUBSET: _ClassVar[Mechanism]
+    RAPPOR: _ClassVar[Mechanism]
+    RAPPOR_ADMISSIBLE: _ClassVar[Mechanism]
+    KRR: _ClassVar[Mechanism]
+    WARNER: _ClassVar[Mechanism]
+MECHANISM_UNSPECIFIED: Mechanism
+SUBSET: Mechanism
+RAPPOR: Mechanism
+RAPPOR_ADMISSIBLE: Mechanism
+KRR: Mechanism
+WARNER: Mechanism
+
+class MetricSpec(_message.Message):
+    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    Q_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    mechanism: Mechanism
+    epsilon: float
+    q: int
+    fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class GetMetricSpecsRequest(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, metrics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetMetricSpecsResponse(_message.Message):
+    __slots__ = ("specs",)
+    SPECS_FIELD_NUMBER: _ClassVar[int]
+    specs: _containers.RepeatedCompositeFieldContainer[MetricSpec]
+    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ...) -> None: ...
+
+class IndexSets(_message.Message):
+    __slots__ = ("set_size", "indices")
+    SET_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    set_size: int
+    indices: bytes
+    def __init__(self, set_size: _Optional[int] = ..., indices: _Optional[bytes] = ...) -> None: ...
+
+class Bitmaps(_message.Message):
+    __slots__ = ("bits",)
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    bits: bytes
+    def __init__(self, bits: _Optional[bytes] = ...) -> None: ...
+
+class UploadRequest(_message.Message):
+    __slots__ = ("batch_id", "metric", "spec_fingerprint", "count", "index_sets", "bitmaps")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_SETS_FIELD_NUMBER: _ClassVar[int]
+    BITMAPS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: bytes
+    metric: str
+    spec_fingerprint: str
+    count: int
+    index_sets: IndexSets
+    bitmaps: Bitmaps
+    def __init__(self, batch_id: _Optional[bytes] = ..., metric: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., count: _Optional[int] = ..., index_sets: _Optional[_Union[IndexSets, _Mapping]] = ..., bitmaps: _Optional[_Union[Bitmaps, _Mapping]] = ...) -> None: ...
+
+class UploadResponse(_message.Message):
+    __slots__ = ("accepted", "duplicate")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    duplicate: bool
+    def __init__(self, accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class EstimatesRequest(_message.Message):
+    __slots__ = ("metric", "window")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    window: str
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ...) -> None: ...
+
+class CategoryEstimate(_message.Message):
+    __slots__ = ("label", "estimate", "stderr", "lower", "upper", "projected")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    PROJECTED_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    estimate: float
+    stderr: float
+    lower: float
+    upper: float
+    projected: float
+    def __init__(self, label: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ..., projected: _Optional[float] = ...) -> None: ...
+
+class WindowEstimate(_message.Message):
+    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CATEGORIES_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    window: str
+    start_unix: int
+    end_unix: int
+    n: int
+    mechanism: Mechanism
+    epsilon: float
+    spec_fingerprint: str
+    withheld: bool
+    reason: str
+    categories: _containers.RepeatedCompositeFieldContainer[CategoryEstimate]
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ...) -> None: ...
+
+class EstimatesResponse(_message.Message):
+    __slots__ = ("estimates",)
+    ESTIMATES_FIELD_NUMBER: _ClassVar[int]
+    estimates: _containers.RepeatedCompositeFieldContainer[WindowEstimate]
+    def __init__(self, estimates: _Optional[_Iterable[_Union[WindowEstimate, _Mapping]]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("metric", "window", "min_interval_seconds")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    window: str
+    min_interval_seconds: float
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., min_interval_seconds: _Optional[float] = ...) -> None: ...
