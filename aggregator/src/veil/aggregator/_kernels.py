@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 # error_model="numpy": the one modulo below has a nonzero divisor, so skip Python's check.
-_JIT = dict(nopython=True, nogil=True, cache=True, boundscheck=False, error_model="numpy")
+_JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 
 _OUT = -1  # the position a draw returns when the words ran out
 _SHIFT = np.uint64(32)

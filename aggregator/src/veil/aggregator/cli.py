@@ -1,2 +1,0 @@
-def main() -> int:
-    raise SystemExit("not yet")

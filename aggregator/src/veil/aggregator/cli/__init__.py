@@ -1,0 +1,56 @@
+"""The `veil` command: one entry point, a subcommand per job.
+
+Each subcommand's module is imported only when it runs, so `veil privacy` needs nothing but
+the standard library and `veil --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from veil.mechanism import MechanismError
+
+__all__ = ["main"]
+
+# name -> (module under veil.aggregator.cli, one-line help)
+_COMMANDS = {
+    "privacy": ("_privacy", "what each mechanism costs and guarantees at a given k and epsilon"),
+    "demo": ("_demo", "simulate a population reporting, and watch the estimates converge"),
+}
+
+
+class CliError(Exception):
+    """A problem the user can fix, reported as one line and exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="veil",
+        description="Veil: local-differential-privacy telemetry. Each subcommand has its own --help.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, summary) in _COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        importlib.import_module(f"{__name__}.{module}").add_arguments(sub)
+        sub.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return importlib.import_module(f"{__name__}.{args._module}").run(args)
+    except (CliError, MechanismError) as err:
+        print(f"veil {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python's own flush at
+        # exit from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -1,0 +1,90 @@
+"""What every Veil benchmark shares: machine facts, one timer, progress lines, the results file.
+
+Benchmarks here compare Veil with peer libraries measured in the same run on the same machine,
+so only ratios travel between machines; the machine facts recorded beside them say where the
+absolute numbers come from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr, so stdout carries only the results table."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    """(wall seconds, result) of one call. Garbage collection is collected before and paused
+    during the call, as timeit does, so a collection triggered by an earlier measurement's
+    garbage is not charged to this one."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        result = call()
+        seconds = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return seconds, result
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def machine_info(packages: tuple[str, ...]) -> dict[str, Any]:
+    """Where the numbers were measured: CPU, interpreter, and the versions of ``packages``."""
+    import numba  # the only third-party import here: every benchmark of Veil's kernels needs it
+
+    versions = {}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "numba_threads": numba.get_num_threads(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as lines:
+            for line in lines:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """Write JSON atomically (a *.tmp beside it, then rename), so an interrupted run never
+    leaves half a results file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    scratch.replace(path)

@@ -1,0 +1,67 @@
+"""`veil privacy`: stable JSON, a readable table, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from veil.aggregator.cli import main
+from veil.mechanism import MECHANISMS, spec_for
+
+
+def run_json(capsys, *args: str) -> dict:
+    assert main(["privacy", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("k, epsilon", [(2, 0.5), (10, 1.0), (1024, 4.0)])
+def test_json_has_the_stable_keys_and_the_right_numbers(capsys, k, epsilon):
+    report = run_json(capsys, "--k", str(k), "--epsilon", str(epsilon))
+    assert report["k"] == k and report["epsilon"] == epsilon
+    names = [m["name"] for m in report["mechanisms"]]
+    assert names == [m for m in MECHANISMS if m != "warner" or k == 2]
+    for row in report["mechanisms"]:
+        assert {"name", "q", "outputs", "parity", "risk_uniform", "risk_worst"} <= set(row)
+        spec = spec_for(row["name"], k, epsilon)
+        assert row["q"] == spec.q and row["outputs"] == spec.outputs
+        assert row["parity"] <= math.exp(epsilon)
+        if spec.admissible:
+            assert row["parity_equals_gamma"] is True
+        assert row["risk_uniform"] == pytest.approx(spec.risk_uniform())
+        assert row["risk_worst"] >= row["risk_uniform"] * (1 - 1e-12)
+        gamma = math.exp(epsilon)
+        assert row["posterior_upper"]["0.1"] == pytest.approx(gamma * 0.1 / (1 + (gamma - 1) * 0.1))
+    # The minimax design has the lowest worst-case risk of all (003 ch. 6).
+    subset = report["mechanisms"][0]
+    assert subset["risk_worst"] == min(m["risk_worst"] for m in report["mechanisms"])
+
+
+def test_one_mechanism_and_the_table(capsys):
+    report = run_json(capsys, "--k", "16", "--epsilon", "1", "--mechanism", "krr")
+    assert [m["name"] for m in report["mechanisms"]] == ["krr"] and report["mechanisms"][0]["q"] == 1
+    assert main(["privacy", "--k", "16", "--epsilon", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "rappor (not admissible)" in table and "=gamma" in table and "Lowest worst-case risk: subset" in table
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--k", "1", "--epsilon", "1"], "k must be a whole number of categories of at least 2"),
+     (["--k", "4", "--epsilon", "0"], "epsilon must be a finite number above 0"),
+     (["--k", "4", "--epsilon", "1", "--mechanism", "warner"], "Warner's design is for two categories")],
+)
+def test_errors_are_one_line_and_exit_2(args, message):
+    out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "privacy", *args],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("veil privacy: ") and message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_help_lists_every_command():
+    out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "privacy" in out.stdout and "demo" in out.stdout

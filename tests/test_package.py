@@ -1,0 +1,51 @@
+"""The distribution: one wheel, one namespace `veil` over three source trees."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ["veil.mechanism", "veil.aggregator", "veil.aggregator.cli", "veil.wire.v1.veil_pb2",
+               "veil.wire.v1.veil_pb2_grpc"]
+
+
+def test_the_editable_install_imports_every_subpackage_from_the_checkout():
+    code = "import importlib; print('\\n'.join(importlib.import_module(m).__file__ for m in %r))" % SUBPACKAGES
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    for path in out.stdout.split():
+        assert Path(path).resolve().is_relative_to(ROOT)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out_dir = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out_dir), str(ROOT)], check=True)
+    (path,) = out_dir.glob("veil-*.whl")
+    return path
+
+
+def test_the_wheel_has_one_namespace_and_no_veil_init(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "veil/__init__.py" not in names
+    for module in ("veil/mechanism/__init__.py", "veil/aggregator/estimate.py", "veil/wire/v1/veil_pb2.py",
+                   "veil/wire/v1/veil.proto"):
+        assert module in names
+    assert not any(n.startswith(("client/", "aggregator/", "proto/", "tests/")) for n in names)
+
+
+def test_the_wheel_imports_every_subpackage(wheel, tmp_path):
+    zipfile.ZipFile(wheel).extractall(tmp_path)
+    # Only the wheel's tree on the path (plus site-packages for the dependencies), not the checkout.
+    code = (
+        "import sys, importlib; sys.path = [p for p in sys.path if 'work/main' not in p and not p.endswith('src')"
+        " and not p.endswith('proto')]; sys.path.insert(0, %r); "
+        "import veil; assert set(veil.__path__) == {%r}, veil.__path__; "
+        "[importlib.import_module(m) for m in %r]" % (str(tmp_path), str(tmp_path / "veil"), SUBPACKAGES)
+    )
+    subprocess.run([sys.executable, "-S", "-c", "import site; site.main(); " + code], check=True, cwd="/")
