@@ -37,7 +37,8 @@ _WORD = np.uint64(1 << 32)
 
 @njit(**_JIT)
 def _bits64(words, pos):
-    """WordRandomSource.bits64 at words[pos:pos + 2]: the first word is the high half."""
+    """WordRandomSource.bits64 at words[pos:pos + 2], the first word the high half: uniform
+    on [0, 2**64), so ``_bits64(...) < T`` is true with probability exactly T / 2**64."""
     return (np.uint64(words[pos]) << _SHIFT) | np.uint64(words[pos + 1])
 
 
@@ -69,20 +70,23 @@ def _below(words, pos, n):
 
 @njit(**_JIT)
 def _draw_subset(words, pos, value, k, q, keep_threshold, stamp, mark, picks):
-    """SubsetSpec.randomize(value) into picks[:q], unsorted. Returns the next position, or
-    _OUT when the words ran out.
+    """SubsetSpec.randomize(value) into picks[:q], unsorted (a kept value first). Returns the
+    next position, or _OUT when the words ran out.
 
     Floyd's algorithm as veil.mechanism._random.choose, over the k - 1 other categories (index
     i stands for category i + (i >= value)); stamp[i] == mark says i is already chosen in
     this report, so the stamp array never needs clearing."""
     if words.size - pos < 2:
         return _OUT
-    keep = _bits64(words, pos) < keep_threshold
+    c = 0
+    # The kept value goes first and no flag outlives this branch: with a flag tested after the
+    # loop, numba reference-counts picks and stamp on every call, which costs 5x the draw.
+    if _bits64(words, pos) < keep_threshold:
+        picks[0] = value
+        c = 1
     pos += 2
     others = k - 1
-    chosen = q - 1 if keep else q
-    c = 0
-    for j in range(others - chosen, others):
+    for j in range(others - (q - c), others):
         t, pos = _below(words, pos, j + 1)
         if pos == _OUT:
             return _OUT
@@ -90,29 +94,35 @@ def _draw_subset(words, pos, value, k, q, keep_threshold, stamp, mark, picks):
         stamp[pick] = mark
         picks[c] = pick + (pick >= value)
         c += 1
-    if keep:
-        picks[c] = value
     return pos
 
 
 @njit(**_JIT)
+def _flip_bits(words, pos, value, k, flip_threshold, picks):
+    """One RAPPOR draw from words[pos:pos + 2k]: bit j is the one-hot bit (j == value) flipped
+    when bits64 < flip_threshold. The set bits go, ascending, into picks[:weight] (written
+    without a branch, so picks needs room for k); returns the weight."""
+    weight = 0
+    for j in range(k):
+        picks[weight] = j
+        weight += (j == value) != (_bits64(words, pos + 2 * j) < flip_threshold)
+    return weight
+
+
+@njit(**_JIT)
 def _draw_rappor(words, pos, value, k, flip_threshold, admissible, picks):
-    """RapporSpec.randomize(value), or AdmissibleRapporSpec's (redrawing weights 0 and k): the
-    set bits, ascending, into picks[:weight]. Returns (next position, weight), or (_OUT, 0)
-    when the words ran out."""
-    while True:
-        # An attempt takes exactly two words per bit.
-        if words.size - pos < 2 * k:
-            return _OUT, 0
-        weight = 0
-        for j in range(k):
-            flip = _bits64(words, pos) < flip_threshold
-            pos += 2
-            if (j == value) != flip:
-                picks[weight] = j
-                weight += 1
-        if not admissible or 0 < weight < k:
-            return pos, weight
+    """RapporSpec.randomize(value), or AdmissibleRapporSpec's (redrawing weights 0 and k), into
+    picks[:weight]. Returns (next position, weight), or (_OUT, 0) when the words ran out.
+
+    One exit, after the loop: a return inside it makes numba reference-count picks and words
+    on every call, which costs more than the draw."""
+    weight = 0
+    drawn = False
+    while not drawn and words.size - pos >= 2 * k:
+        weight = _flip_bits(words, pos, value, k, flip_threshold, picks)
+        pos += 2 * k
+        drawn = not admissible or 0 < weight < k
+    return (pos, weight) if drawn else (_OUT, 0)
 
 
 @njit(**_JIT)
@@ -124,17 +134,46 @@ def _add_report(picks, weight, rows, n, v):
         v[row, picks[c]] += 1
 
 
+# numba's own sort costs some 100 ns even for one item, so reports are sorted by one of these
+# two. Insertion sort takes about q^2 / 4 steps, each a branch a random report mispredicts;
+# marking takes k steps without one; measured, they break even near q^2 = 2k. The kernel picks
+# one per batch: choosing inside a helper makes numba reference-count its arrays on every call.
+
+
+@njit(**_JIT)
+def _insertion_sort(picks, count):
+    """Sort picks[:count] in place."""
+    for c in range(1, count):
+        x = picks[c]
+        d = c
+        while d > 0 and picks[d - 1] > x:
+            picks[d] = picks[d - 1]
+            d -= 1
+        picks[d] = x
+
+
+@njit(**_JIT)
+def _sort_by_marks(picks, count, present, mark):
+    """Sort picks[:count], distinct categories below present.size, in place: mark them in
+    present, then read every category back in order, branch-free (so picks needs room for k)."""
+    for c in range(count):
+        present[picks[c]] = mark
+    c = 0
+    for category in range(present.size):
+        picks[c] = category
+        c += present[category] == mark
+
+
 @njit(**_JIT)
 def _unpack_bits(bitmap, picks):
     """The set bits of a bitmap (bit j is bit j % 8 of byte j // 8), ascending, into
-    picks[:weight]; returns the weight."""
+    picks[:weight], branch-free (so picks needs room for 8 * bitmap.size); returns the weight."""
     weight = 0
     for b in range(bitmap.size):
         byte = bitmap[b]
         for bit in range(8):
-            if (byte >> bit) & 1:
-                picks[weight] = 8 * b + bit
-                weight += 1
+            picks[weight] = 8 * b + bit
+            weight += (byte >> bit) & 1
     return weight
 
 
@@ -162,13 +201,18 @@ def subset_reports(words, values, k, q, keep_threshold, out):
     """Randomize values under a q-subset design into out[i] (sorted category indices).
     Returns (reports done, words used)."""
     stamp = np.full(k - 1, -1, np.int64)
-    picks = np.empty(q, np.int64)
+    present = np.full(k, -1, np.int64)
+    picks = np.empty(k, np.int64)
+    by_marks = q * q > 2 * k
     pos = 0
     for i in range(values.size):
         following = _draw_subset(words, pos, values[i], k, q, keep_threshold, stamp, i, picks)
         if following == _OUT:
             return i, pos
-        picks.sort()
+        if by_marks:
+            _sort_by_marks(picks, q, present, i)
+        else:
+            _insertion_sort(picks, q)
         for c in range(q):
             out[i, c] = picks[c]
         pos = following
