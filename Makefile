@@ -7,13 +7,14 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-all bench proto-check redis-server clean help
+.PHONY: demo test test-all bench bench-quick proto-check redis-server clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job)"
 	@echo "make test      run the test suite (installs what it needs)"
 	@echo "make test-all  the test suite with the slow statistical tests"
-	@echo "make bench     run the benchmarks against the peer libraries"
+	@echo "make bench     run the benchmarks against the peer libraries (bench/results/)"
+	@echo "make bench-quick  a seconds-long smoke run of the benchmarks (numbers mean nothing)"
 	@echo "make clean     remove the virtualenv and caches"
 
 $(VENV)/bin/python:
@@ -44,6 +45,9 @@ test-all: $(VENV)/.dev redis-server
 
 bench: $(VENV)/.dev
 	$(PY) bench/bench_randomize.py
+
+bench-quick: $(VENV)/.dev
+	$(PY) bench/bench_randomize.py --quick
 
 proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check

@@ -28,15 +28,15 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def timed(call: Callable[[], Any]) -> tuple[float, Any]:
-    """(wall seconds, result) of one call. Garbage collection is collected before and paused
-    during the call, as timeit does, so a collection triggered by an earlier measurement's
-    garbage is not charged to this one."""
+def timed(function: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """(wall seconds, result) of function(*args). Garbage is collected before the call and the
+    collector paused during it, as timeit does, so a collection triggered by an earlier
+    measurement's garbage is not charged to this one."""
     gc.collect()
     gc.disable()
     try:
         start = time.perf_counter()
-        result = call()
+        result = function(*args)
         seconds = time.perf_counter() - start
     finally:
         gc.enable()
