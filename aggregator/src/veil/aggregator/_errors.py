@@ -1,0 +1,31 @@
+"""The aggregator's error root and the misuse errors it raises (stores have their own root)."""
+
+from __future__ import annotations
+
+__all__ = ["AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "StaleSpec"]
+
+
+class AggregatorError(Exception):
+    """The root of the aggregator's own errors."""
+
+
+class ConfigError(AggregatorError, ValueError):
+    """The configuration is wrong; the message names the key."""
+
+
+class InvalidBatch(AggregatorError, ValueError):
+    """An upload has a malformed report (or is malformed as a whole); nothing of it is counted."""
+
+    def __init__(self, reason: str, report: int | None = None) -> None:
+        self.reason = reason
+        self.report = report  # index of the first bad report in the batch, None for the batch itself
+        where = "batch" if report is None else f"report {report}"
+        super().__init__(f"{where}: {reason}")
+
+
+class UnknownMetric(AggregatorError, ValueError):
+    """An upload names a metric this aggregator does not declare."""
+
+
+class StaleSpec(AggregatorError, ValueError):
+    """An upload was randomized under a spec other than the metric's current one."""

@@ -1,0 +1,72 @@
+"""The store contract: integer counters, added once per batch, read back as Counts.
+
+A batch's counts go to several places at once, one per window of the metric (e.g. the
+all-time total and the current hour's bucket). ``add`` applies all of them and records the
+batch id in one atomic step, so a batch retried any number of times is counted exactly once.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..counts import Counts
+
+__all__ = ["StoreError", "StoreUnavailable", "CountsKey", "BatchWrite", "Store"]
+
+
+class StoreError(Exception):
+    """The root of every store failure."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or did not answer in time; the caller may retry."""
+
+
+@dataclass(frozen=True)
+class CountsKey:
+    """Where one window bucket of one metric's counts lives."""
+
+    metric: str
+    fingerprint: str  # the metric spec's: counts of different specs never mix
+    window: str  # e.g. "total", "1h"
+    bucket: int  # the bucket's start, seconds since the Unix epoch (0 for "total")
+
+
+@dataclass(frozen=True, eq=False)
+class BatchWrite:
+    """One validated batch: its id, its counts, and every bucket they are added to."""
+
+    metric: str
+    batch_id: bytes  # 16 bytes chosen by the device, the same on every retry
+    counts: Counts
+    # Each bucket with the time (Unix seconds) after which the store may drop it, or None to keep it.
+    targets: tuple[tuple[CountsKey, int | None], ...]
+    dedupe_ttl: int  # seconds to remember the batch id; at least the SDK's retry horizon
+
+
+class Store(abc.ABC):
+    """Counters for every metric, window and bucket. Implementations: MemoryStore, RedisStore."""
+
+    @abc.abstractmethod
+    def add(self, write: BatchWrite) -> bool:
+        """Add the batch's counts to every target and remember its id, atomically. True when
+        counted now; False when the id was already counted (nothing changes). Raises
+        StoreUnavailable when it cannot tell whether the batch was applied."""
+
+    @abc.abstractmethod
+    def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
+        """The counts in one bucket (zeros where nothing was added)."""
+
+    @abc.abstractmethod
+    def versions(self, keys: Sequence[CountsKey]) -> list[int]:
+        """For each bucket, how many batches have been added to it: a cheap way to tell
+        whether cached estimates are stale."""
+
+    @abc.abstractmethod
+    def ping(self) -> None:
+        """Return when the store is reachable; raise StoreUnavailable otherwise."""
+
+    def close(self) -> None:
+        """Release connections (and, for the memory store, write its snapshot)."""
