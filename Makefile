@@ -45,9 +45,11 @@ test-all: $(VENV)/.dev redis-server
 
 bench: $(VENV)/.dev
 	$(PY) bench/bench_randomize.py
+	$(PY) bench/bench_client.py
 
 bench-quick: $(VENV)/.dev
 	$(PY) bench/bench_randomize.py --quick
+	$(PY) bench/bench_client.py --quick
 
 proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check

@@ -1,0 +1,286 @@
+"""The Veil SDK: report() latency and upload throughput against a local Collector.
+
+report() latency, per call, for the subset design (the default) in every cell k in
+{16, 128, 1024} x epsilon in {1, 4}:
+
+  - server up:    a local Collector (a separate process, so it does not share the GIL) acknowledges
+                  every batch while the app reports;
+  - server down:  the same Collector killed after the specs were fetched; the worker keeps
+                  retrying with backoff while the app reports.
+
+Each with memoization off (every call draws a fresh randomized response with the OS CSPRNG:
+the worst case) and on (steady state: every value was seen once before, so a call is an HMAC
+and a dictionary lookup). Beside them, the bare ``spec.mechanism.randomize(value)`` of
+veil.mechanism on the same values: the SDK's overhead is the difference. The queue is sized so
+nothing is dropped (a dropped call would be cheaper than a real one). Garbage collection stays
+on, as in an app.
+
+Upload throughput: reports per second from the first report() to the end of force_flush()
+(randomize, queue, batch, encode, upload, acknowledge), memoization on so that report() is
+cheap and the pipeline is what is measured, default batch size (512 reports).
+
+Usage:  .venv/bin/python bench/bench_client.py [--quick] [--calls N] [--throughput-reports N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import random
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+from benchlib import RESULTS_DIR, machine_info, progress, write_results
+
+KS = (16, 128, 1024)
+EPSILONS = (1.0, 4.0)
+MECHANISM = "subset"
+
+
+def metric_name(k: int, epsilon: float) -> str:
+    return f"m_k{k}_e{epsilon:g}"
+
+
+# --- the local Collector (run as a subprocess: `bench_client.py --serve`) ----------------------
+
+
+def serve() -> None:
+    """A minimal Collector: specs for every cell; Upload parses, dedupes and counts. Prints the
+    port on stdout, then serves until killed."""
+    import grpc
+
+    from veil.client._specs import spec_to_proto
+    from veil.mechanism import MetricSpec
+    from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+
+    specs = [MetricSpec.create(metric_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e)
+             for k in KS for e in EPSILONS]
+    response = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(s) for s in specs])
+    seen: set[bytes] = set()
+
+    class Collector(veil_pb2_grpc.CollectorServicer):
+        def GetMetricSpecs(self, request, context):
+            return response
+
+        def Upload(self, request, context):
+            duplicate = request.batch_id in seen
+            seen.add(request.batch_id)
+            return veil_pb2.UploadResponse(accepted=request.count, duplicate=duplicate)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    veil_pb2_grpc.add_CollectorServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    server.wait_for_termination()
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+    port = process.stdout.readline().strip()
+    return process, f"127.0.0.1:{port}"
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- measurements --------------------------------------------------------------------------
+
+
+def percentiles(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"median_us": statistics.median(ordered) / 1000, "p99_us": p99 / 1000, "calls": len(ordered)}
+
+
+def time_calls(call, metric: str, values: list[str]) -> list[int]:
+    gc.collect()  # start each series from the same heap; collections during it are counted
+    clock = time.perf_counter_ns
+    samples = []
+    for value in values:
+        start = clock()
+        call(metric, value)
+        samples.append(clock() - start)
+    return samples
+
+
+def latency(reporter, spec, values: list[str], memoize: bool) -> dict[str, float]:
+    if memoize:  # the steady state: every value has its memoized response already
+        for label in spec.labels:
+            reporter.report(spec.name, label)
+    samples = time_calls(reporter.report, spec.name, values)
+    result = percentiles(samples)
+    counters = reporter.counters()
+    result["dropped"] = counters.dropped
+    return result
+
+
+def bare_randomize(spec, values: list[str]) -> dict[str, float]:
+    mechanism = spec.mechanism
+    index = {label: i for i, label in enumerate(spec.labels)}  # as report() looks labels up
+    return percentiles(time_calls(lambda _, label: mechanism.randomize(index[label]), spec.name, values))
+
+
+def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], seed: int) -> dict:
+    from veil.client import Reporter
+
+    rng = random.Random(seed)
+    results: dict[str, dict] = {"up": {}, "down": {}, "bare_randomize": {}}
+    # One Reporter per (cell, memoize), built while the server is up so the specs are known.
+    reporters = {}
+    for k in KS:
+        for epsilon in EPSILONS:
+            for memoize in (False, True):
+                reporters[k, epsilon, memoize] = Reporter(
+                    endpoint, tls=False, memoize=memoize, max_queue_size=4 * calls[k] + 4096,
+                    retry_initial_backoff_ms=100, retry_max_backoff_ms=1000)
+    for reporter in reporters.values():
+        assert reporter.wait_for_specs(30), "the local Collector did not answer"
+    values = {k: [f"c{rng.randrange(k)}" for _ in range(calls[k])] for k in KS}
+    for phase in ("up", "down"):
+        if phase == "down":
+            stop_server(server)
+            for reporter in reporters.values():
+                reporter.force_flush(0.5)  # let every worker see the failure and start its backoff
+        for k in KS:
+            for epsilon in EPSILONS:
+                cell = f"k={k} eps={epsilon:g}"
+                for memoize in (False, True):
+                    reporter = reporters[k, epsilon, memoize]
+                    spec = reporter.metrics[metric_name(k, epsilon)]
+                    key = "memo on" if memoize else "memo off"
+                    results[phase].setdefault(cell, {})[key] = latency(reporter, spec, values[k], memoize)
+                    if phase == "up":
+                        reporter.force_flush(60)
+                if phase == "up":
+                    results["bare_randomize"][cell] = bare_randomize(spec, values[k])
+                r = results[phase][cell]
+                progress(f"  server {phase:4} {cell:14} memo off median {r['memo off']['median_us']:8.1f} us "
+                         f"p99 {r['memo off']['p99_us']:8.1f} us | memo on median {r['memo on']['median_us']:6.1f} us "
+                         f"p99 {r['memo on']['p99_us']:6.1f} us")
+    for reporter in reporters.values():
+        reporter.shutdown(0)
+    return results
+
+
+def run_throughput(reports: dict[int, int], seed: int) -> dict:
+    from veil.client import Reporter
+    from veil.client._encoding import report_bytes
+
+    rng = random.Random(seed)
+    server, endpoint = start_server()
+    results = {}
+    try:
+        for k in KS:
+            for epsilon in EPSILONS:
+                n = reports[k]
+                with Reporter(endpoint, tls=False, max_queue_size=n + 1) as reporter:
+                    assert reporter.wait_for_specs(30)
+                    spec = reporter.metrics[metric_name(k, epsilon)]
+                    values = [f"c{rng.randrange(k)}" for _ in range(n)]
+                    for label in spec.labels:  # memoized responses exist: report() is cheap
+                        reporter.report(spec.name, label)
+                    assert reporter.force_flush(60)
+                    before = reporter.counters()
+                    start = time.perf_counter()
+                    for label in values:
+                        reporter.report(spec.name, label)
+                    reported = time.perf_counter() - start
+                    assert reporter.force_flush(120)
+                    seconds = time.perf_counter() - start
+                    after = reporter.counters()
+                    sent = after.sent - before.sent
+                cell = f"k={k} eps={epsilon:g}"
+                results[cell] = {"reports": n, "sent": sent, "dropped": after.dropped, "seconds": seconds,
+                                 "report_loop_seconds": reported, "reports_per_second": sent / seconds,
+                                 "batch_size": 512, "bytes_per_report": report_bytes(spec),
+                                 "upload_megabytes_per_second": sent * report_bytes(spec) / seconds / 1e6}
+                progress(f"  throughput {cell:14} {sent / seconds:12,.0f} reports/s "
+                         f"({results[cell]['upload_megabytes_per_second']:.1f} MB/s of reports)")
+    finally:
+        stop_server(server)
+    return results
+
+
+def table(results: dict) -> str:
+    lines = ["report() latency, subset design, microseconds per call (median / p99)", "",
+             f"{'cell':16}{'bare randomize':>18}{'up, memo off':>20}{'up, memo on':>18}"
+             f"{'down, memo off':>20}{'down, memo on':>18}"]
+    for cell, bare in results["latency"]["bare_randomize"].items():
+        row = f"{cell:16}{bare['median_us']:>9.1f} /{bare['p99_us']:>7.1f}"
+        for phase in ("up", "down"):
+            for key in ("memo off", "memo on"):
+                r = results["latency"][phase][cell][key]
+                width = 11 if key == "memo off" else 9
+                row += f"{r['median_us']:>{width}.1f} /{r['p99_us']:>7.1f}"
+        lines.append(row)
+    lines += ["", "upload throughput (report() .. force_flush(), memo on, batches of 512)", ""]
+    for cell, r in results["throughput"].items():
+        lines.append(f"{cell:16}{r['reports_per_second']:>14,.0f} reports/s"
+                     f"  {r['upload_megabytes_per_second']:6.1f} MB/s")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run with few calls (not a measurement)")
+    parser.add_argument("--calls", type=int, default=20_000, help="report() calls per cell and mode (k <= 128)")
+    parser.add_argument("--throughput-reports", type=int, default=200_000, help="reports per throughput cell (k=16)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve()
+        return 0
+    # The SDK logs each problem once per Reporter; killing the server on purpose is no news.
+    logging.getLogger("veil.client").setLevel(logging.ERROR)
+    calls = 500 if args.quick else args.calls
+    # k = 1024 draws ~275 indices per fresh report: fewer calls keep the cell near a few seconds.
+    per_k = {16: calls, 128: calls, 1024: max(100, calls // 4)}
+    through = 5_000 if args.quick else args.throughput_reports
+    per_k_through = {16: through, 128: through, 1024: max(1000, through // 8)}
+    output = args.output or RESULTS_DIR / ("client-quick.json" if args.quick else "client.json")
+
+    progress("report() latency (server up, then killed)")
+    server, endpoint = start_server()
+    try:
+        latency_results = run_latency(endpoint, server, per_k, args.seed)
+    finally:
+        if server.poll() is None:
+            stop_server(server)
+    progress("upload throughput")
+    throughput_results = run_throughput(per_k_through, args.seed)
+    results = {
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "machine": machine_info(("grpcio", "protobuf")),
+        "settings": {"mechanism": MECHANISM, "calls": per_k, "throughput_reports": per_k_through,
+                     "random_source": "OS CSPRNG (secrets)", "gc": "enabled", "pid": os.getpid()},
+        "latency": latency_results,
+        "throughput": throughput_results,
+    }
+    write_results(output, results)
+    print(table(results))
+    progress(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""veil.client: the Veil SDK. Randomize on the device, batch, send, retry; never break the app.
+
+    from veil.client import Reporter
+
+    reporter = Reporter("aggregator.example.com:443", token="...", queue_dir="/var/lib/myapp/veil")
+    reporter.report("browser", "firefox")
+
+Standard library, grpcio and protobuf only: importing it loads no numpy, numba or redis.
+Settings fall back to the environment variables of ``veil.client.environment_variables``.
+"""
+
+from ._config import RETRY_HORIZON_SECONDS
+from ._counters import Counters
+from ._errors import ConfigError, ReporterError, UnknownCategoryError, UnknownMetricError
+from ._reporter import Reporter
+
+__all__ = [
+    "Reporter",
+    "Counters",
+    "ReporterError",
+    "ConfigError",
+    "UnknownMetricError",
+    "UnknownCategoryError",
+    "RETRY_HORIZON_SECONDS",
+]

@@ -1,0 +1,35 @@
+"""What the app can read about its Reporter: counts only."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["Counters"]
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A snapshot of a Reporter's counts, in reports unless said otherwise.
+
+    accepted: report() calls randomized and queued in this process.
+    dropped:  reports discarded on the device without reaching the aggregator: a full queue,
+              no spec known yet, a refused spec, a Reporter shut down, the disk cap, or batches
+              held only in memory at shutdown.
+    sent:     reports the aggregator acknowledged (a duplicate acknowledgement included: the
+              batch was counted once, on an earlier attempt).
+    retried:  upload attempts (batches, not reports) repeated after a retryable failure.
+    failed:   reports in batches the aggregator refused (stale spec, invalid batch, denied) or
+              that stayed unacknowledged past the retry horizon.
+    queued:   reports awaiting acknowledgement now, in memory and under the queue directory
+              (batches left by an earlier process included).
+    """
+
+    accepted: int = 0
+    dropped: int = 0
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    queued: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,224 @@
+"""Longitudinal privacy: a device secret and the memo of randomized responses.
+
+The randomized response to (metric, spec fingerprint, category index) is drawn once and
+reused, so reporting the same value again sends the same response and spends no new privacy
+(RAPPOR's permanent randomized response). The memo is keyed by
+HMAC-SHA256(device secret, canonical(metric, fingerprint, index)), so the store itself names
+no value; whoever holds both the secret and the store can still recompute which categories
+this device reported (see the README).
+
+With a queue directory the secret (32 random bytes, created once) and the memo persist there,
+owner-only (0600). The memo is an append-only log of records
+``key (32) | n (uint32) | n indices (uint32) | crc32``, all little-endian; a torn tail is cut
+off at load. A new entry is appended under an exclusive file lock after re-reading what other
+processes appended, so processes sharing the directory agree on one response per key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import struct
+import threading
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from ._fs import FILE_MODE, create_once, write_atomic
+from ._log import LogOnce
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: one process per queue directory
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["MemoStore", "SECRET_BYTES"]
+
+SECRET_BYTES = 32
+_KEY = 32
+_HEAD = struct.Struct("<I")
+_DOMAIN = b"veil.memo.v1\x00"
+
+Report = tuple[int, ...]
+
+
+def _load_secret(path: Path, log: LogOnce) -> bytes:
+    """The device secret under ``path``, created once."""
+    for _ in range(3):
+        try:
+            secret = path.read_bytes()
+        except FileNotFoundError:
+            create_once(path, secrets.token_bytes(SECRET_BYTES))
+            continue
+        if len(secret) == SECRET_BYTES:
+            if path.stat().st_mode & 0o077:
+                path.chmod(FILE_MODE)
+            return secret
+        log.warning("memo:secret", "The Veil device secret is corrupt; a new one starts new responses.")
+        write_atomic(path, secrets.token_bytes(SECRET_BYTES))
+        try:
+            (path.parent / MemoStore.FILE).unlink()
+        except FileNotFoundError:
+            pass
+    raise OSError("The device secret cannot be created.")
+
+
+class MemoStore:
+    SECRET_FILE = "device.key"
+    FILE = "memo.log"
+
+    def __init__(self, directory: Path | None, log: LogOnce) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._memo: dict[bytes, Report] = {}
+        self._fd: int | None = None
+        self._path = directory / self.FILE if directory is not None else None
+        self._offset = 0  # bytes of the log already read into _memo
+        self._dirty = False
+        secret = None
+        if directory is not None:
+            try:
+                secret = _load_secret(directory / self.SECRET_FILE, log)
+                self._fd = self._open()
+                with self._file_lock():
+                    self._read_new()
+            except OSError:
+                log.warning("memo:open", "The Veil memo store cannot be used under the queue directory; "
+                            "responses are memoized in memory only.")
+                self._close()
+        self._secret = secret if secret is not None else secrets.token_bytes(SECRET_BYTES)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def key(self, metric: str, fingerprint: str, index: int) -> bytes:
+        name, print_ = metric.encode(), fingerprint.encode()
+        message = b"".join((_DOMAIN, _HEAD.pack(len(name)), name, _HEAD.pack(len(print_)), print_, _HEAD.pack(index)))
+        return hmac.new(self._secret, message, hashlib.sha256).digest()
+
+    def response(self, metric: str, fingerprint: str, index: int, randomize: Callable[[], Report]) -> Report:
+        """The memoized response for the value, drawing it with ``randomize`` the first time."""
+        key = self.key(metric, fingerprint, index)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._memo.get(key)
+            if found is not None:
+                return found
+            if self._fd is None:
+                found = self._memo[key] = randomize()
+                return found
+            try:
+                with self._file_lock():
+                    self._read_new()  # another process may have drawn it meanwhile
+                    found = self._memo.get(key)
+                    if found is None:
+                        found = randomize()
+                        self._append(key, found)
+                        self._memo[key] = found
+                return found
+            except OSError:
+                self._log.warning("memo:write", "The Veil memo store cannot be written; a restart may draw new "
+                                  "responses for values first reported now.")
+                found = self._memo.setdefault(key, found if found is not None else randomize())
+                return found
+
+    def sync(self) -> None:
+        """Make appended entries durable; the worker calls this before anything that depends
+        on them leaves the device."""
+        if self._dirty and self._fd is not None:
+            self._dirty = False
+            try:
+                os.fsync(self._fd)
+            except OSError:
+                self._log.warning("memo:sync", "The Veil memo store cannot be synced to disk.")
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self._fd is not None:
+            # flock belongs to the open file description, which parent and child share after
+            # fork: the child opens its own, so that their locks exclude each other.
+            inherited, self._fd = self._fd, None
+            try:
+                self._fd = self._open()
+            except OSError:
+                self._log.warning("memo:open", "The Veil memo store cannot be reopened after fork; responses are "
+                                  "memoized in memory only.")
+            os.close(inherited)
+
+    def close(self) -> None:
+        with self._lock:  # never while an entry is being appended
+            self.sync()
+            self._close()
+
+    # --- the log ------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def _open(self) -> int:
+        assert self._path is not None
+        return os.open(self._path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
+
+    def _file_lock(self) -> _FileLock:
+        return _FileLock(self._fd)
+
+    def _append(self, key: bytes, report: Report) -> None:
+        body = key + _HEAD.pack(len(report)) + struct.pack(f"<{len(report)}I", *report)
+        record = body + _HEAD.pack(zlib.crc32(body))
+        assert self._fd is not None
+        if os.write(self._fd, record) != len(record):
+            raise OSError("A short write to the memo log.")
+        self._offset = os.fstat(self._fd).st_size
+        self._dirty = True
+
+    def _read_new(self) -> None:
+        """Read records appended since the last read; cut a torn or corrupt tail off."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size <= self._offset:
+            return
+        if hasattr(os, "pread"):
+            data = os.pread(self._fd, size - self._offset, self._offset)
+        else:  # pragma: no cover - not POSIX
+            os.lseek(self._fd, self._offset, os.SEEK_SET)
+            data = os.read(self._fd, size - self._offset)
+        position = 0
+        while position + _KEY + 8 <= len(data):
+            (n,) = _HEAD.unpack_from(data, position + _KEY)
+            end = position + _KEY + 4 + 4 * n
+            if end + 4 > len(data):
+                break
+            (crc,) = _HEAD.unpack_from(data, end)
+            if crc != zlib.crc32(data[position:end]):
+                break
+            key = data[position:position + _KEY]
+            self._memo.setdefault(key, struct.unpack_from(f"<{n}I", data, position + _KEY + 4))
+            position = end + 4
+        self._offset += position
+        if position < len(data):
+            self._log.warning("memo:torn", "Cutting a torn record off the Veil memo log.")
+            os.ftruncate(self._fd, self._offset)
+
+
+class _FileLock:
+    """An exclusive flock on the memo log for the duration of a with-block (POSIX only)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        if fcntl is not None and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if fcntl is not None and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)

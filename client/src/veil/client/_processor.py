@@ -1,0 +1,162 @@
+"""The bounded queue between report() and the background worker (OpenTelemetry's batch
+processor, for randomized reports).
+
+report() appends a randomized report under one lock and returns; nothing here touches the
+network or the disk on the caller's thread. A full queue drops the newest report and counts
+it. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
+shutdown hand it a request with a deadline and wait for its answer. After fork the child gets
+new locks, an empty queue, a new worker and, later, its own gRPC channel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import weakref
+from collections import deque
+
+from veil.mechanism import MetricSpec
+
+from ._config import Config
+from ._counters import Counters
+from ._log import LogOnce, logger
+from ._memo import MemoStore
+from ._outbox import Outbox, Spool
+from ._specs import SpecCache
+from ._transport import Transport
+
+__all__ = ["BatchProcessor", "FlushRequest"]
+
+_DROP_MESSAGES = {
+    "full": "The Veil report queue is full; dropping new reports until it drains.",
+    "closed": "The Veil Reporter is shut down; dropping new reports.",
+    "no-specs": "No Veil metric specs are known yet (the aggregator has not answered); dropping reports "
+                "until it does.",
+    "refused": "A Veil metric's spec was refused; dropping its reports.",
+    "error": "An unexpected error prevented a Veil report; dropping it.",
+}
+
+
+class FlushRequest:
+    """A force_flush or shutdown waiting for the worker: done when every batch created before
+    it was acknowledged or failed (ok), or when it cannot finish by its deadline (not ok)."""
+
+    def __init__(self, timeout: float | None, closing: bool = False) -> None:
+        self.deadline = math.inf if timeout is None else time.monotonic() + max(0.0, timeout)
+        self.closing = closing
+        self.target = -1  # the last batch seq it waits for, set by the worker
+        self.ok = False
+        self.done = threading.Event()
+
+    def finish(self, ok: bool) -> None:
+        self.ok = ok
+        self.done.set()
+
+
+class BatchProcessor:
+    def __init__(self, config: Config, specs: SpecCache, memo: MemoStore, log: LogOnce) -> None:
+        self.config = config
+        self.specs = specs
+        self.memo = memo
+        self.log = log
+        self.transport = Transport(config)
+        spool = None
+        if config.queue_dir is not None:
+            try:
+                spool = Spool(config.queue_dir, config.max_disk_bytes, log)
+            except OSError:
+                log.warning("spool:open",
+                            "The Veil queue directory cannot hold unsent batches; keeping them in memory.")
+        self.outbox = Outbox(spool, log)
+        self.stopped = False
+        self._new_state()
+        self._start(load=True)
+        if hasattr(os, "register_at_fork"):  # POSIX
+            ref = weakref.WeakMethod(self._after_fork_in_child)
+            os.register_at_fork(after_in_child=lambda: (method := ref()) is not None and method())
+
+    def _new_state(self) -> None:
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.pending: deque[tuple[MetricSpec, tuple[int, ...]]] = deque()
+        self.held = 0  # reports in memory: pending and batches not spooled
+        self.outbox_reports = 0  # mirror of outbox.reports, for counters()
+        self.requests: list[FlushRequest] = []
+        self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
+
+    def _start(self, load: bool) -> None:
+        from ._worker import Worker
+
+        self.thread = threading.Thread(target=Worker(self, load).run, name="veil-reporter", daemon=True)
+        self.thread.start()
+
+    # --- the app's threads ------------------------------------------------------------------
+
+    def has_room(self) -> bool:
+        """A racy early check, so a report that would be dropped is not randomized first."""
+        return not self.stopped and self.held < self.config.max_queue_size
+
+    def submit(self, spec: MetricSpec, report: tuple[int, ...]) -> None:
+        with self.lock:
+            if self.stopped or self.held >= self.config.max_queue_size:
+                reason = "closed" if self.stopped else "full"
+                self.dropped += 1
+            else:
+                self.pending.append((spec, report))
+                self.held += 1
+                self.accepted += 1
+                if len(self.pending) in (1, self.config.max_batch_size):
+                    self.wake.notify()  # start the schedule clock, or send a full batch
+                return
+        self.drop_logged(reason, count=False)
+
+    def drop_logged(self, reason: str, count: bool = True) -> None:
+        if count:
+            with self.lock:
+                self.dropped += 1
+        self.log.warning(f"drop:{reason}", _DROP_MESSAGES[reason])
+
+    def counters(self) -> Counters:
+        with self.lock:
+            return Counters(self.accepted, self.dropped, self.sent, self.retried, self.failed,
+                            len(self.pending) + self.outbox_reports)
+
+    def force_flush(self, timeout: float | None) -> bool:
+        if self.stopped or threading.current_thread() is self.thread:
+            return False
+        request = FlushRequest(timeout)
+        with self.lock:
+            self.requests.append(request)
+            self.wake.notify()
+        request.done.wait(timeout)
+        return request.done.is_set() and request.ok
+
+    def shutdown(self, timeout: float | None) -> bool:
+        with self.lock:
+            if self.stopped:
+                return True
+            self.stopped = True
+            request = FlushRequest(timeout, closing=True)
+            self.requests.append(request)
+            self.wake.notify()
+        request.done.wait(timeout)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(None if timeout is None else max(0.0, request.deadline - time.monotonic()))
+        ok = request.done.is_set() and request.ok
+        logger.info("Veil Reporter shut down (%s).", "all reports delivered" if ok else "some reports not delivered")
+        return ok
+
+    # --- fork -------------------------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        # Locks may have been held by threads that do not exist in the child, the queue holds
+        # the parent's reports, and the gRPC channel belongs to the parent: start afresh.
+        self._new_state()
+        self.outbox = self.outbox.forked()
+        self.transport.forget()
+        self.log.after_fork()
+        self.memo.after_fork()
+        if not self.stopped:
+            self._start(load=False)

@@ -1,0 +1,106 @@
+"""Metric specs from the aggregator: rebuilt, checked against their fingerprint, cached.
+
+Every spec the aggregator sends is rebuilt as a ``veil.mechanism.MetricSpec`` from its name,
+labels, mechanism and epsilon; its recomputed fingerprint (and q) must equal the aggregator's,
+or the spec is refused (a device never randomizes under a spec it cannot reproduce). With a
+queue directory the last response is kept on disk, so a restart without the network still
+knows its specs; a cached spec past its TTL is still used while fetching fails.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from veil.mechanism import MechanismError, MetricSpec, spec_for
+from veil.wire.v1 import veil_pb2
+
+from ._fs import write_atomic
+from ._log import LogOnce, logger
+
+__all__ = ["SpecCache", "spec_from_proto", "spec_to_proto"]
+
+_NAMES = {value: name.lower().replace("_", "-") for name, value in veil_pb2.Mechanism.items() if value}
+_VALUES = {name: value for value, name in _NAMES.items()}
+
+
+def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
+    """The MetricSpec a proto describes; MechanismError when it is invalid or its fingerprint
+    or q is not the one this device computes."""
+    mechanism = _NAMES.get(message.mechanism)
+    if mechanism is None:
+        raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.")
+    spec = MetricSpec(message.name, tuple(message.labels), spec_for(mechanism, len(message.labels), message.epsilon))
+    if spec.fingerprint != message.fingerprint or (spec.mechanism.q or 0) != message.q:
+        raise MechanismError(f"Metric {message.name!r} has a fingerprint this device does not reproduce.")
+    return spec
+
+
+def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
+    """The proto of a spec, as an aggregator serves it (used by tests and benchmarks)."""
+    return veil_pb2.MetricSpec(name=spec.name, labels=spec.labels, mechanism=_VALUES[spec.mechanism.name],
+                               epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0,
+                               fingerprint=spec.fingerprint)
+
+
+class SpecCache:
+    """The specs this device may report under. ``specs`` is replaced whole on every update,
+    so report() reads it without a lock."""
+
+    FILE = "specs.pb"
+
+    def __init__(self, directory: Path | None, log: LogOnce) -> None:
+        self._path = directory / self.FILE if directory is not None else None
+        self._log = log
+        self.specs: Mapping[str, MetricSpec] = {}
+        # name -> (spec, label -> index): what report() needs, replaced whole with `specs`.
+        self.entries: Mapping[str, tuple[MetricSpec, Mapping[str, int]]] = {}
+        self.refused: frozenset[str] = frozenset()
+        self.fetched_at: float | None = None  # Unix time of the response in use
+        self.ready = threading.Event()  # set once specs have been obtained (disk or network)
+
+    def load(self) -> None:
+        """Read the cached response from disk, if any (never raises)."""
+        if self._path is None:
+            return
+        try:
+            data = self._path.read_bytes()
+            fetched_at = self._path.stat().st_mtime
+            response = veil_pb2.GetMetricSpecsResponse.FromString(data)
+        except FileNotFoundError:
+            return
+        except Exception:  # unreadable or corrupt: the network will tell
+            self._log.warning("specs:disk", "The cached Veil metric specs cannot be read; waiting for the aggregator.")
+            return
+        self._install(response, fetched_at)
+
+    def update(self, response: veil_pb2.GetMetricSpecsResponse) -> None:
+        """Install a fresh response from the aggregator and keep it on disk."""
+        self._install(response, time.time())
+        if self._path is not None:
+            try:
+                write_atomic(self._path, response.SerializeToString())
+            except OSError:
+                self._log.warning("specs:save", "The Veil metric specs cannot be saved under the queue directory.")
+
+    def _install(self, response: veil_pb2.GetMetricSpecsResponse, fetched_at: float) -> None:
+        specs: dict[str, MetricSpec] = {}
+        refused: set[str] = set()
+        for message in response.specs:
+            try:
+                specs[message.name] = spec_from_proto(message)
+            except (MechanismError, ValueError):
+                refused.add(message.name)
+                self._log.warning(f"specs:refused:{message.name}:{message.fingerprint}",
+                                  "Refusing the aggregator's spec of metric %r: it does not match its fingerprint "
+                                  "or is invalid; its reports are dropped.", message.name)
+        self.entries = {name: (spec, {label: i for i, label in enumerate(spec.labels)})
+                        for name, spec in specs.items()}
+        self.specs = specs
+        self.refused = frozenset(refused)
+        self.fetched_at = fetched_at
+        if not self.ready.is_set():
+            logger.info("Veil knows %d metric spec(s).", len(specs))
+        self.ready.set()

@@ -1,0 +1,77 @@
+"""The gRPC side: one channel per process (never reused across fork), TLS and bearer token.
+
+Uploads send the stored UploadRequest bytes as they are (no re-encoding), so a retried batch
+is byte for byte the batch first sent, batch id included.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from veil.wire.v1 import veil_pb2
+
+from ._config import Config
+
+__all__ = ["Transport", "RETRYABLE"]
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                       grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+_SERVICE = "/veil.wire.v1.Collector/"
+_USER_AGENT = "veil-client/0.1"
+
+
+class Transport:
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
+        self._channel: grpc.Channel | None = None
+        self._get_specs = None
+        self._upload = None
+
+    def _connect(self) -> None:
+        config = self._config
+        initial_ms = max(1, int(config.backoff_initial * 1000))
+        options = [
+            ("grpc.primary_user_agent", _USER_AGENT),
+            # Reconnect no slower than the upload backoff, so a restarted aggregator is found.
+            ("grpc.initial_reconnect_backoff_ms", initial_ms),
+            ("grpc.max_reconnect_backoff_ms", max(initial_ms, int(config.backoff_max * 1000))),
+        ]
+        if config.tls:
+            credentials = grpc.ssl_channel_credentials(root_certificates=config.root_certificates,
+                                                       private_key=config.client_key,
+                                                       certificate_chain=config.client_cert)
+            channel = grpc.secure_channel(config.endpoint, credentials, options=options)
+        else:
+            channel = grpc.insecure_channel(config.endpoint, options=options)
+        self._get_specs = channel.unary_unary(
+            _SERVICE + "GetMetricSpecs",
+            request_serializer=veil_pb2.GetMetricSpecsRequest.SerializeToString,
+            response_deserializer=veil_pb2.GetMetricSpecsResponse.FromString,
+        )
+        self._upload = channel.unary_unary(
+            _SERVICE + "Upload",
+            request_serializer=None,  # the payload is already a serialized UploadRequest
+            response_deserializer=veil_pb2.UploadResponse.FromString,
+        )
+        self._channel = channel
+
+    def fetch_specs(self, timeout: float) -> veil_pb2.GetMetricSpecsResponse:
+        if self._channel is None:
+            self._connect()
+        return self._get_specs(veil_pb2.GetMetricSpecsRequest(), timeout=timeout, metadata=self._metadata)
+
+    def upload(self, payload: bytes, timeout: float) -> veil_pb2.UploadResponse:
+        if self._channel is None:
+            self._connect()
+        return self._upload(payload, timeout=timeout, metadata=self._metadata)
+
+    def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
+    def forget(self) -> None:
+        """Drop the channel without closing it: in a forked child it belongs to the parent."""
+        self._channel = self._get_specs = self._upload = None

@@ -1,0 +1,303 @@
+"""The background worker: batch, spool, upload, retry. It never raises into the app.
+
+One daemon thread per Reporter (per process). Each turn it waits until there is something to
+do (a full batch, the schedule delay, a due retry or spec fetch, a flush or shutdown request),
+then: batches the queued reports (one metric and one spec fingerprint per batch, a fresh
+16-byte random batch id each), spools them under the queue directory, fetches specs when due,
+and uploads the outbox oldest first. A retryable failure (UNAVAILABLE, DEADLINE_EXCEEDED,
+RESOURCE_EXHAUSTED) keeps the batch and waits a backoff with full jitter (uniform in
+[0, min(max, initial * 2^failures)]) before resending the same bytes, batch id included.
+FAILED_PRECONDITION (a stale spec) fails the batch, whose reports cannot be re-randomized, and
+fetches the specs again; any other error fails the batch without retry.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from veil.mechanism import MetricSpec
+
+from ._config import RETRY_HORIZON_SECONDS
+from ._encoding import MAX_BATCH_BYTES, encode_batch, report_bytes
+from ._log import logger
+from ._outbox import Batch
+from ._processor import BatchProcessor, FlushRequest
+from ._transport import RETRYABLE
+
+__all__ = ["Worker", "Backoff"]
+
+_BATCHES_PER_TURN = 64  # uploads between two looks at the queue
+
+
+class Backoff:
+    """Exponential backoff with full jitter, capped."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum, self.failures = initial, maximum, 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum, self.initial * 2.0 ** min(self.failures, 64))
+        self.failures += 1
+        return random.uniform(0.0, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def _code(error: BaseException) -> grpc.StatusCode | None:
+    code = getattr(error, "code", None)
+    try:
+        return code() if callable(code) else None
+    except Exception:
+        return None
+
+
+class Worker:
+    def __init__(self, processor: BatchProcessor, load: bool) -> None:
+        self.p = processor
+        self.load = load
+        config = processor.config
+        self.next_drain: float | None = None  # the clock starts with the first queued report
+        self.spec_due = 0.0  # fetch specs at start
+        self.retry_at = 0.0
+        self.uploads = Backoff(config.backoff_initial, config.backoff_max)
+        self.fetches = Backoff(config.backoff_initial, config.backoff_max)
+        self.active: list[FlushRequest] = []
+        self.seq = 0
+
+    def run(self) -> None:
+        p = self.p
+        if self.load:
+            try:
+                self.seq = p.outbox.load(self.seq)
+                self._mirror(memory_delta=0)
+                if len(p.outbox):
+                    logger.info("Veil found %d unsent batch(es) under the queue directory.", len(p.outbox))
+            except Exception:
+                p.log.warning("spool:load", "Unsent Veil batches cannot be read from the queue directory.",
+                              exc_info=True)
+        while True:
+            try:
+                if not self._turn():
+                    return
+            except Exception:
+                p.log.warning("worker:error", "The Veil worker hit an unexpected error and carries on.", exc_info=True)
+                with p.lock:
+                    p.wake.wait(p.config.backoff_initial)
+
+    # --- one turn -----------------------------------------------------------------------------
+
+    def _turn(self) -> bool:
+        p = self.p
+        with p.lock:
+            reports, requests = self._wait()
+        if reports:
+            self._drain(reports)
+        for request in requests:
+            request.target = self.seq - 1
+            self.retry_at = 0.0  # a flush tries at once, whatever the backoff
+            self.active.append(request)
+        closing = any(r.closing for r in self.active)
+        if not closing and time.monotonic() >= self.spec_due:
+            self._fetch_specs()
+        self._deliver()
+        self._settle()
+        if closing and not any(r.closing for r in self.active):
+            self._close()
+            return False
+        return True
+
+    def _wait(self) -> tuple[list[tuple[MetricSpec, tuple[int, ...]]], list[FlushRequest]]:
+        """Under the lock: sleep until there is work; take the queue when it is due."""
+        p, config = self.p, self.p.config
+        while True:
+            now = time.monotonic()
+            closing = any(r.closing for r in self.active)
+            pending = len(p.pending)
+            if not pending:
+                self.next_drain = None
+            elif self.next_drain is None:
+                self.next_drain = now + config.schedule_delay
+            due = pending and (pending >= config.max_batch_size or now >= self.next_drain or self.active)
+            if (p.requests or due or (len(p.outbox) and now >= self.retry_at)
+                    or (not closing and now >= self.spec_due) or any(now >= r.deadline for r in self.active)):
+                break
+            wake = math.inf if closing else self.spec_due
+            if self.next_drain is not None:
+                wake = min(wake, self.next_drain)
+            if len(p.outbox):
+                wake = min(wake, self.retry_at)
+            wake = min([wake, *(r.deadline for r in self.active)])
+            p.wake.wait(None if wake == math.inf else max(wake - now, 0.0005))
+        requests, p.requests = p.requests, []
+        if due or requests:
+            reports = list(p.pending)
+            p.pending.clear()
+            self.next_drain = None
+            return reports, requests
+        return [], requests
+
+    # --- batching -----------------------------------------------------------------------------
+
+    def _drain(self, reports: list[tuple[MetricSpec, tuple[int, ...]]]) -> None:
+        """Turn queued reports into batches in the outbox (spooled when there is a spool)."""
+        p = self.p
+        p.memo.sync()  # a memoized response is durable before any report of it leaves
+        groups: dict[str, tuple[MetricSpec, list[tuple[int, ...]]]] = {}
+        for spec, report in reports:
+            groups.setdefault(spec.fingerprint, (spec, []))[1].append(report)
+        before = p.outbox.in_memory
+        dropped = failed = 0
+        for spec, group in groups.values():
+            size = max(1, min(p.config.max_batch_size, MAX_BATCH_BYTES // report_bytes(spec)))
+            for start in range(0, len(group), size):
+                chunk = group[start:start + size]
+                try:
+                    dropped += self._add(spec, chunk)
+                except Exception:
+                    failed += len(chunk)
+                    p.log.warning("encode", "Veil reports could not be encoded; counting them as failed.",
+                                  exc_info=True)
+        if dropped:
+            p.log.warning("drop:disk", "The Veil queue directory is at its size cap; dropping new batches.")
+        with p.lock:
+            p.dropped += dropped
+            p.failed += failed
+        self._mirror(memory_delta=p.outbox.in_memory - before - len(reports))
+
+    def _add(self, spec: MetricSpec, chunk: Sequence[tuple[int, ...]]) -> int:
+        batch = Batch(self.seq, secrets.token_bytes(16), len(chunk), time.time())
+        payload = encode_batch(spec, chunk, batch.batch_id)
+        self.seq += 1
+        return 0 if self.p.outbox.add(batch, payload) else len(chunk)
+
+    def _mirror(self, memory_delta: int, **tallies: int) -> None:
+        p = self.p
+        with p.lock:
+            p.held += memory_delta
+            p.outbox_reports = p.outbox.reports
+            for name, value in tallies.items():
+                setattr(p, name, getattr(p, name) + value)
+
+    # --- the network --------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        return min([self.p.config.export_timeout, *(r.deadline - now for r in self.active)])
+
+    def _fetch_specs(self) -> None:
+        p = self.p
+        timeout = self._timeout()
+        if timeout <= 0:
+            return
+        try:
+            response = p.transport.fetch_specs(timeout)
+        except Exception as error:
+            self.spec_due = time.monotonic() + self.fetches.next_delay()
+            code = _code(error)
+            p.log.warning(f"specs:fetch:{code}", "Cannot fetch Veil metric specs (%s); retrying with backoff.",
+                          code.name if code else type(error).__name__, exc_info=code is None)
+            return
+        p.specs.update(response)
+        self.spec_due = time.monotonic() + p.config.spec_ttl
+        self.fetches.reset()
+        if p.log.rearm("specs:fetch:"):
+            logger.info("Fetched Veil metric specs again.")
+
+    def _deliver(self) -> None:
+        p = self.p
+        for _ in range(_BATCHES_PER_TURN):
+            batch = p.outbox.head()
+            if batch is None or time.monotonic() < self.retry_at:
+                return
+            if time.time() - batch.created > RETRY_HORIZON_SECONDS:
+                p.log.warning("upload:horizon", "A Veil batch outlived the retry horizon; counting it as failed.")
+                self._finish(batch, "failed")
+                continue
+            timeout = self._timeout()
+            if timeout <= 0:
+                return
+            payload = p.outbox.payload(batch)
+            if payload is None:  # sent and removed by another process sharing the queue directory
+                self._finish(batch, None)
+                continue
+            if batch.attempts:
+                self._mirror(0, retried=1)
+            batch.attempts += 1
+            try:
+                p.transport.upload(payload, timeout)
+            except Exception as error:
+                if not self._failed(batch, error):
+                    return
+            else:
+                self._finish(batch, "sent")
+                self.uploads.reset()
+                if p.log.rearm("upload:"):
+                    logger.info("Veil uploads succeed again.")
+
+    def _failed(self, batch: Batch, error: Exception) -> bool:
+        """Handle a failed upload; False when the outbox must wait for a retry."""
+        p, code = self.p, _code(error)
+        name = code.name if code else type(error).__name__
+        if code in RETRYABLE:
+            self.retry_at = time.monotonic() + self.uploads.next_delay()
+            p.log.warning(f"upload:{name}", "Veil upload failed (%s); retrying the same batch with backoff.", name)
+            return False
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            self.spec_due = 0.0  # the spec is stale: fetch again; these reports cannot be re-randomized
+            p.log.warning(f"upload:{name}", "The aggregator refused a Veil batch for a stale spec (%s); fetching "
+                          "specs again and counting the batch as failed.", name)
+        else:
+            p.log.warning(f"upload:{name}", "The aggregator refused a Veil batch (%s); counting it as failed.",
+                          name, exc_info=code is None)
+        self._finish(batch, "failed")
+        return True
+
+    def _finish(self, batch: Batch, outcome: str | None) -> None:
+        in_memory = batch.path is None
+        self.p.outbox.pop(batch)
+        tallies = {outcome: batch.count} if outcome else {}
+        self._mirror(-batch.count if in_memory else 0, **tallies)
+
+    # --- flush and shutdown -------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Answer the flush requests that are done or cannot finish in time."""
+        head = self.p.outbox.head()
+        now = time.monotonic()
+        spooled = self.p.outbox.spool is not None
+        still = []
+        for request in self.active:
+            if head is None or head.seq > request.target:
+                request.finish(True)
+            elif (now >= request.deadline or self.retry_at > request.deadline
+                  or (request.closing and spooled and self.retry_at > now)):
+                request.finish(False)  # with a spool, shutdown leaves the batches on disk
+            else:
+                still.append(request)
+        self.active = still
+
+    def _close(self) -> None:
+        p = self.p
+        lost = p.outbox.clear_memory()
+        with p.lock:
+            lost += len(p.pending)
+            p.pending.clear()
+            p.dropped += lost
+            p.held = 0
+            p.outbox_reports = p.outbox.reports
+        if lost:
+            logger.warning("Veil dropped %d unsent report(s) at shutdown (no queue directory keeps them).", lost)
+        for close in (p.memo.close, p.transport.close):
+            try:
+                close()
+            except Exception:
+                pass
+        for request in p.requests:
+            request.finish(False)

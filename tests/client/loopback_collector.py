@@ -1,0 +1,238 @@
+"""A real Collector on loopback for the SDK's tests: a grpc.server on 127.0.0.1 implementing
+veil.wire.v1.Collector, with its own decoder of the wire format (not the SDK's), dedupe by
+batch id, per-weight Counts for the estimators, and fault injection.
+
+CollectorState is the "store": it survives stopping and restarting the server on the same
+port, as Redis survives an aggregator restart.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from veil.aggregator.counts import Counts
+from veil.mechanism import MetricSpec
+from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+
+# Fast settings for tests: small delays so retries and batching happen within milliseconds.
+FAST = dict(tls=False, schedule_delay_ms=20, retry_initial_backoff_ms=5, retry_max_backoff_ms=50,
+            export_timeout_ms=3000)
+
+_MECHANISM = {name.lower().replace("_", "-"): value for name, value in veil_pb2.Mechanism.items() if value}
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll for a state change that no event announces (e.g. the worker installing new specs)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def default_specs() -> list[MetricSpec]:
+    return [
+        MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", epsilon=1.0),
+        MetricSpec.create("screen", [f"s{i}" for i in range(8)], "rappor-admissible", epsilon=2.0),
+        MetricSpec.create("theme", ["light", "dark", "auto"], "rappor", epsilon=1.0),
+        MetricSpec.create("country", [f"c{i}" for i in range(6)], "krr", epsilon=2.0),
+        MetricSpec.create("opt_in", ["no", "yes"], "warner", epsilon=1.0),
+        MetricSpec.create("page", [f"p{i}" for i in range(64)], "subset", epsilon=1.0),
+    ]
+
+
+def to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
+    # Written here from the proto's field comments, independently of the SDK's converter.
+    return veil_pb2.MetricSpec(name=spec.name, labels=list(spec.labels), mechanism=_MECHANISM[spec.mechanism.name],
+                               epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0, fingerprint=spec.fingerprint)
+
+
+class Reject(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def decode(spec: MetricSpec, request: veil_pb2.UploadRequest) -> np.ndarray:
+    """The batch as a (count, k) 0/1 matrix, or Reject with the reason."""
+    k, q, count = spec.k, spec.mechanism.q, request.count
+    if len(request.batch_id) != 16:
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "batch_id must be 16 bytes")
+    if count < 1:
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "empty batch")
+    kind = request.WhichOneof("reports")
+    rows = np.zeros((count, k), dtype=np.int64)
+    if kind == "index_sets" and q is not None:
+        if request.index_sets.set_size != q:
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "index sets must have q indices")
+        raw = request.index_sets.indices
+        if len(raw) != 4 * q * count:
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "wrong number of indices")
+        sets = np.frombuffer(raw, dtype="<u4").reshape(count, q).astype(np.int64)
+        if (sets >= k).any() or (np.diff(sets, axis=1) <= 0).any():
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "indices out of range or not increasing")
+        rows[np.arange(count)[:, None], sets] = 1
+    elif kind == "bitmaps":
+        width = (k + 7) // 8
+        if len(request.bitmaps.bits) != width * count:
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "bitmaps must be ceil(k/8) bytes per report")
+        bytes_ = np.frombuffer(request.bitmaps.bits, dtype=np.uint8).reshape(count, width)
+        bits = np.unpackbits(bytes_, axis=1, bitorder="little").astype(np.int64)
+        if bits[:, k:].any():
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "padding bits set")
+        rows = bits[:, :k]
+        weights = rows.sum(axis=1)
+        if q is not None and (weights != q).any():
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "a q-subset bitmap must have q bits set")
+        if spec.mechanism.name == "rappor-admissible" and ((weights == 0) | (weights == k)).any():
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "admissible RAPPOR never sends all zeros or ones")
+    else:
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "RAPPOR reports must be bitmaps")
+    return rows
+
+
+@dataclass
+class CollectorState:
+    specs: list[MetricSpec] = field(default_factory=default_specs)
+    token: str | None = None
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    counted: dict[bytes, int] = field(default_factory=dict)  # batch id -> reports counted
+    calls: list[tuple[bytes, str]] = field(default_factory=list)  # every Upload: (batch id, outcome)
+    counts: dict[str, Counts] = field(default_factory=dict)  # by fingerprint
+    responses: dict[str, collections.Counter] = field(default_factory=dict)  # distinct reports by fingerprint
+    spec_calls: int = 0
+    faults: collections.deque = field(default_factory=collections.deque)  # codes for the next uploads
+    lost_acks: int = 0  # count the next uploads, then answer UNAVAILABLE (the ack is lost)
+    gate: tuple[threading.Event, threading.Event] | None = None  # (in flight, release) for the next upload
+
+    def by_name(self, name: str) -> MetricSpec:
+        return next(s for s in self.specs if s.name == name)
+
+    def fail_next(self, n: int, code: grpc.StatusCode) -> None:
+        with self.lock:
+            self.faults.extend([code] * n)
+
+    def total(self, name: str | None = None) -> int:
+        with self.lock:
+            return sum(c.total for fp, c in self.counts.items()
+                       if name is None or fp == self.by_name(name).fingerprint)
+
+    def distinct(self, name: str) -> collections.Counter:
+        with self.lock:
+            return collections.Counter(self.responses.get(self.by_name(name).fingerprint, {}))
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        with self.lock:
+            return self.lock.wait_for(predicate, timeout)
+
+    def upload(self, request: veil_pb2.UploadRequest) -> veil_pb2.UploadResponse:
+        with self.lock:
+            gate, self.gate = self.gate, None
+        if gate is not None:  # hold this call in flight until the test releases it
+            gate[0].set()
+            gate[1].wait(10)
+        with self.lock:
+            try:
+                if self.faults:
+                    raise Reject(self.faults.popleft(), "injected fault")
+                spec = next((s for s in self.specs if s.name == request.metric), None)
+                if spec is None or spec.fingerprint != request.spec_fingerprint:
+                    raise Reject(grpc.StatusCode.FAILED_PRECONDITION, "unknown metric or stale fingerprint")
+                if request.batch_id in self.counted:
+                    self._log(request.batch_id, "duplicate")
+                    return veil_pb2.UploadResponse(accepted=request.count, duplicate=True)
+                rows = decode(spec, request)
+                self._count(spec, rows)
+                self.counted[request.batch_id] = request.count
+                if self.lost_acks:
+                    self.lost_acks -= 1
+                    raise Reject(grpc.StatusCode.UNAVAILABLE, "counted, but the ack is lost")
+                self._log(request.batch_id, "counted")
+                return veil_pb2.UploadResponse(accepted=request.count)
+            except Reject as reject:
+                self._log(request.batch_id, reject.code.name)
+                raise
+
+    def _log(self, batch_id: bytes, outcome: str) -> None:
+        self.calls.append((batch_id, outcome))
+        self.lock.notify_all()
+
+    def _count(self, spec: MetricSpec, rows: np.ndarray) -> None:
+        counts = self.counts.setdefault(spec.fingerprint, Counts.zeros(spec.mechanism))
+        weight_rows = counts.row_of_weight()[rows.sum(axis=1)]
+        assert (weight_rows >= 0).all()
+        np.add.at(counts.n, weight_rows, 1)
+        np.add.at(counts.v, weight_rows, rows)
+        seen = self.responses.setdefault(spec.fingerprint, collections.Counter())
+        seen.update(tuple(np.flatnonzero(row).tolist()) for row in rows)
+
+
+class Servicer(veil_pb2_grpc.CollectorServicer):
+    def __init__(self, state: CollectorState) -> None:
+        self.state = state
+
+    def _authorize(self, context: grpc.ServicerContext) -> None:
+        if self.state.token is not None:
+            metadata = dict(context.invocation_metadata())
+            if metadata.get("authorization") != f"Bearer {self.state.token}":
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+
+    def GetMetricSpecs(self, request, context):
+        self._authorize(context)
+        with self.state.lock:
+            self.state.spec_calls += 1
+            self.state.lock.notify_all()
+            return veil_pb2.GetMetricSpecsResponse(specs=[to_proto(s) for s in self.state.specs])
+
+    def Upload(self, request, context):
+        self._authorize(context)
+        try:
+            return self.state.upload(request)
+        except Reject as reject:
+            context.abort(reject.code, str(reject))
+
+
+class CollectorServer:
+    """A real gRPC server on 127.0.0.1; stop() and start() keep the port and the state."""
+
+    def __init__(self, state: CollectorState, credentials: grpc.ServerCredentials | None = None) -> None:
+        self.state = state
+        self.credentials = credentials
+        self.port = 0
+        self._server: grpc.Server | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        veil_pb2_grpc.add_CollectorServicer_to_server(Servicer(self.state), server)
+        address = f"127.0.0.1:{self.port}"
+        port = (server.add_secure_port(address, self.credentials) if self.credentials
+                else server.add_insecure_port(address))
+        assert port, "cannot bind"
+        self.port = port
+        server.start()
+        self._server = server
+
+    def stop(self, meanwhile: Callable[[], None] | None = None) -> None:
+        """Stop at once, aborting calls in flight; ``meanwhile`` runs after the abort and
+        before waiting for the server to wind down (e.g. to release a held handler)."""
+        if self._server is not None:
+            stopped = self._server.stop(grace=None)
+            if meanwhile is not None:
+                meanwhile()
+            stopped.wait()
+            self._server = None
+
+

@@ -1,0 +1,139 @@
+"""Batching, retries and exactly-once delivery against a real gRPC server that fails, dies
+and comes back."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import grpc
+import pytest
+
+from loopback_collector import eventually
+
+from veil.client import Counters
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  grpc.StatusCode.RESOURCE_EXHAUSTED])
+def test_five_retryable_failures_then_ok_count_the_batch_once(ready_reporter, state, code):
+    reporter = ready_reporter()
+    state.fail_next(5, code)
+    reporter.report("browser", "edge")
+    assert reporter.force_flush(10)
+    ids = [batch_id for batch_id, _ in state.calls]
+    assert len(set(ids)) == 1, "every retry resends the same batch id"
+    assert [outcome for _, outcome in state.calls] == [code.name] * 5 + ["counted"]
+    assert state.total("browser") == 1
+    assert reporter.counters() == Counters(accepted=1, sent=1, retried=5)
+
+
+def test_a_lost_acknowledgement_is_resent_with_the_same_id_and_counted_once(ready_reporter, state):
+    reporter = ready_reporter(schedule_delay_ms=60_000)  # one batch, sent by the flush
+    state.lost_acks = 1
+    for _ in range(10):
+        reporter.report("screen", "s3")
+    assert reporter.force_flush(10)
+    (batch_id,) = {b for b, _ in state.calls}
+    assert [o for _, o in state.calls] == ["UNAVAILABLE", "duplicate"]
+    assert state.counted == {batch_id: 10} and state.total("screen") == 10
+    assert reporter.counters() == Counters(accepted=10, sent=10, retried=1)
+
+
+def test_killing_the_server_mid_stream_loses_and_duplicates_nothing(ready_reporter, state, collector):
+    reporter = ready_reporter(max_batch_size=50, max_queue_size=10_000)
+    for i in range(500):
+        reporter.report("page", i % 64)
+    assert reporter.force_flush(10)
+    # Hold the next upload inside the server, kill the server while it is in flight, and let
+    # the held call reach the store afterwards: counted, but its acknowledgement is lost.
+    in_flight, release = threading.Event(), threading.Event()
+    state.gate = (in_flight, release)
+    for i in range(500):
+        reporter.report("page", (7 * i) % 64)
+    assert in_flight.wait(10)
+    collector.stop(meanwhile=release.set)
+    for i in range(300):  # the app keeps reporting while the aggregator is down
+        reporter.report("page", (3 * i) % 64)
+    assert not reporter.force_flush(0.2)
+    collector.start()
+    assert reporter.force_flush(20)
+
+    assert state.total("page") == 1300 == sum(state.counted.values())
+    outcomes = collections.defaultdict(list)
+    for batch_id, outcome in state.calls:
+        outcomes[batch_id].append(outcome)
+    # Every batch id was counted exactly once; the one in flight was resent under its own id.
+    assert all(o.count("counted") + (batch_id in state.counted and "counted" not in o) == 1
+               for batch_id, o in outcomes.items())
+    assert any("duplicate" in o for o in outcomes.values())
+    counters = reporter.counters()
+    assert (counters.accepted, counters.sent, counters.failed, counters.dropped, counters.queued) == (
+        1300, 1300, 0, 0, 0)
+    assert counters.retried >= 1
+
+
+def test_report_never_waits_for_a_hung_upload(ready_reporter, state):
+    reporter = ready_reporter(max_batch_size=5)
+    in_flight, release = threading.Event(), threading.Event()
+    state.gate = (in_flight, release)
+    reporter.report("country", "c0")
+    assert in_flight.wait(10)
+    # The worker is stuck in the upload; report() still returns at once, every time.
+    for _ in range(200):
+        reporter.report("country", "c1")
+    assert reporter.counters().accepted == 201
+    release.set()
+    assert reporter.force_flush(10) and state.total("country") == 201
+
+
+def test_the_worker_never_raises_into_the_app(ready_reporter, state, monkeypatch):
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args))
+    reporter = ready_reporter()
+    from veil.client import _transport, _worker
+
+    real_upload = _transport.Transport.upload
+
+    def broken_upload(self, payload, timeout):
+        raise RuntimeError("a bug in the transport")
+
+    monkeypatch.setattr(_transport.Transport, "upload", broken_upload)
+    reporter.report("browser", "chrome")
+    assert reporter.force_flush(10)
+    assert reporter.counters().failed == 1
+
+    monkeypatch.setattr(_transport.Transport, "upload", real_upload)
+    monkeypatch.setattr(_worker, "encode_batch", lambda *a: 1 / 0)
+    reporter.report("browser", "chrome")
+    assert reporter.force_flush(10)
+    assert reporter.counters().failed == 2
+
+    monkeypatch.undo()
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args))
+    reporter.report("browser", "chrome")
+    assert reporter.force_flush(10)
+    assert reporter.counters() == Counters(accepted=3, sent=1, failed=2)
+    assert state.total("browser") == 1 and not escaped
+
+
+def test_batches_split_by_size_and_by_time(ready_reporter, state):
+    reporter = ready_reporter(max_batch_size=10, schedule_delay_ms=60_000)
+    for _ in range(30):  # three full batches go without waiting for the schedule
+        reporter.report("opt_in", "yes")
+    assert eventually(lambda: reporter.counters().sent == 30)
+    reporter.report("opt_in", "no")  # a lone report waits for the schedule, or a flush
+    assert reporter.counters().queued == 1
+    assert reporter.force_flush(10) and state.total("opt_in") == 31
+
+
+def test_specs_are_refetched_after_their_ttl_and_stale_ones_still_serve(ready_reporter, state, collector):
+    reporter = ready_reporter(spec_ttl_ms=20)
+    assert state.wait_for(lambda: state.spec_calls >= 3)
+    collector.stop()
+    before = state.spec_calls
+    reporter.report("browser", "safari")  # past its TTL and unrefreshable: still used
+    assert reporter.counters().accepted == 1
+    collector.start()
+    assert reporter.force_flush(10) and state.total("browser") == 1
+    assert state.wait_for(lambda: state.spec_calls > before)
