@@ -1,8 +1,12 @@
-"""The aggregator's error root and the misuse errors it raises (stores have their own root)."""
+"""The aggregator's error roots: AggregatorError for its own, StoreError for the stores'.
+
+They live in one light module (no numpy) so the CLI can catch them without loading the rest.
+"""
 
 from __future__ import annotations
 
-__all__ = ["AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "StaleSpec"]
+__all__ = ["AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "StaleSpec", "StoreError",
+           "StoreUnavailable"]
 
 
 class AggregatorError(Exception):
@@ -29,3 +33,11 @@ class UnknownMetric(AggregatorError, ValueError):
 
 class StaleSpec(AggregatorError, ValueError):
     """An upload was randomized under a spec other than the metric's current one."""
+
+
+class StoreError(Exception):
+    """The root of every store failure."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or did not answer in time; the caller may retry."""

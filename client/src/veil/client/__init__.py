@@ -13,6 +13,7 @@ from ._config import RETRY_HORIZON_SECONDS
 from ._counters import Counters
 from ._errors import ConfigError, ReporterError, UnknownCategoryError, UnknownMetricError
 from ._reporter import Reporter
+from ._specs import spec_from_proto, spec_to_proto
 
 __all__ = [
     "Reporter",
@@ -22,4 +23,6 @@ __all__ = [
     "UnknownMetricError",
     "UnknownCategoryError",
     "RETRY_HORIZON_SECONDS",
+    "spec_from_proto",
+    "spec_to_proto",
 ]

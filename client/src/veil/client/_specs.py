@@ -39,7 +39,7 @@ def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
 
 
 def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
-    """The proto of a spec, as an aggregator serves it (used by tests and benchmarks)."""
+    """The proto of a spec, as the aggregator serves it."""
     return veil_pb2.MetricSpec(name=spec.name, labels=spec.labels, mechanism=_VALUES[spec.mechanism.name],
                                epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0,
                                fingerprint=spec.fingerprint)

@@ -88,7 +88,7 @@ class RapporSpec(MechanismSpec):
         )
         return WeightLaw(weights, p, one_true, one_other)
 
-    def weight_law(self) -> WeightLaw:
+    def _build_weight_law(self) -> WeightLaw:
         return self._full_law()
 
     def _minimax(self, law: WeightLaw) -> LinearEstimator:
@@ -106,7 +106,7 @@ class RapporSpec(MechanismSpec):
         beta = tuple((wt - 1) / a_star + 1 / k for wt in w)
         return LinearEstimator("minimax", law.weights, alpha, beta)
 
-    def estimators(self) -> dict[str, LinearEstimator]:
+    def _build_estimators(self) -> dict[str, LinearEstimator]:
         law = self.weight_law()
         # The empirical estimator (7.13) reads each bit on its own, whatever the weight.
         s = math.sqrt(self.gamma)
@@ -147,7 +147,7 @@ class AdmissibleRapporSpec(RapporSpec):
     def output_space(self) -> Iterator[Report]:
         return (r for r in super().output_space() if 0 < len(r) < self.k)
 
-    def weight_law(self) -> WeightLaw:
+    def _build_weight_law(self) -> WeightLaw:
         full = self._full_law()
         kept = 1.0 - full.p[0] - full.p[-1]
         cut = slice(1, self.k)
@@ -158,6 +158,6 @@ class AdmissibleRapporSpec(RapporSpec):
             tuple(x / kept for x in full.one_other[cut]),
         )
 
-    def estimators(self) -> dict[str, LinearEstimator]:
+    def _build_estimators(self) -> dict[str, LinearEstimator]:
         # The empirical per-bit estimator is biased once reports are redrawn.
         return {"minimax": self._minimax(self.weight_law())}

@@ -12,10 +12,11 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from types import MappingProxyType
 from typing import ClassVar
 
 from ._errors import MechanismError
@@ -117,14 +118,29 @@ class MechanismSpec:
         """Every report the mechanism can send, in a fixed order."""
         raise NotImplementedError
 
-    def weight_law(self) -> WeightLaw:
+    def _build_weight_law(self) -> WeightLaw:
         raise NotImplementedError
 
-    def estimators(self) -> dict[str, LinearEstimator]:
-        """The linear unbiased estimators of this design, the minimax one first."""
+    def _build_estimators(self) -> dict[str, LinearEstimator]:
         raise NotImplementedError
 
     # --- shared calculus ----------------------------------------------------------------
+
+    @cached_property
+    def _weight_law(self) -> WeightLaw:
+        return self._build_weight_law()
+
+    @cached_property
+    def _estimators(self) -> Mapping[str, LinearEstimator]:
+        return MappingProxyType(self._build_estimators())
+
+    def weight_law(self) -> WeightLaw:
+        """The distribution of report weights and memberships (computed once per spec)."""
+        return self._weight_law
+
+    def estimators(self) -> Mapping[str, LinearEstimator]:
+        """The linear unbiased estimators of this design, the minimax one first."""
+        return self._estimators
 
     @property
     def estimator(self) -> LinearEstimator:
@@ -219,14 +235,14 @@ class SubsetSpec(MechanismSpec):
         g, q, k = self.gamma, self.q, self.k
         return q * g / (q * g + k - q)
 
-    def weight_law(self) -> WeightLaw:
+    def _build_weight_law(self) -> WeightLaw:
         k, q, p = self.k, self.q, self._ideal_keep()
         # Another category is in the report when it is among the q-1 (kept) or q (not kept)
         # drawn from the k-1 others.
         other = (p * (q - 1) + (1.0 - p) * q) / (k - 1)
         return WeightLaw((q,), (1.0,), (p,), (other,))
 
-    def estimators(self) -> dict[str, LinearEstimator]:
+    def _build_estimators(self) -> dict[str, LinearEstimator]:
         # pi_j = c V_j / n + d (MATH.md, 4.5 / 7.2).
         g, q, k = self.gamma, self.q, self.k
         c = (k - 1) * (q * g + k - q) / (q * (g - 1) * (k - q))

@@ -14,11 +14,14 @@ from collections.abc import Sequence
 
 from veil.mechanism import MechanismError
 
+from .._errors import AggregatorError, StoreError
+
 __all__ = ["main"]
 
 # name -> (module under veil.aggregator.cli, one-line help)
 _COMMANDS = {
     "privacy": ("_privacy", "what each mechanism costs and guarantees at a given k and epsilon"),
+    "serve": ("_serve", "run the aggregator daemon (gRPC and HTTP) from a config file"),
     "demo": ("_demo", "simulate a population reporting, and watch the estimates converge"),
 }
 
@@ -44,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return importlib.import_module(f"{__name__}.{args._module}").run(args)
-    except (CliError, MechanismError) as err:
+    except (CliError, MechanismError, AggregatorError, StoreError) as err:
         print(f"veil {args.command}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,17 +11,10 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._errors import StoreError, StoreUnavailable
 from ..counts import Counts
 
 __all__ = ["StoreError", "StoreUnavailable", "CountsKey", "BatchWrite", "Store"]
-
-
-class StoreError(Exception):
-    """The root of every store failure."""
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot be reached or did not answer in time; the caller may retry."""
 
 
 @dataclass(frozen=True)

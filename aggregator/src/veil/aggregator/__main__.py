@@ -1,0 +1,7 @@
+"""`python -m veil.aggregator ARGS` is `veil serve ARGS`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main(["serve", *sys.argv[1:]]))

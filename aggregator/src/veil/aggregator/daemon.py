@@ -1,0 +1,138 @@
+"""The aggregator daemon: gRPC (Collector, Estimates, health, reflection) and HTTP on one store.
+
+    aggregator = Aggregator(load_config("veil.toml"))
+    aggregator.start()
+    ...
+    aggregator.stop()      # health NOT_SERVING, in-flight uploads finish, listeners close
+
+Health follows the store: a background thread pings it every second and reports NOT_SERVING
+while it cannot be reached (uploads then fail fast with UNAVAILABLE, never silently dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+
+from ._errors import ConfigError
+from .config import AggregatorConfig
+from .http import HttpListener, Page
+from .instruments import EstimatesCollector, Instruments
+from .live import LiveEstimates
+from .service import CollectorService, EstimatesService
+from .store import Store, StoreError, open_store
+
+__all__ = ["Aggregator", "max_message_bytes"]
+
+log = logging.getLogger("veil.aggregator")
+
+_HEALTH_PERIOD = 1.0  # seconds between store pings
+_SERVICES = tuple(s.full_name for s in veil_pb2.DESCRIPTOR.services_by_name.values())
+
+
+def max_message_bytes(config: AggregatorConfig) -> int:
+    """The largest valid upload: the widest report encoding of any metric times max_batch,
+    plus the request's own fields. gRPC refuses anything larger before it is read."""
+    widest = max(max((m.spec.k + 7) // 8, 4 * (m.spec.mechanism.q or 0)) for m in config.metrics)
+    return config.max_batch * widest + 64 * 1024
+
+
+class Aggregator:
+    def __init__(self, config: AggregatorConfig, *, store: Store | None = None,
+                 registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
+                 pages: dict[str, tuple[str, Page]] | None = None) -> None:
+        self.config = config
+        self.store = store if store is not None else open_store(config.store_url)
+        self.instruments = Instruments(registry)
+        self.live = LiveEstimates(config, self.store, clock=clock)
+        self.instruments.registry.register(EstimatesCollector(self.live))
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._health = health.HealthServicer()
+        self._store_ok: bool | None = None  # unknown until the first ping
+
+        limit = max_message_bytes(config)
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
+            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=config.workers * 8,
+        )
+        veil_pb2_grpc.add_CollectorServicer_to_server(
+            CollectorService(config, self.store, self.instruments, clock), self._grpc)
+        veil_pb2_grpc.add_EstimatesServicer_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port(config.grpc_address)
+        if self.grpc_port == 0:
+            raise ConfigError(f"server.grpc: cannot listen on {config.grpc_address}.")
+        self._http = None
+        if config.http_address:
+            try:
+                self._http = HttpListener(config.http_address, self.live, self.instruments.registry,
+                                          lambda: self._store_ok is True, pages)
+            except OSError as err:
+                raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
+        self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)
+
+    @property
+    def http_port(self) -> int | None:
+        return self._http.port if self._http else None
+
+    def start(self) -> None:
+        self._check_store()
+        self._grpc.start()
+        if self._http:
+            self._http.start()
+        self._pinger.start()
+        log.info("aggregator started", extra={"grpc_port": self.grpc_port, "http_port": self.http_port,
+                                              "metrics": len(self.config.metrics)})
+
+    def _check_store(self) -> None:
+        try:
+            self.store.ping()
+            ok = True
+        except StoreError:
+            ok = False
+        if ok is not self._store_ok:
+            status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            for service in ("", *_SERVICES):
+                self._health.set(service, status)
+            log.log(logging.INFO if ok else logging.WARNING,
+                    "counter store reachable: SERVING" if ok else "counter store unavailable: NOT_SERVING")
+        self._store_ok = ok
+
+    def _watch_store(self) -> None:
+        while not self._stopping.wait(_HEALTH_PERIOD):
+            self._check_store()
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop serving: NOT_SERVING first (load balancers drain), then let in-flight calls
+        finish within the grace period, then close the listeners and the store."""
+        if self._stopping.is_set():
+            self._stopped.wait()
+            return
+        self._stopping.set()
+        self._health.enter_graceful_shutdown()
+        grace = self.config.grace_period if grace is None else grace
+        self._grpc.stop(grace).wait()
+        if self._http:
+            self._http.stop()
+        try:
+            self.store.close()
+        finally:
+            log.info("aggregator stopped")
+            self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stop() has finished (True), or the timeout passed (False)."""
+        return self._stopped.wait(timeout)

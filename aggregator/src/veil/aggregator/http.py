@@ -1,0 +1,118 @@
+"""The HTTP listener: estimates as JSON, Prometheus metrics, and a health probe.
+
+    GET /v1/estimates                     every metric and window
+    GET /v1/estimates/{metric}?window=1h  one metric (and window)
+    GET /metrics                          Prometheus text format
+    GET /healthz                          200 when the store answers, 503 otherwise
+
+Standard library server, one thread per request. Requests are not logged with addresses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ._errors import UnknownMetric
+from .live import PROJECTION_NOTE, LiveEstimates
+from .store import StoreError
+
+__all__ = ["HttpListener"]
+
+log = logging.getLogger("veil.aggregator")
+
+# Extra routes (e.g. the dashboard) register here: path -> (content type, body factory).
+Page = Callable[[], bytes]
+
+
+class HttpListener:
+    """Serves the routes above on a thread of its own."""
+
+    def __init__(self, address: str, live: LiveEstimates, registry, healthy: Callable[[], bool],
+                 pages: dict[str, tuple[str, Page]] | None = None) -> None:
+        host, _, port = address.rpartition(":")
+        handler = type("Handler", (_Handler,), {"live": live, "registry": registry, "healthy": staticmethod(healthy),
+                                                "pages": dict(pages or {})})
+        self._server = ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="veil-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    live: LiveEstimates
+    registry: object
+    healthy: Callable[[], bool]
+    pages: dict[str, tuple[str, Page]]
+    server_version = "veil"
+    sys_version = ""
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        url = urlsplit(self.path)
+        path = url.path.rstrip("/") or "/"
+        try:
+            if path == "/v1/estimates" or path.startswith("/v1/estimates/"):
+                metric = unquote(path[len("/v1/estimates/"):]) if path != "/v1/estimates" else None
+                window = parse_qs(url.query).get("window", [None])[0]
+                self._estimates(metric, window)
+            elif path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
+            elif path == "/healthz":
+                ok = self.healthy()
+                self._send(200 if ok else 503, "text/plain; charset=utf-8", b"ok\n" if ok else b"store unavailable\n")
+            elif path in self.pages:
+                content_type, body = self.pages[path]
+                self._send(200, content_type, body())
+            else:
+                self._json(404, {"error": f"No such resource: {url.path}"})
+        except BrokenPipeError:
+            pass
+
+    def _estimates(self, metric: str | None, window: str | None) -> None:
+        try:
+            current = self.live.current(metric, window)
+        except UnknownMetric as err:
+            self._json(404, {"error": str(err)})
+            return
+        except StoreError:
+            self._json(503, {"error": "The counter store is unavailable; try again."})
+            return
+        self._json(200, {"generated_at": time.time(), "projection": PROJECTION_NOTE,
+                         "estimates": [e.to_json() for e in current]})
+
+    def _json(self, status: int, body: dict) -> None:
+        self._send(status, "application/json", json.dumps(body, allow_nan=False).encode())
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the stdlib's name)
+        # The default writes the client's address to stderr; Veil logs no addresses.
+        log.debug("http %s", args[0] if args else "")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._json(405, {"error": "Only GET is served here."})
+
+    do_PUT = do_DELETE = do_PATCH = do_POST

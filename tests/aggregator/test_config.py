@@ -1,0 +1,79 @@
+"""The config file: defaults, windows, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from veil.aggregator._errors import ConfigError
+from veil.aggregator.config import ENV_CONFIG, ENV_STORE_URL, Window, load_config, parse_config, parse_duration
+
+METRIC = {"name": "browser", "labels": ["a", "b", "c"], "epsilon": 1.0}
+
+
+def test_defaults_and_a_full_metric(monkeypatch):
+    monkeypatch.delenv(ENV_STORE_URL, raising=False)
+    config = parse_config({"metrics": [METRIC]})
+    assert config.store_url == "memory" and config.min_n == 100 and config.dedupe_ttl == 48 * 3600
+    metric = config.metrics[0]
+    assert metric.spec.mechanism.name == "subset" and [w.name for w in metric.windows] == ["total"]
+    config = parse_config({"metrics": [{**METRIC, "mechanism": "rappor", "windows": [
+        "total", "1h", {"span": "1d", "retention": "30d"}]}]})
+    total, hour, day = config.metrics[0].windows
+    assert (total.span, hour.span, hour.retention, day.span, day.retention) == (None, 3600, 7 * 3600, 86400, 30 * 86400)
+
+
+def test_window_buckets_are_aligned():
+    hour = Window("1h", 3600, 7200)
+    assert hour.bucket(7300.5) == (7200, 10800) and hour.expiry(7300.5) == 10800 + 7200
+    assert Window("total", None, None).bucket(123.0) == (0, 0) and Window("total", None, None).expiry(1.0) is None
+
+
+@pytest.mark.parametrize("data, key", [
+    ({}, "metrics:"),
+    ({"metrics": [{**METRIC, "epsilon": -1}]}, "metrics[0]: epsilon must be a finite number above 0"),
+    ({"metrics": [{**METRIC, "epsilon": "1"}]}, "metrics[0].epsilon:"),
+    ({"metrics": [{**METRIC, "mechanism": "oue"}]}, "metrics[0].mechanism:"),
+    ({"metrics": [{**METRIC, "labels": ["a"]}]}, "metrics[0]: k must be"),
+    ({"metrics": [{**METRIC, "labels": "abc"}]}, "metrics[0].labels:"),
+    ({"metrics": [METRIC, METRIC]}, "metrics[1].name: 'browser' is declared twice"),
+    ({"metrics": [{**METRIC, "windows": ["total", "2x"]}]}, "metrics[0].windows[1]:"),
+    ({"metrics": [{**METRIC, "windows": ["1h", "1h"]}]}, "metrics[0].windows: a window is declared twice"),
+    ({"metrics": [{**METRIC, "colour": "red"}]}, "metrics[0].colour: unknown key"),
+    ({"metrics": [METRIC], "server": {"grpc": "nowhere"}}, "server.grpc:"),
+    ({"metrics": [METRIC], "server": {"min_n": -1}}, "server.min_n:"),
+    ({"metrics": [METRIC], "server": {"dedupe_ttl": "0h"}}, "server.dedupe_ttl:"),
+    ({"metrics": [METRIC], "server": {"workers": 0}}, "server.workers:"),
+    ({"metrics": [METRIC], "server": {"port": 1}}, "server.port: unknown key"),
+    ({"metrics": [METRIC], "store": {"url": ""}}, "store.url:"),
+])
+def test_errors_name_the_key(data, key):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value).startswith(key), str(err.value)
+
+
+def test_files_and_environment(tmp_path, monkeypatch):
+    path = tmp_path / "veil.toml"
+    path.write_text('[store]\nurl = "redis://example:6379/0"\n[[metrics]]\nname = "m"\nlabels = ["x", "y"]\nepsilon = 2\n')
+    monkeypatch.delenv(ENV_STORE_URL, raising=False)
+    assert load_config(path).store_url == "redis://example:6379/0"
+    monkeypatch.setenv(ENV_STORE_URL, "memory")
+    assert load_config(path).store_url == "memory"
+    assert load_config(path, store_url="redis://other/1").store_url == "redis://other/1"
+    monkeypatch.setenv(ENV_CONFIG, str(path))
+    assert load_config().metrics[0].spec.mechanism.epsilon == 2.0
+    monkeypatch.delenv(ENV_CONFIG)
+    with pytest.raises(ConfigError, match="pass --config or set VEIL_CONFIG"):
+        load_config()
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    path.write_text("[[metrics]\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_durations():
+    assert [parse_duration(x, "k") for x in ("90s", "15m", "1h", "2d", "1w", 30)] == [90, 900, 3600, 172800, 604800, 30]
+    for bad in ("1y", "h", "", None, 0, -5, True):
+        with pytest.raises(ConfigError, match="^k: expected a duration"):
+            parse_duration(bad, "k")
