@@ -1,0 +1,145 @@
+"""MemoryStore: the store contract in this process, for the embedded single-node mode and the demo.
+
+Counters are int64 numpy arrays per bucket behind one lock. Batch ids and buckets that expire
+are forgotten lazily: every call first drops whatever a min-heap of expiry times says is due,
+so memory stays bounded by what the TTLs keep alive. An optional snapshot file (see _snapshot)
+is reloaded by the constructor and written by ``save()`` and ``close()``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from ..counts import Counts
+from ._base import BatchWrite, CountsKey, Store, StoreError
+from ._checks import check_write
+from ._snapshot import Bucket, Seen, load_snapshot, save_snapshot
+
+__all__ = ["MemoryStore"]
+
+T = TypeVar("T", bound=Hashable)
+
+
+class _Expiries(Generic[T]):
+    """Items with the time they may go, earliest first. An item may be pushed again with a later
+    time; the owner checks, for each item that falls due, whether it really is."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, T]] = []
+        self._order = itertools.count()  # ties never compare the items themselves
+
+    def push(self, at: float, item: T) -> None:
+        heapq.heappush(self._heap, (at, next(self._order), item))
+
+    def due(self, now: float) -> Iterator[T]:
+        while self._heap and self._heap[0][0] <= now:
+            yield heapq.heappop(self._heap)[2]
+
+
+class MemoryStore(Store):
+    """Counters in this process; with ``snapshot_path``, kept across restarts in that file."""
+
+    def __init__(
+        self, snapshot_path: str | os.PathLike[str] | None = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._path = None if snapshot_path is None else os.fspath(snapshot_path)
+        self._clock = clock  # Unix seconds, like the targets' expiry times
+        self._lock = threading.Lock()
+        self._buckets: dict[CountsKey, Bucket] = {}
+        self._seen: Seen = {}
+        self._bucket_expiries: _Expiries[CountsKey] = _Expiries()
+        self._seen_expiries: _Expiries[tuple[str, bytes]] = _Expiries()
+        loaded = None if self._path is None else load_snapshot(self._path)
+        if loaded is not None:
+            self._buckets, self._seen = loaded
+            for key, bucket in self._buckets.items():
+                if bucket.expires_at is not None:
+                    self._bucket_expiries.push(bucket.expires_at, key)
+            for batch, at in self._seen.items():
+                self._seen_expiries.push(at, batch)
+
+    def add(self, write: BatchWrite) -> bool:
+        check_write(write)
+        batch = (write.metric, write.batch_id)
+        with self._lock:
+            now = self._clock()
+            self._purge(now)
+            if batch in self._seen:
+                return False
+            for key, _ in write.targets:  # before changing anything: all targets or none
+                self._check_design(key, write.counts.weights, write.counts.k)
+            self._seen[batch] = now + write.dedupe_ttl
+            self._seen_expiries.push(self._seen[batch], batch)
+            for key, expires_at in write.targets:
+                self._add_to(key, expires_at, write.counts)
+            self._purge(now)  # a target whose expiry has already passed goes at once, as in Redis
+            return True
+
+    def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
+        weights = tuple(weights)
+        with self._lock:
+            self._purge(self._clock())
+            self._check_design(key, weights, k)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                return Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
+            return Counts(weights, bucket.counts.n.copy(), bucket.counts.v.copy())
+
+    def versions(self, keys: Sequence[CountsKey]) -> list[int]:
+        with self._lock:
+            self._purge(self._clock())
+            return [bucket.batches if (bucket := self._buckets.get(key)) else 0 for key in keys]
+
+    def ping(self) -> None:
+        """Always reachable."""
+
+    def save(self) -> None:
+        """Write the snapshot now (atomically); StoreError if the file cannot be written."""
+        if self._path is None:
+            raise ValueError("This MemoryStore has no snapshot_path to save to.")
+        with self._lock:  # the file holds one moment of the store; adds wait while it is written
+            self._purge(self._clock())
+            save_snapshot(self._path, self._buckets, self._seen)
+
+    def close(self) -> None:
+        if self._path is not None:
+            self.save()
+
+    def _add_to(self, key: CountsKey, expires_at: int | None, counts: Counts) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            own = Counts(counts.weights, counts.n.copy(), counts.v.copy())
+            self._buckets[key] = Bucket(own, 1, expires_at)
+            if expires_at is not None:
+                self._bucket_expiries.push(expires_at, key)
+            return
+        bucket.counts.add(counts)
+        bucket.batches += 1
+        # Only ever the later expiry; a bucket without one (a total window) keeps none.
+        if expires_at is not None and bucket.expires_at is not None and expires_at > bucket.expires_at:
+            bucket.expires_at = expires_at
+            self._bucket_expiries.push(expires_at, key)
+
+    def _check_design(self, key: CountsKey, weights: tuple[int, ...], k: int) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is not None and (bucket.counts.weights != weights or bucket.counts.k != k):
+            held = f"{len(bucket.counts.weights)} weights, k = {bucket.counts.k}"
+            raise StoreError(f"Bucket {key} holds counts of another design ({held}).")
+
+    def _purge(self, now: float) -> None:
+        for key in self._bucket_expiries.due(now):
+            bucket = self._buckets.get(key)
+            if bucket is not None and bucket.expires_at is not None and bucket.expires_at <= now:
+                del self._buckets[key]
+        for batch in self._seen_expiries.due(now):
+            at = self._seen.get(batch)
+            if at is not None and at <= now:
+                del self._seen[batch]

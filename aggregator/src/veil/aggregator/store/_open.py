@@ -1,0 +1,39 @@
+"""open_store(url): the store a configuration names."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+from ._base import Store
+from ._memory import MemoryStore
+from ._redis import RedisStore
+
+__all__ = ["open_store"]
+
+
+def open_store(url: str, **options: object) -> Store:
+    """``memory`` -> MemoryStore; ``memory:///path/to/snapshot`` -> MemoryStore with that snapshot
+    file; ``redis://``, ``rediss://`` or ``unix://`` URLs -> RedisStore(url, **options)."""
+    shown = _redact(url)
+    if url == "memory":
+        return MemoryStore(**options)
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        path = unquote(parts.path)
+        if parts.netloc or parts.query or parts.fragment or not path or path.endswith("/"):
+            raise ValueError(f"Bad memory store URL {shown!r}: use 'memory' or 'memory:///path/to/snapshot'.")
+        return MemoryStore(path, **options)
+    if parts.scheme in ("redis", "rediss", "unix"):
+        try:
+            return RedisStore(url, **options)
+        except ValueError as error:  # e.g. a port that is not a number
+            raise ValueError(f"Bad store URL {shown!r}: {error}") from error
+    raise ValueError(f"Bad store URL {shown!r}: expected memory, memory:///path, redis://, rediss:// or unix://.")
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, fit for an error message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()

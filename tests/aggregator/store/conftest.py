@@ -1,0 +1,45 @@
+"""The store under test, once as MemoryStore and once as RedisStore on a fresh redis-server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from veil.aggregator.store import MemoryStore, RedisStore, Store
+
+FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}  # a failing test fails quickly
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
+    """Opens a handle on one store: the same MemoryStore every time, or a new RedisStore (its
+    own connections) on the test's redis-server. Every handle is closed after the test."""
+    handles: list[Store] = []
+    if request.param == "memory":
+        memory = MemoryStore()
+        handles.append(memory)
+
+        def make() -> Store:
+            return memory
+    else:
+        url = request.getfixturevalue("redis_server").url
+
+        def make() -> Store:
+            handles.append(RedisStore(url, **FAST))
+            return handles[-1]
+
+    yield make
+    for handle in handles:
+        handle.close()
+
+
+@pytest.fixture
+def store(make_handle: Callable[[], Store]) -> Store:
+    return make_handle()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20240604)

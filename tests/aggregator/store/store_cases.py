@@ -1,0 +1,44 @@
+"""Counts and batches for the store tests (module name unique in the tree: tests are rootless)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from veil.aggregator.counts import Counts
+from veil.aggregator.store import BatchWrite, CountsKey
+
+# Metric names that would collide, break the key grammar or escape a hash tag if used raw.
+AWKWARD_METRICS = ("a", "a:b", "a:c:fp", "a}", "{a", "{a}", "}{", "a b", "a%3Ab", "ünïcødé 📈", "veil:{a}:c")
+
+
+def random_counts(weights: Sequence[int], k: int, rng: np.random.Generator, rows: int | None = None) -> Counts:
+    """Counts of a design with these weights; when rows is given only that many weights (the
+    first and last included) have reports, as in a real RAPPOR batch, so most counters are zero."""
+    weights = tuple(weights)
+    n = np.zeros(len(weights), np.int64)
+    v = np.zeros((len(weights), k), np.int64)
+    every = np.arange(len(weights))
+    used = every if rows is None else np.unique(np.r_[0, every[-1], rng.choice(every, rows)])
+    n[used] = rng.integers(1, 1000, used.size)
+    v[used] = rng.integers(0, n[used, None] + 1, (used.size, k))
+    v[used] *= rng.random((used.size, k)) < 0.8  # some zero counters among the non-zero rows
+    return Counts(weights, n, v)
+
+
+def key(metric: str = "m", window: str = "total", bucket: int = 0, fingerprint: str = "fp1") -> CountsKey:
+    return CountsKey(metric, fingerprint, window, bucket)
+
+
+def batch(
+    counts: Counts, *targets: CountsKey | tuple[CountsKey, int | None], batch_id: bytes | None = None, ttl: int = 3600
+) -> BatchWrite:
+    """A batch of counts to these targets (a bare key never expires), of the first target's metric."""
+    pairs = tuple(t if isinstance(t, tuple) else (t, None) for t in targets)
+    return BatchWrite(pairs[0][0].metric, batch_id or os.urandom(16), counts, pairs, ttl)
+
+
+def doubled(counts: Counts, times: int = 2) -> Counts:
+    return Counts(counts.weights, counts.n * times, counts.v * times)

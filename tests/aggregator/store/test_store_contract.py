@@ -1,0 +1,165 @@
+"""The Store contract, checked on MemoryStore and on RedisStore against a real redis-server."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+from store_cases import AWKWARD_METRICS, batch, doubled, key, random_counts
+
+from veil.aggregator.counts import Counts
+from veil.aggregator.store import BatchWrite, Store, StoreError
+from veil.mechanism import spec_for
+
+
+def assert_reads(store: Store, where, expected: Counts) -> None:
+    got = store.read(where, expected.weights, expected.k)
+    assert got.n.dtype == np.int64 and got.v.dtype == np.int64
+    assert got == expected
+
+
+@pytest.mark.parametrize("k", [2, 16, 1024])
+def test_round_trip_of_a_subset_design(store, rng, k):
+    weights = Counts.zeros(spec_for("subset", k, 1.0)).weights
+    assert len(weights) == 1
+    counts = random_counts(weights, k, rng)
+    assert store.add(batch(counts, key()))
+    assert_reads(store, key(), counts)
+
+
+@pytest.mark.parametrize(("k", "rows"), [(16, None), (1024, 40)])
+def test_round_trip_of_rappor_with_every_weight(store, rng, k, rows):
+    weights = Counts.zeros(spec_for("rappor", k, 1.0)).weights
+    assert weights == tuple(range(k + 1))
+    counts = random_counts(weights, k, rng, rows)  # weights 0 and k always among the non-zero rows
+    assert store.add(batch(counts, key()))
+    assert_reads(store, key(), counts)
+
+
+def test_batches_accumulate_and_versions_count_applied_batches(store, rng):
+    first, second = random_counts((3,), 10, rng), random_counts((3,), 10, rng)
+    assert store.versions([key()]) == [0]
+    assert store.add(batch(first, key()))
+    assert store.versions([key()]) == [1]
+    assert store.add(batch(second, key()))
+    assert store.versions([key()]) == [2]
+    assert_reads(store, key(), Counts((3,), first.n + second.n, first.v + second.v))
+
+
+def test_one_batch_goes_to_every_target_once(store, rng):
+    counts = random_counts((1, 2), 8, rng)
+    targets = [key(), key(window="1h", bucket=3600), key(window="1d", bucket=86400)]
+    assert store.add(batch(counts, *((t, int(time.time()) + 600) for t in targets)))
+    for target in targets:
+        assert_reads(store, target, counts)
+    assert store.versions([*targets, key(window="1h", bucket=7200)]) == [1, 1, 1, 0]
+
+
+def test_a_duplicate_batch_id_changes_nothing(store, rng):
+    counts = random_counts((2,), 5, rng)
+    first = batch(counts, key(), batch_id=b"\x07" * 16)
+    assert store.add(first) is True
+    # Whatever a duplicate carries (here other counts, another bucket), its id decides.
+    again = batch(doubled(counts), key(), key(window="1h", bucket=3600), batch_id=b"\x07" * 16)
+    assert store.add(again) is False
+    assert_reads(store, key(), counts)
+    assert store.versions([key(), key(window="1h", bucket=3600)]) == [1, 0]
+
+
+def test_reading_an_absent_bucket_gives_zeros(store):
+    assert_reads(store, key(metric="never"), Counts((0, 1, 2), np.zeros(3), np.zeros((3, 2))))
+    assert store.versions([key(metric="never")]) == [0]
+    assert store.versions([]) == []
+
+
+def test_metrics_fingerprints_windows_and_buckets_never_mix(store, rng):
+    places = [key(metric=m) for m in AWKWARD_METRICS]
+    places += [key(fingerprint="fp2"), key(fingerprint="fp1:total"), key(window="1h"), key(window="1h", bucket=3600)]
+    places += [key(window="total:0"), key(window="1h", bucket=7200), key(metric="a", fingerprint="c:fp")]
+    expected = {}
+    for place in places:
+        expected[place] = random_counts((1,), 4, rng)
+        assert store.add(batch(expected[place], place))
+    for place in places:
+        assert_reads(store, place, expected[place])
+    assert store.versions(places) == [1] * len(places)
+
+
+def test_batch_ids_of_different_metrics_never_collide(store, rng):
+    same_id = b"\x01" * 16
+    for metric in AWKWARD_METRICS:
+        assert store.add(batch(random_counts((1,), 3, rng), key(metric=metric), batch_id=same_id))
+
+
+def test_expired_buckets_and_batch_ids_are_forgotten(store, rng):
+    counts = random_counts((1,), 6, rng)
+    hour = key(window="1h", bucket=3600)
+    expires_at = math.ceil(time.time()) + 1
+    write = batch(counts, key(), (hour, expires_at), ttl=1)
+    assert store.add(write)
+    assert_reads(store, hour, counts)
+    time.sleep(max(0.0, expires_at - time.time()) + 0.1)
+    assert_reads(store, hour, Counts((1,), [0], np.zeros((1, 6))))  # the hour has gone
+    assert_reads(store, key(), counts)  # the total never goes
+    assert store.versions([key(), hour]) == [1, 0]
+    assert store.add(write) is True  # its id is forgotten too: the batch counts again
+    assert_reads(store, key(), doubled(counts))
+
+
+def test_a_target_already_past_its_expiry_is_dropped(store, rng):
+    counts = random_counts((1,), 3, rng)
+    old = key(window="1h", bucket=3600)
+    assert store.add(batch(counts, key(), (old, int(time.time()) - 10)))
+    assert_reads(store, key(), counts)
+    assert_reads(store, old, Counts((1,), [0], np.zeros((1, 3))))
+    assert store.versions([old]) == [0]
+
+
+def test_the_same_batch_added_ten_times_counts_once(store, rng):
+    write = batch(random_counts((2, 3), 32, rng), key(), key(window="1h", bucket=3600))
+    assert [store.add(write) for _ in range(10)] == [True] + [False] * 9
+    assert_reads(store, key(), write.counts)
+    assert store.versions([key(), key(window="1h", bucket=3600)]) == [1, 1]
+
+
+def test_the_same_batch_added_concurrently_counts_once(make_handle, rng):
+    write = batch(random_counts(range(9), 8, rng), key(), key(window="1h", bucket=3600))
+    handles = [make_handle() for _ in range(10)]  # RedisStore: each its own connections
+    start = threading.Barrier(len(handles))
+    outcomes: list[bool] = []
+
+    def add(handle: Store) -> None:
+        start.wait()
+        outcomes.append(handle.add(write))
+
+    threads = [threading.Thread(target=add, args=(h,)) for h in handles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(outcomes) == [False] * 9 + [True]
+    assert_reads(handles[0], key(), write.counts)
+    assert handles[0].versions([key()]) == [1]
+
+
+def test_reading_with_another_design_is_an_error(store, rng):
+    assert store.add(batch(random_counts((3,), 5, rng), key()))
+    with pytest.raises(StoreError, match="design"):
+        store.read(key(), (4,), 5)
+
+
+def test_malformed_batches_are_refused_before_anything_changes(store, rng):
+    counts = random_counts((1,), 3, rng)
+    with pytest.raises(ValueError, match="metric"):
+        store.add(BatchWrite("m", b"\x02" * 16, counts, ((key(), None), (key(metric="other"), None)), 60))
+    with pytest.raises(ValueError, match="dedupe_ttl"):
+        store.add(BatchWrite("m", b"\x02" * 16, counts, ((key(), None),), 0))
+    assert store.versions([key()]) == [0]
+    assert store.add(BatchWrite("m", b"\x02" * 16, counts, ((key(), None),), 60))  # the id was not taken
+
+
+def test_ping_answers(store):
+    store.ping()
