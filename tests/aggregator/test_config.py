@@ -45,6 +45,8 @@ def test_window_buckets_are_aligned():
     ({"metrics": [METRIC], "server": {"workers": 0}}, "server.workers:"),
     ({"metrics": [METRIC], "server": {"port": 1}}, "server.port: unknown key"),
     ({"metrics": [METRIC], "store": {"url": ""}}, "store.url:"),
+    ({"metrics": [METRIC], "store": {"url": "memory", "wait_replicas": 1}}, "store.wait_replicas: applies to Redis"),
+    ({"metrics": [METRIC], "store": {"url": "redis://h/0", "timeout": -1}}, "store.timeout:"),
 ])
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as err:
@@ -77,3 +79,9 @@ def test_durations():
     for bad in ("1y", "h", "", None, 0, -5, True):
         with pytest.raises(ConfigError, match="^k: expected a duration"):
             parse_duration(bad, "k")
+
+
+def test_store_options_reach_the_redis_store(monkeypatch):
+    monkeypatch.delenv(ENV_STORE_URL, raising=False)
+    config = parse_config({"metrics": [METRIC], "store": {"url": "redis://h:1/0", "timeout": 0.5, "wait_replicas": 1}})
+    assert config.store_options == {"socket_timeout": 0.5, "socket_connect_timeout": 0.5, "wait_replicas": 1}

@@ -12,6 +12,9 @@
 
     [store]
     url = "memory"                # or "memory:///path/snapshot.json", "redis://host:6379/0", "rediss://..."
+    timeout = 2.0                 # Redis only: seconds to wait for an answer (and to connect)
+    wait_replicas = 0             # Redis only: WAIT for this many replicas after every batch
+    wait_timeout_ms = 1000        # Redis only: how long that WAIT may take
 
     [[metrics]]
     name = "browser"
@@ -112,6 +115,7 @@ class AggregatorConfig:
     watch_interval: float = _DEFAULT_WATCH_INTERVAL
     grace_period: float = _DEFAULT_GRACE_PERIOD
     workers: int = _DEFAULT_WORKERS
+    store_options: Mapping[str, object] = field(default_factory=dict)  # keyword arguments of the store
     source: str = field(default="<config>", compare=False)
 
     def metric(self, name: str) -> MetricConfig | None:
@@ -138,7 +142,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     store = _table(data, "store")
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
                    "workers"}, "server.")
-    _only(store, {"url"}, "store.")
+    _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise ConfigError("metrics: declare at least one [[metrics]] table.")
@@ -147,11 +151,13 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
+    url = store_url or os.environ.get(ENV_STORE_URL) or _text(store.get("url", _DEFAULT_STORE_URL), "store.url")
     return AggregatorConfig(
         metrics=metrics,
         grpc_address=_address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False),
         http_address=_address(server.get("http", _DEFAULT_HTTP), "server.http", allow_empty=True),
-        store_url=store_url or os.environ.get(ENV_STORE_URL) or _text(store.get("url", _DEFAULT_STORE_URL), "store.url"),
+        store_url=url,
+        store_options=_store_options(store, url),
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),
         max_batch=_whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1),
         dedupe_ttl=parse_duration(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL), "server.dedupe_ttl"),
@@ -160,6 +166,21 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         workers=_whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1),
         source=source,
     )
+
+
+def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:
+    options: dict[str, object] = {}
+    if "timeout" in store:
+        seconds = _seconds(store["timeout"], "store.timeout")
+        options.update(socket_timeout=seconds, socket_connect_timeout=seconds)
+    if "wait_replicas" in store:
+        options["wait_replicas"] = _whole(store["wait_replicas"], "store.wait_replicas", low=0)
+    if "wait_timeout_ms" in store:
+        options["wait_timeout_ms"] = _whole(store["wait_timeout_ms"], "store.wait_timeout_ms", low=1)
+    if options and not url.startswith(("redis://", "rediss://", "unix://")):
+        name = next(k for k in ("timeout", "wait_replicas", "wait_timeout_ms") if k in store)
+        raise ConfigError(f"store.{name}: applies to Redis stores only, and the store is {url.split(':')[0]!r}.")
+    return options
 
 
 def _metric(raw: object, key: str) -> MetricConfig:

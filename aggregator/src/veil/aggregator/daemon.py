@@ -32,7 +32,7 @@ from .live import LiveEstimates
 from .service import CollectorService, EstimatesService
 from .store import Store, StoreError, open_store
 
-__all__ = ["Aggregator", "max_message_bytes"]
+__all__ = ["Aggregator", "max_message_bytes", "open_configured_store"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -47,12 +47,20 @@ def max_message_bytes(config: AggregatorConfig) -> int:
     return config.max_batch * widest + 64 * 1024
 
 
+def open_configured_store(config: AggregatorConfig) -> Store:
+    """The store the config names; a bad URL or option is a ConfigError naming the key."""
+    try:
+        return open_store(config.store_url, **config.store_options)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"store: {err}") from None
+
+
 class Aggregator:
     def __init__(self, config: AggregatorConfig, *, store: Store | None = None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
                  pages: dict[str, tuple[str, Page]] | None = None) -> None:
         self.config = config
-        self.store = store if store is not None else open_store(config.store_url)
+        self.store = store if store is not None else open_configured_store(config)
         self.instruments = Instruments(registry)
         self.live = LiveEstimates(config, self.store, clock=clock)
         self.instruments.registry.register(EstimatesCollector(self.live))

@@ -24,14 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._logging import configure_logging
     from ..config import load_config
-    from ..daemon import Aggregator
+    from ..daemon import Aggregator, open_configured_store
 
     configure_logging(args.log_format, args.log_level)
     config = load_config(args.config, store_url=args.store)
     if args.check_config:
-        from ..store import open_store
-
-        open_store(config.store_url).close()
+        store = open_configured_store(config)
+        store.ping()
+        store.close()
         print(f"{config.source}: OK ({len(config.metrics)} metrics, store {config.store_url.split('@')[-1]})")
         return 0
     aggregator = Aggregator(config)

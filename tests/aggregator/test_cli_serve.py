@@ -1,0 +1,33 @@
+"""`veil serve --check-config`: good files pass, bad ones fail with one line naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from running import _toml, config_dict
+
+
+def check(path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "serve", "--config", str(path),
+                           "--check-config", *extra], capture_output=True, text=True, timeout=60)
+
+
+def test_a_good_config_passes_and_reaches_its_store(tmp_path, redis_server):
+    path = tmp_path / "veil.toml"
+    path.write_text(_toml(config_dict(redis_server.url)))
+    out = check(path)
+    assert out.returncode == 0 and "OK (5 metrics" in out.stdout, out.stderr
+
+
+def test_bad_configs_fail_with_one_line(tmp_path):
+    path = tmp_path / "veil.toml"
+    path.write_text(_toml(config_dict()).replace("epsilon = 1.0", "epsilon = -1.0", 1))
+    out = check(path)
+    assert out.returncode == 2 and out.stderr.strip().startswith("veil serve: metrics[0]: epsilon must be")
+    assert len(out.stderr.strip().splitlines()) == 1
+    path.write_text(_toml(config_dict()))
+    out = check(path, "--store", "redis://127.0.0.1:1/0")
+    assert out.returncode == 2 and "unavailable" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = check(tmp_path / "missing.toml")
+    assert out.returncode == 2 and "cannot read the config file" in out.stderr
