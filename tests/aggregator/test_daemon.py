@@ -236,3 +236,12 @@ def test_redis_down_means_unavailable_and_not_serving_then_exact_counts(start_ag
     reply = upload(endpoint, "os", [2] * 50, batch_id=b"r" * 16)  # the SDK's retry: same id
     assert not reply.duplicate
     assert total_n(endpoint, "os") == 250
+
+
+def test_server_reflection_lists_the_services(start_aggregator):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    aggregator = start_aggregator()
+    with grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}") as channel:
+        services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    assert {"veil.wire.v1.Collector", "veil.wire.v1.Estimates", "grpc.health.v1.Health"} <= services

@@ -37,8 +37,8 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+def _written_temp(path: Path, data: bytes) -> Path:
+    """A temporary file beside ``path`` holding ``data``, on disk (fsynced)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
@@ -46,12 +46,26 @@ def write_atomic(path: Path, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
+    except BaseException:
+        _remove(tmp)
+        raise
+    return tmp
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    tmp = _written_temp(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        _remove(tmp)
         raise
     fsync_dir(path.parent)
 
@@ -59,13 +73,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 def create_once(path: Path, data: bytes) -> bool:
     """Create ``path`` holding ``data``, complete or not at all, unless it exists already
     (another process may race us). True when this call created it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    tmp = _written_temp(path, data)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -73,7 +82,4 @@ def create_once(path: Path, data: bytes) -> bool:
         fsync_dir(path.parent)
         return True
     finally:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        _remove(tmp)
