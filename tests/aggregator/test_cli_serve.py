@@ -17,7 +17,8 @@ def test_a_good_config_passes_and_reaches_its_store(tmp_path, redis_server):
     path = tmp_path / "veil.toml"
     path.write_text(_toml(config_dict(redis_server.url)))
     out = check(path)
-    assert out.returncode == 0 and "OK (5 metrics" in out.stdout, out.stderr
+    assert out.returncode == 0 and "OK (5 metrics; store redis://127.0.0.1:" in out.stdout, out.stderr
+    assert ": reachable)" in out.stdout
 
 
 def test_bad_configs_fail_with_one_line(tmp_path):
@@ -27,7 +28,9 @@ def test_bad_configs_fail_with_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().startswith("veil serve: metrics[0]: epsilon must be")
     assert len(out.stderr.strip().splitlines()) == 1
     path.write_text(_toml(config_dict()))
-    out = check(path, "--store", "redis://127.0.0.1:1/0")
-    assert out.returncode == 2 and "unavailable" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = check(path, "--store", "redis://127.0.0.1:1/0")  # a good config whose store is down here
+    assert out.returncode == 0 and "not reachable from here" in out.stdout
+    out = check(path, "--store", "redis://127.0.0.1:notaport/0")
+    assert out.returncode == 2 and out.stderr.startswith("veil serve: store: Bad store URL")
     out = check(tmp_path / "missing.toml")
     assert out.returncode == 2 and "cannot read the config file" in out.stderr

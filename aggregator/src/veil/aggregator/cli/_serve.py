@@ -14,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override [store] url: memory, memory:///path/snapshot.json, redis://host:port/db, "
                              "rediss://... (default: $VEIL_STORE_URL, then the config)")
     parser.add_argument("--check-config", action="store_true",
-                        help="check the config (and reach the store) and exit: 0 when it is good")
+                        help="check the config file and the store URL, say whether the store answers from here, "
+                             "and exit: 0 when the config is good")
     parser.add_argument("--log-format", choices=("json", "text"), default="json", help="log line format (default json)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.epilog = ("SIGTERM or Ctrl-C stops it gracefully: health turns NOT_SERVING, in-flight uploads get "
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._errors import StoreError
     from .._logging import configure_logging
     from ..config import load_config
     from ..daemon import Aggregator, open_configured_store
@@ -30,9 +32,14 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, store_url=args.store)
     if args.check_config:
         store = open_configured_store(config)
-        store.ping()
-        store.close()
-        print(f"{config.source}: OK ({len(config.metrics)} metrics, store {config.store_url.split('@')[-1]})")
+        try:
+            store.ping()
+            reach = "reachable"
+        except StoreError as err:
+            reach = f"not reachable from here ({err})"
+        finally:
+            store.close()
+        print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")
         return 0
     aggregator = Aggregator(config)
     stop = threading.Event()
