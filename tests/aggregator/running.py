@@ -107,3 +107,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+SPEC_NAMES = tuple(m["name"] for m in METRICS)

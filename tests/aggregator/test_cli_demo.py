@@ -1,25 +1,30 @@
-"""`veil demo` (in-process): rounds of simulated reports and estimates against the truth."""
+"""`veil demo` (the README's main command) runs the whole system and its estimates hold."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
-from veil.aggregator.cli import main
-from veil.aggregator.cli._demo import DEMO_METRICS
 
-
-def test_demo_runs_and_its_intervals_mostly_cover_the_truth(capsys):
-    assert main(["demo", "--rounds", "2", "--per-round", "20000", "--interval", "0", "--seed", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "round 2/2" in out and "seeded fast generator" in out
-    final = out.split("round 2/2")[1]
-    for metric in DEMO_METRICS:
-        match = re.search(rf"{metric.name} .*n = 40,000  truth inside its 95% interval: (\d+)/(\d+)", final)
-        assert match, metric.name
-        inside, k = map(int, match.groups())
-        assert k == len(metric.labels) and inside >= 0.8 * k
+def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_intervals():
+    out = subprocess.run(
+        [sys.executable, "-m", "veil.aggregator.cli", "demo", "--duration", "20", "--interval", "2", "--seed", "3",
+         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/", out.stdout)
+    last = out.stdout.rsplit("estimates over all reports so far", 1)[1]
+    for name in ("browser", "country", "crash_screen"):
+        n = int(re.search(rf"{name} .*n = ([\d,]+)", last).group(1).replace(",", ""))
+        assert n > 5000, (name, n)
+    inside, total = map(int, re.search(r"final: (\d+) of (\d+) categories", out.stdout).groups())
+    assert total == 126 and inside >= 0.85 * total
 
 
 def test_demo_refuses_bad_arguments(capsys):
-    assert main(["demo", "--rounds", "0"]) == 2
-    assert "--rounds and --per-round must be at least 1" in capsys.readouterr().err
+    from veil.aggregator.cli import main
+
+    assert main(["demo", "--rate", "0"]) == 2
+    assert "--rate and --interval must be above 0" in capsys.readouterr().err

@@ -80,7 +80,10 @@ class Aggregator:
         veil_pb2_grpc.add_EstimatesServicer_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(config.grpc_address)
+        try:
+            self.grpc_port = self._grpc.add_insecure_port(config.grpc_address)
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            self.grpc_port = 0
         if self.grpc_port == 0:
             raise ConfigError(f"server.grpc: cannot listen on {config.grpc_address}.")
         self._http = None

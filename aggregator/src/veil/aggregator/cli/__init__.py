@@ -22,7 +22,10 @@ __all__ = ["main"]
 _COMMANDS = {
     "privacy": ("_privacy", "what each mechanism costs and guarantees at a given k and epsilon"),
     "serve": ("_serve", "run the aggregator daemon (gRPC and HTTP) from a config file"),
-    "demo": ("_demo", "simulate a population reporting, and watch the estimates converge"),
+    "simulate": ("_simulate", "send simulated devices' reports to a running aggregator (a load generator)"),
+    "estimates": ("_estimates", "print the current estimates of a running aggregator"),
+    "specs": ("_specs", "list the metric specs a running aggregator serves"),
+    "demo": ("_demo", "the whole system on this machine: aggregator, simulated devices, live estimates"),
 }
 
 

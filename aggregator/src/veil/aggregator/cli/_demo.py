@@ -1,17 +1,22 @@
-"""`veil demo`: a simulated population reports through the real randomizers; the estimates,
-with 95% intervals, converge on the hidden truth while you watch.
+"""`veil demo`: the whole system on one machine.
 
-This runs everything in one process (randomization by the batch kernels, counting, estimating).
+An aggregator on the embedded memory store (or Redis with --redis), simulated devices that
+report through the real SDK over gRPC at a steady rate from a hidden distribution, the
+dashboard on the HTTP listener, and a terminal table of live estimates (read over gRPC) with
+their 95% intervals beside the truth. Ctrl-C stops everything cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
-_ROWS_SHOWN = 8
+_ROWS_SHOWN = 6
 
 
 @dataclass(frozen=True)
@@ -30,72 +35,153 @@ def _zipf(k: int, s: float) -> tuple[float, ...]:
 
 
 DEMO_METRICS = (
-    DemoMetric("browser", ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other"),
-               "subset", 1.0, (0.45, 0.2, 0.12, 0.08, 0.06, 0.04, 0.03, 0.02)),
+    DemoMetric("browser", ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "yandex", "brave",
+                           "other"), "subset", 1.0, _zipf(10, 1.2)),
     DemoMetric("country", tuple(f"country-{i:03d}" for i in range(100)), "subset", 2.0, _zipf(100, 1.1)),
-    DemoMetric("crash_site", tuple(f"screen-{i:02d}" for i in range(16)), "rappor", 2.0, _zipf(16, 0.8)),
+    DemoMetric("crash_screen", tuple(f"screen-{i:02d}" for i in range(16)), "rappor", 2.0, _zipf(16, 0.8)),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of reports to simulate (default 20)")
-    parser.add_argument("--per-round", type=int, default=50_000, metavar="N",
-                        help="reports per metric per round (default 50000)")
-    parser.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
-                        help="pause between rounds (default 0.5)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed the population and use the fast seeded generator (simulation only); "
-                             "default: a random population and the AES-CTR keystream")
+    parser.add_argument("--duration", type=float, default=0.0, metavar="SECONDS",
+                        help="stop after this long and exit 0 (default 0: run until Ctrl-C)")
+    parser.add_argument("--rate", type=float, default=2000.0, metavar="PER_SECOND",
+                        help="reports per second per metric (default 2000)")
+    parser.add_argument("--devices", type=int, default=8, help="simulated devices, each a Reporter (default 8)")
+    parser.add_argument("--redis", metavar="URL", help="count in this Redis instead of the embedded memory store")
+    parser.add_argument("--grpc", default="127.0.0.1:50051", metavar="HOST:PORT",
+                        help="gRPC listener (default 127.0.0.1:50051; a free port if taken)")
+    parser.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
+                        help="HTTP listener with the dashboard (default 127.0.0.1:8080; a free port if taken)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between table refreshes (default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="seed the hidden population's draws")
 
 
-def _render(metric: DemoMetric, estimate) -> list[str]:
+def _config(args: argparse.Namespace, grpc_address: str, http_address: str):
+    from ..config import parse_config
+
+    return parse_config({
+        "server": {"grpc": grpc_address, "http": http_address, "min_n": 100, "watch_interval": 0.5,
+                   "grace_period": 2.0},
+        "store": {"url": args.redis or "memory"},
+        "metrics": [{"name": m.name, "labels": list(m.labels), "mechanism": m.mechanism, "epsilon": m.epsilon,
+                     "windows": ["total", "1h"]} for m in DEMO_METRICS],
+    })
+
+
+def _start_aggregator(args: argparse.Namespace):
+    """The aggregator on the asked-for ports, or free ones where those are taken."""
+    from .._errors import ConfigError
+    from ..daemon import Aggregator
+
+    for grpc_address, http_address in ((args.grpc, args.http), ("127.0.0.1:0", "127.0.0.1:0")):
+        try:
+            aggregator = Aggregator(_config(args, grpc_address, http_address))
+        except ConfigError as err:
+            if "cannot listen" not in str(err):
+                raise
+            print(f"({err} Using free ports.)", file=sys.stderr)
+            continue
+        aggregator.start()
+        return aggregator
+    raise ConfigError("Cannot find free ports for the demo.")
+
+
+def _devices(endpoint: str, args: argparse.Namespace, stop: threading.Event) -> list[threading.Thread]:
+    """Simulated devices: each thread is one Reporter reporting its share of every metric's rate.
+    Every report is a fresh device's (memoization off), so the reports are independent draws
+    from the hidden distribution, as the intervals assume."""
+    from veil.client import Reporter
+
+    def device(number: int) -> None:
+        rng = random.Random(None if args.seed is None else args.seed * 7919 + number)
+        reporter = Reporter(endpoint, tls=False, memoize=False, schedule_delay_ms=250, max_batch_size=1000,
+                            max_queue_size=max(4096, int(args.rate * len(DEMO_METRICS))))
+        try:
+            reporter.wait_for_specs(10)
+            per_second = args.rate / args.devices
+            started, sent = time.monotonic(), 0
+            while not stop.is_set():
+                for metric in DEMO_METRICS:
+                    reporter.report(metric.name, rng.choices(range(len(metric.labels)), metric.truth)[0])
+                sent += 1
+                delay = started + sent / per_second - time.monotonic()
+                if delay > 0:
+                    stop.wait(delay)
+        finally:
+            reporter.shutdown(2.0)
+
+    threads = [threading.Thread(target=device, args=(d,), name=f"veil-demo-device-{d}", daemon=True)
+               for d in range(args.devices)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
+    """The table of one metric (a WindowEstimate message), and how many categories' truths
+    lie inside their 95% intervals, out of how many."""
+    head = f"{metric.name}  ({metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g})  n = {window.n:,}"
+    if window.withheld:
+        return [head, f"  withheld: {window.reason}"], 0, 0
+    inside = [c.lower <= t <= c.upper for c, t in zip(window.categories, metric.truth)]
+    lines = [f"{head}  truth inside its 95% interval: {sum(inside)}/{len(inside)}",
+             f"  {'category':<14}{'truth':>8}{'estimate':>10}{'95% interval':>22}"]
     order = sorted(range(len(metric.labels)), key=lambda j: -metric.truth[j])
-    covered = sum(estimate.lower[j] <= metric.truth[j] <= estimate.upper[j] for j in range(len(metric.labels)))
-    lines = [
-        f"{metric.name}  ({metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g})  "
-        f"n = {estimate.n:,}  truth inside its 95% interval: {covered}/{len(metric.labels)}",
-        f"  {'category':<14}{'truth':>8}{'estimate':>10}{'95% interval':>22}",
-    ]
     for j in order[:_ROWS_SHOWN]:
-        inside = "" if estimate.lower[j] <= metric.truth[j] <= estimate.upper[j] else "  outside"
-        lines.append(
-            f"  {metric.labels[j]:<14}{metric.truth[j]:>8.4f}{estimate.estimate[j]:>10.4f}"
-            f"   [{estimate.lower[j]:>8.4f}, {estimate.upper[j]:>8.4f}]{inside}"
-        )
+        c = window.categories[j]
+        lines.append(f"  {c.label:<14}{metric.truth[j]:>8.4f}{c.estimate:>10.4f}   [{c.lower:>8.4f}, {c.upper:>8.4f}]"
+                     + ("" if inside[j] else "  outside"))
     if len(order) > _ROWS_SHOWN:
         lines.append(f"  ... and {len(order) - _ROWS_SHOWN} more categories")
-    return lines
+    return lines, sum(inside), len(inside)
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
+    import grpc
 
-    from veil.mechanism import spec_for
+    from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    from ..counts import Counts
-    from ..estimate import estimate
-    from ..simulate import AesCtrKeystream, FastKeystream, simulate_counts
     from . import CliError
 
-    if args.rounds < 1 or args.per_round < 1 or args.interval < 0:
-        raise CliError("--rounds and --per-round must be at least 1 and --interval at least 0.")
-    population = np.random.default_rng(args.seed)
-    keystream = FastKeystream(args.seed) if args.seed is not None else AesCtrKeystream()
-    specs = {m.name: spec_for(m.mechanism, len(m.labels), m.epsilon) for m in DEMO_METRICS}
-    counts = {name: Counts.zeros(spec) for name, spec in specs.items()}
+    if args.rate <= 0 or args.devices < 1 or args.interval <= 0 or args.duration < 0:
+        raise CliError("--rate and --interval must be above 0, --devices at least 1, --duration at least 0.")
+    aggregator = _start_aggregator(args)
+    endpoint = f"127.0.0.1:{aggregator.grpc_port}"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    devices = _devices(endpoint, args, stop)
     live = sys.stdout.isatty()
-    print("Simulated devices randomize each true value on the device; only reports are counted.")
-    print(f"Randomness: {'seeded fast generator (simulation only)' if args.seed is not None else 'AES-CTR keystream'}.")
-    for round_number in range(1, args.rounds + 1):
-        for metric in DEMO_METRICS:
-            values = population.choice(len(metric.labels), size=args.per_round, p=metric.truth)
-            simulate_counts(specs[metric.name], values, keystream=keystream, out=counts[metric.name])
-        lines = [f"round {round_number}/{args.rounds}", ""]
-        for metric in DEMO_METRICS:
-            lines += _render(metric, estimate(specs[metric.name], counts[metric.name])) + [""]
-        if live:
-            print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal
-        print("\n".join(lines), flush=True)
-        if round_number < args.rounds:
-            time.sleep(args.interval)
+    print(f"Veil demo: aggregator on {'Redis' if args.redis else 'the embedded memory store'}, gRPC {endpoint}.")
+    print(f"Dashboard: http://127.0.0.1:{aggregator.http_port}/   (JSON: /v1/estimates, Prometheus: /metrics)")
+    print(f"{args.devices} simulated devices report {args.rate:g}/s per metric through the SDK; "
+          "each value is randomized on the device. " + ("Ctrl-C stops." if not args.duration else ""))
+    deadline = time.monotonic() + args.duration if args.duration else None
+    inside = total = 0
+    try:
+        with grpc.insecure_channel(endpoint) as channel:
+            stub = veil_pb2_grpc.EstimatesStub(channel)
+            while not stop.wait(args.interval):
+                response = stub.Get(veil_pb2.EstimatesRequest(window="total"), timeout=10)
+                by_name = {w.metric: w for w in response.estimates}
+                lines, inside, total = [time.strftime("%H:%M:%S") + "  estimates over all reports so far", ""], 0, 0
+                for metric in DEMO_METRICS:
+                    table, hits, count = render(metric, by_name[metric.name])
+                    lines += table + [""]
+                    inside, total = inside + hits, total + count
+                if live:
+                    print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal
+                print("\n".join(lines), flush=True)
+                if deadline and time.monotonic() >= deadline:
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        for t in devices:
+            t.join(timeout=5)
+        aggregator.stop(grace=1.0)
+    if total:
+        print(f"final: {inside} of {total} categories' truths inside their 95% intervals.")
     return 0

@@ -1,0 +1,234 @@
+"""`veil simulate`: a load generator of simulated devices reporting to a running aggregator.
+
+Two ways to make reports: `--mode batch` randomizes with the numba batch kernels and uploads
+batches straight over gRPC (fast: load tests); `--mode sdk` runs many simulated devices, each a
+real `veil.client.Reporter` (the path apps take).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from concurrent import futures
+
+from ._remote import add_address_argument, address, call
+
+_RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+_ATTEMPTS = 6
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_address_argument(parser)
+    parser.add_argument("metric", help="the metric to report (as the aggregator declares it)")
+    parser.add_argument("--reports", type=int, default=100_000, metavar="N", help="reports to send (default 100000)")
+    parser.add_argument("--rate", type=float, default=0.0, metavar="PER_SECOND",
+                        help="target reports per second (default 0: as fast as possible)")
+    parser.add_argument("--distribution", default="zipf:1.1", metavar="LAW",
+                        help="the hidden truth: uniform, zipf[:S] (default zipf:1.1), or comma-separated weights")
+    parser.add_argument("--mode", choices=("batch", "sdk"), default="batch",
+                        help="batch: numba kernels, batches over gRPC (default); sdk: simulated devices, each a Reporter")
+    parser.add_argument("--devices", type=int, default=20, help="simulated devices in sdk mode (default 20)")
+    parser.add_argument("--memoize", action="store_true",
+                        help="sdk mode: let devices memoize responses (repeats of a value then resend one response, "
+                             "so reports are not independent); default off: every report is fresh")
+    parser.add_argument("--batch-size", type=int, default=1000, metavar="B",
+                        help="reports per upload (default 1000; in sdk mode the Reporter's max batch)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed the truth's draws and use the seeded fast generator (simulation only)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def truth(law: str, k: int) -> list[float]:
+    """The distribution a --distribution string names, over k categories."""
+    from . import CliError
+
+    if law == "uniform":
+        weights = [1.0] * k
+    elif law.startswith("zipf"):
+        exponent = law.partition(":")[2] or "1.1"
+        try:
+            s = float(exponent)
+        except ValueError:
+            raise CliError(f"--distribution: {exponent!r} is not a Zipf exponent.") from None
+        weights = [1.0 / (i + 1) ** s for i in range(k)]
+    else:
+        try:
+            weights = [float(x) for x in law.split(",")]
+        except ValueError:
+            raise CliError(f"--distribution: expected uniform, zipf[:S] or {k} comma-separated weights.") from None
+        if len(weights) != k or min(weights) < 0 or sum(weights) <= 0:
+            raise CliError(f"--distribution: expected {k} non-negative weights, not all zero.")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most 5 times a second."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.started, self._drawn = total, enabled, time.monotonic(), 0.0
+
+    def update(self, done: int, failed: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self._drawn < 0.2):
+            return
+        self._drawn = now
+        share = done / self.total if self.total else 1.0
+        bar = "#" * int(30 * share)
+        rate = done / max(now - self.started, 1e-9)
+        print(f"\r[{bar:<30}] {done:,}/{self.total:,} reports  {rate:,.0f}/s  {failed:,} failed",
+              end="\n" if final else "", file=sys.stderr, flush=True)
+
+
+def _pace(started: float, sent: int, rate: float) -> None:
+    if rate > 0:
+        delay = started + sent / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def run(args: argparse.Namespace) -> int:
+    import grpc
+    import numpy as np
+
+    from veil.client import spec_from_proto
+    from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+
+    from . import CliError
+
+    if args.reports < 1 or args.batch_size < 1 or args.devices < 1 or args.rate < 0:
+        raise CliError("--reports, --batch-size and --devices must be at least 1, and --rate at least 0.")
+    with grpc.insecure_channel(address(args)) as channel:
+        response = call(args, veil_pb2_grpc.CollectorStub(channel).GetMetricSpecs,
+                        veil_pb2.GetMetricSpecsRequest(metrics=[args.metric]))
+    if not response.specs:
+        raise CliError(f"The aggregator at {address(args)} declares no metric {args.metric!r}.")
+    spec = spec_from_proto(response.specs[0])
+    law = truth(args.distribution, spec.k)
+    values = np.random.default_rng(args.seed).choice(spec.k, size=args.reports, p=law)
+    progress = Progress(args.reports, enabled=not args.json)
+    started = time.monotonic()
+    summary = (_run_batches if args.mode == "batch" else _run_devices)(args, spec, values, progress)
+    elapsed = time.monotonic() - started
+    summary.update(metric=spec.name, mode=args.mode, elapsed_seconds=round(elapsed, 3),
+                   reports_per_second=round(summary["acknowledged"] / elapsed, 1) if elapsed else None,
+                   truth=dict(zip(spec.labels, law)))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{spec.name}: {summary['acknowledged']:,} of {args.reports:,} reports acknowledged "
+              f"({summary['failed']:,} failed) in {elapsed:.1f} s, {summary['reports_per_second'] or 0:,.0f}/s; "
+              f"mode {args.mode}.")
+    return 0 if summary["failed"] == 0 else 1
+
+
+def _encode_batches(spec, reports, batch_size: int):
+    """Serialized UploadRequests of randomized report arrays, in the SDK's encoding."""
+    import os
+
+    import numpy as np
+
+    from veil.client._encoding import uses_bitmaps
+    from veil.wire.v1 import veil_pb2
+
+    q = spec.mechanism.q
+    for start in range(0, len(reports), batch_size):
+        chunk = reports[start:start + batch_size]
+        request = veil_pb2.UploadRequest(batch_id=os.urandom(16), metric=spec.name,
+                                         spec_fingerprint=spec.fingerprint, count=len(chunk))
+        if q is None:
+            request.bitmaps.bits = chunk.tobytes()
+        elif uses_bitmaps(spec):
+            rows = np.zeros((len(chunk), spec.k), dtype=np.uint8)
+            np.put_along_axis(rows, chunk.astype(np.intp), 1, axis=1)
+            request.bitmaps.bits = np.packbits(rows, axis=1, bitorder="little").tobytes()
+        else:
+            request.index_sets.set_size = q
+            request.index_sets.indices = chunk.astype("<u4").tobytes()
+        yield len(chunk), request.SerializeToString()
+
+
+def _run_batches(args, spec, values, progress: Progress) -> dict:
+    import grpc
+
+    from veil.wire.v1 import veil_pb2
+
+    from ..simulate import AesCtrKeystream, FastKeystream, simulate_reports
+
+    keystream = FastKeystream(args.seed) if args.seed is not None else AesCtrKeystream()
+    reports = simulate_reports(spec.mechanism, values, keystream=keystream)
+    tally = {"acknowledged": 0, "duplicates": 0, "failed": 0, "retries": 0, "batches": 0}
+    lock = threading.Lock()
+
+    with grpc.insecure_channel(address(args)) as channel:
+        upload = channel.unary_unary("/veil.wire.v1.Collector/Upload", request_serializer=None,
+                                     response_deserializer=veil_pb2.UploadResponse.FromString)
+
+        def send(count: int, payload: bytes) -> None:
+            for attempt in range(_ATTEMPTS):
+                try:
+                    reply = upload(payload, timeout=args.timeout)
+                    with lock:
+                        tally["acknowledged"] += count
+                        tally["duplicates"] += reply.duplicate
+                    return
+                except grpc.RpcError as err:
+                    if err.code().name not in _RETRYABLE or attempt == _ATTEMPTS - 1:
+                        with lock:
+                            tally["failed"] += count
+                            tally.setdefault("errors", {}).setdefault(err.code().name, err.details())
+                        return
+                    with lock:
+                        tally["retries"] += 1
+                    time.sleep(min(0.1 * 2**attempt, 2.0))  # the same payload: the same batch id
+
+        started, submitted = time.monotonic(), 0
+        with futures.ThreadPoolExecutor(max_workers=4) as pool:
+            pending = set()
+            for count, payload in _encode_batches(spec, reports, args.batch_size):
+                _pace(started, submitted, args.rate)
+                pending.add(pool.submit(send, count, payload))
+                submitted += count
+                tally["batches"] += 1
+                if len(pending) >= 16:  # bound what is in flight and in memory
+                    _, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
+                progress.update(tally["acknowledged"], tally["failed"])
+            futures.wait(pending)
+    progress.update(tally["acknowledged"], tally["failed"], final=True)
+    return tally
+
+
+def _run_devices(args, spec, values, progress: Progress) -> dict:
+    from veil.client import Reporter
+    from veil.mechanism import SeededRandomSource
+
+    per_device = -(-len(values) // args.devices)
+    devices = [
+        Reporter(address(args), tls=False, memoize=args.memoize, max_batch_size=args.batch_size,
+                 max_queue_size=per_device + 1, schedule_delay_ms=200,
+                 random_source=SeededRandomSource(args.seed * 1_000_003 + d) if args.seed is not None else None)
+        for d in range(args.devices)
+    ]
+    try:
+        for device in devices:
+            device.wait_for_specs(args.timeout)
+        started = time.monotonic()
+        for i, value in enumerate(values.tolist()):
+            _pace(started, i, args.rate)
+            devices[i % args.devices].report(spec.name, value)
+            if i % 1000 == 0:
+                progress.update(sum(d.counters().sent for d in devices), sum(d.counters().failed for d in devices))
+        for device in devices:
+            device.force_flush(max(args.timeout, 30.0))
+        counters = [d.counters() for d in devices]
+    finally:
+        for device in devices:
+            device.shutdown(1.0)
+    tally = {"acknowledged": sum(c.sent for c in counters), "dropped": sum(c.dropped for c in counters),
+             "failed": sum(c.failed + c.dropped for c in counters), "retries": sum(c.retried for c in counters),
+             "devices": args.devices}
+    progress.update(tally["acknowledged"], tally["failed"], final=True)
+    return tally

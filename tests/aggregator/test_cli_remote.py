@@ -1,0 +1,65 @@
+"""`veil simulate`, `veil estimates` and `veil specs` against a running aggregator."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from running import SPEC_NAMES
+
+from veil.aggregator.cli import main
+
+
+def run_json(capsys, *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("mode, metric, reports", [("batch", "browser", 25_000), ("batch", "crash_screen", 5_000),
+                                                  ("sdk", "os", 3_000)])
+def test_simulate_yields_the_expected_n(start_aggregator, capsys, mode, metric, reports):
+    aggregator = start_aggregator()
+    address = f"127.0.0.1:{aggregator.grpc_port}"
+    summary = run_json(capsys, "simulate", metric, "--address", address, "--reports", str(reports),
+                       "--mode", mode, "--seed", "4", "--batch-size", "500")
+    assert summary["acknowledged"] == reports and summary["failed"] == 0
+    estimates = run_json(capsys, "estimates", metric, "--address", address, "--window", "total")
+    (window,) = estimates["estimates"]
+    assert window["n"] == reports and not window["withheld"]
+    truth = summary["truth"]
+    assert all(c["lower"] - 3 * c["stderr"] <= truth[c["label"]] <= c["upper"] + 3 * c["stderr"]
+               for c in window["categories"])
+
+
+def test_estimates_json_matches_the_http_json(start_aggregator, capsys):
+    aggregator = start_aggregator(min_n=10)
+    address = f"127.0.0.1:{aggregator.grpc_port}"
+    for metric in SPEC_NAMES:
+        run_json(capsys, "simulate", metric, "--address", address, "--reports", "2000", "--seed", "1")
+    over_grpc = run_json(capsys, "estimates", "--address", address)
+    over_http = json.load(urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/v1/estimates"))
+    assert over_grpc["estimates"] == over_http["estimates"]
+    assert over_grpc["projection"] == over_http["projection"]
+    assert main(["estimates", "browser", "--address", address, "--projection"]) == 0
+    table = capsys.readouterr().out
+    assert "browser / total" in table and "projected*" in table and "biased" in table
+
+
+def test_specs_lists_every_metric(start_aggregator, capsys):
+    aggregator = start_aggregator()
+    specs = run_json(capsys, "specs", "--address", f"127.0.0.1:{aggregator.grpc_port}")
+    assert [s["name"] for s in specs["specs"]] == list(SPEC_NAMES)
+    assert main(["specs", "--address", f"127.0.0.1:{aggregator.grpc_port}"]) == 0
+    assert "rappor-admissible" in capsys.readouterr().out
+
+
+def test_unreachable_aggregator_and_unknown_metric_are_one_line_errors(start_aggregator, capsys):
+    assert main(["specs", "--address", "127.0.0.1:1", "--timeout", "1"]) == 2
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    aggregator = start_aggregator()
+    assert main(["simulate", "nope", "--address", f"127.0.0.1:{aggregator.grpc_port}"]) == 2
+    assert "declares no metric 'nope'" in capsys.readouterr().err
+    assert main(["simulate", "os", "--address", f"127.0.0.1:{aggregator.grpc_port}",
+                 "--distribution", "1,2"]) == 2
+    assert "--distribution: expected 6 non-negative weights" in capsys.readouterr().err
