@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-all bench bench-quick proto-check redis-server clean help
+.PHONY: demo test test-all bench bench-quick proto-check redis-server chromium clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job)"
@@ -34,13 +34,19 @@ redis-server:
 	  echo "installing redis-server (Debian package)"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
 
+# The dashboard test drives headless Chromium; install Debian's where it is missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
 demo: $(VENV)/.aggregator
 	$(VENV)/bin/veil demo
 
-test: $(VENV)/.dev redis-server
+test: $(VENV)/.dev redis-server chromium
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: $(VENV)/.dev redis-server
+test-all: $(VENV)/.dev redis-server chromium
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.dev

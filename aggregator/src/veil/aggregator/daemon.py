@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
+from . import dashboard
 from ._errors import ConfigError
 from .config import AggregatorConfig
 from .http import HttpListener, Page
@@ -90,7 +91,8 @@ class Aggregator:
         if config.http_address:
             try:
                 self._http = HttpListener(config.http_address, self.live, self.instruments.registry,
-                                          lambda: self._store_ok is True, pages)
+                                          lambda: self._store_ok is True,
+                                          dashboard.pages() if pages is None else pages)
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)

@@ -4,6 +4,7 @@
     GET /v1/estimates/{metric}?window=1h  one metric (and window)
     GET /metrics                          Prometheus text format
     GET /healthz                          200 when the store answers, 503 otherwise
+    GET /                                 the dashboard (pages passed in by the daemon)
 
 Standard library server, one thread per request. Requests are not logged with addresses.
 """
@@ -105,6 +106,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        # Nothing here is to be framed or sniffed into another type. (The dashboard's own page
+        # carries the rest of its policy in a <meta> tag; frame-ancestors only works as a header.)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", "frame-ancestors 'none'")
         self.end_headers()
         self.wfile.write(body)
 

@@ -1,0 +1,259 @@
+// Veil dashboard: polls v1/estimates and draws one panel per metric and window, with bars of
+// the unbiased estimates and their 95% intervals as error bars.
+//
+// No libraries, no build step, nothing fetched but the aggregator's own JSON. Labels and
+// reasons are configured strings: they reach the page only through textContent and
+// setAttribute, never as HTML.
+//
+// Hooks for tests and scripts: body[data-state] ("loading" | "ok" | "error") and
+// body[data-updates] (successful polls so far); each panel section[data-metric][data-window]
+// [data-n][data-withheld]; each bar g.bar[data-label][data-estimate][data-lower][data-upper]
+// [data-projected]. Query parameter ?refresh=SECONDS sets the polling period (default 2).
+"use strict";
+
+(() => {
+  const ENDPOINT = "v1/estimates"; // relative, so the page also works behind a path prefix
+  const seconds = Number(new URLSearchParams(location.search).get("refresh"));
+  const REFRESH_MS = Math.max(0.5, Number.isFinite(seconds) && seconds > 0 ? seconds : 2) * 1000;
+  const TIMEOUT_MS = Math.max(5000, REFRESH_MS);
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const container = document.getElementById("panels");
+  const status = document.getElementById("status");
+  const toggle = document.getElementById("projection");
+
+  let latest = null; // the last body served
+  let lastOk = null; // Date.now() of the last successful poll
+  let failure = null; // what went wrong with the last poll, or null
+  let updates = 0;
+  const panels = new Map(); // "metric\0window" -> {element, signature}
+
+  // ---- formatting -------------------------------------------------------------------------
+  const integer = new Intl.NumberFormat(undefined, {maximumFractionDigits: 0});
+  const clock = new Intl.DateTimeFormat(undefined, {hour: "2-digit", minute: "2-digit", second: "2-digit"});
+
+  function number(x, digits) {
+    const text = x.toFixed(digits);
+    return (Number(text) === 0 ? text.replace("-", "") : text).replace("-", "\u2212");
+  }
+
+  // A proportion as a percentage: two decimals below 10%, one from 10% on.
+  function percent(x, digits) {
+    if (x === null || x === undefined) return "n/a";
+    const p = 100 * x;
+    return number(p, digits ?? (Math.abs(p) >= 10 ? 1 : 2)) + "%";
+  }
+
+  // A label cut to fit its column (wide characters count double); the tooltip has it whole.
+  function shorten(label, room = 18) {
+    const chars = [...label];
+    const width = (ch) => (ch.codePointAt(0) >= 0x1100 ? 2 : 1);
+    if (chars.reduce((sum, ch) => sum + width(ch), 0) <= room) return label;
+    let used = 1, cut = 0; // 1: the ellipsis
+    while (used + width(chars[cut]) <= room) used += width(chars[cut++]);
+    return chars.slice(0, cut).join("") + "\u2026";
+  }
+
+  function windowText(entry) {
+    if (!entry.end) return entry.window; // "total": since the start
+    const long = entry.end - entry.start >= 86400;
+    const format = new Intl.DateTimeFormat(undefined, long
+      ? {month: "short", day: "numeric", hour: "2-digit", minute: "2-digit"}
+      : {hour: "2-digit", minute: "2-digit"});
+    return `${entry.window} \u00b7 ${format.format(entry.start * 1000)}\u2013${format.format(entry.end * 1000)}`;
+  }
+
+  // ---- DOM helpers: text only ever goes in as text ----------------------------------------
+  function el(tag, attributes = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+    node.append(...children); // strings become text nodes
+    return node;
+  }
+
+  function svg(tag, attributes = {}, ...children) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+    node.append(...children);
+    return node;
+  }
+
+  // ---- one panel --------------------------------------------------------------------------
+  function header(entry) {
+    const chip = el("span", {class: "window"}, windowText(entry));
+    if (entry.end) {
+      chip.title = `${new Date(entry.start * 1000).toISOString()} to ${new Date(entry.end * 1000).toISOString()}`;
+    }
+    const title = el("h2", {}, el("span", {class: "name"}, entry.metric), chip);
+    if (entry.withheld) title.append(el("span", {class: "badge"}, "withheld"));
+    const mechanism = el("b", {title: `spec ${entry.spec_fingerprint}`}, entry.mechanism);
+    const meta = el("p", {class: "meta"},
+      "n = ", el("b", {}, integer.format(entry.n)),
+      " \u00b7 \u03b5 = ", el("b", {}, String(Number(entry.epsilon.toPrecision(4)))),
+      " \u00b7 ", mechanism);
+    return [title, meta];
+  }
+
+  function renderPanel(entry, showProjection) {
+    const section = el("section", {
+      class: entry.withheld ? "panel withheld" : "panel",
+      "data-metric": entry.metric, "data-window": entry.window,
+      "data-n": String(entry.n), "data-withheld": String(entry.withheld),
+    }, ...header(entry));
+    if (entry.withheld) section.append(el("p", {class: "reason"}, entry.reason));
+    else section.append(chart(entry, showProjection));
+    return section;
+  }
+
+  // Horizontal bars: label | bar with error bar | value. SVG units; the chart scales to its panel.
+  const W = 520, LABEL_W = 124, VALUE_W = 100, ROW = 22, BAR = 12, TOP = 4, AXIS = 20;
+  const X0 = LABEL_W + 8, X1 = W - VALUE_W;
+
+  function niceStep(span) {
+    const raw = span / 4;
+    const magnitude = 10 ** Math.floor(Math.log10(raw));
+    return [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((step) => step >= raw);
+  }
+
+  function chart(entry, showProjection) {
+    const rows = entry.categories;
+    const values = rows.flatMap((c) => [c.estimate, c.lower, c.upper, c.projected]).filter(Number.isFinite);
+    // Unbiased estimates can be negative: the axis starts at min(0, lowest value) and 0 is marked.
+    let lo = Math.min(0, ...values), hi = Math.max(0, ...values);
+    if (hi - lo < 0.01) hi = lo + 0.01;
+    const step = niceStep(hi - lo);
+    hi = Math.ceil(hi / step - 1e-9) * step; // a round right end
+    if (lo < 0) lo -= 0.015 * (hi - lo); // room for the lowest whisker's cap
+    const x = (v) => X0 + ((v - lo) / (hi - lo)) * (X1 - X0);
+    const height = TOP + rows.length * ROW + AXIS;
+    const tickDigits = step >= 0.01 ? 0 : step >= 0.001 ? 1 : 2;
+
+    const root = svg("svg", {class: "chart", viewBox: `0 0 ${W} ${height}`, width: W, height, role: "img",
+      "aria-label": `${entry.metric}, window ${entry.window}: estimates with 95% intervals`});
+    const plotBottom = TOP + rows.length * ROW;
+    for (let i = Math.ceil(lo / step - 1e-9); i <= Math.floor(hi / step + 1e-9); i++) {
+      const v = i * step, at = x(v);
+      root.append(svg("line", {class: i === 0 ? "zero" : "grid", x1: at, x2: at, y1: TOP - 2, y2: plotBottom}));
+      root.append(svg("text", {class: "tick", x: at, y: plotBottom + 14}, percent(v, tickDigits)));
+    }
+
+    rows.forEach((c, j) => {
+      const mid = TOP + j * ROW + ROW / 2;
+      const estimate = c.estimate ?? 0;
+      const g = svg("g", {class: estimate < 0 ? "bar negative" : "bar", "data-label": c.label,
+        "data-estimate": c.estimate ?? "", "data-lower": c.lower ?? "", "data-upper": c.upper ?? "",
+        "data-projected": c.projected ?? ""});
+      const interval = Number.isFinite(c.lower) && Number.isFinite(c.upper)
+        ? `95% interval ${percent(c.lower)} to ${percent(c.upper)}` : "no interval (too few reports)";
+      let tip = `${c.label}: ${percent(c.estimate)} (${interval})`;
+      if (showProjection) tip += `; projection (biased) ${percent(c.projected)}`;
+      g.append(svg("title", {}, tip));
+      g.append(svg("rect", {class: "hit", x: 0, y: mid - ROW / 2, width: W, height: ROW}));
+      g.append(svg("text", {class: "label", x: LABEL_W, y: mid + 4}, shorten(c.label)));
+      g.append(svg("rect", {class: "estimate", x: Math.min(x(0), x(estimate)), y: mid - BAR / 2,
+        width: Math.max(1, Math.abs(x(estimate) - x(0))), height: BAR}));
+      let value = percent(c.estimate);
+      if (Number.isFinite(c.lower) && Number.isFinite(c.upper)) {
+        const a = x(c.lower), b = x(c.upper), cap = 4;
+        g.append(svg("path", {class: "interval",
+          d: `M${a} ${mid}H${b}M${a} ${mid - cap}V${mid + cap}M${b} ${mid - cap}V${mid + cap}`}));
+        const half = 50 * (c.upper - c.lower);
+        value += ` \u00b1${number(half, Math.abs(half) >= 10 ? 1 : 2)}`;
+      }
+      if (showProjection && Number.isFinite(c.projected)) {
+        const p = x(c.projected);
+        const diamond = `M${p} ${mid - 6}L${p + 5} ${mid}L${p} ${mid + 6}L${p - 5} ${mid}Z`;
+        g.append(svg("path", {class: "projected", d: diamond}));
+      }
+      g.append(svg("text", {class: "value", x: X1 + 8, y: mid + 4}, value));
+      root.append(g);
+    });
+    return root;
+  }
+
+  // ---- the page ---------------------------------------------------------------------------
+  function update(body) {
+    const showProjection = toggle.checked;
+    const seen = new Set();
+    let previous = null;
+    for (const entry of body.estimates) {
+      const key = `${entry.metric}\u0000${entry.window}`;
+      const signature = JSON.stringify(entry) + showProjection;
+      seen.add(key);
+      let slot = panels.get(key);
+      if (!slot || slot.signature !== signature) { // redraw only what changed (keeps hovers alive)
+        const element = renderPanel(entry, showProjection);
+        if (slot) slot.element.replaceWith(element);
+        slot = {element, signature};
+        panels.set(key, slot);
+      }
+      const expected = previous ? previous.nextSibling : container.firstChild;
+      if (slot.element !== expected) container.insertBefore(slot.element, expected); // server order
+      previous = slot.element;
+    }
+    for (const [key, slot] of panels) {
+      if (!seen.has(key)) { slot.element.remove(); panels.delete(key); }
+    }
+    const empty = container.querySelector(".empty");
+    if (body.estimates.length === 0 && !empty) {
+      container.append(el("p", {class: "empty"}, "The aggregator declares no metrics."));
+    } else if (body.estimates.length && empty) {
+      empty.remove();
+    }
+    document.getElementById("projection-note").textContent = body.projection || "";
+  }
+
+  function showStatus() {
+    const every = `every ${REFRESH_MS / 1000} s`;
+    if (failure === null && lastOk === null) return;
+    document.body.dataset.state = failure === null ? "ok" : "error";
+    document.body.dataset.updates = String(updates);
+    if (failure === null) {
+      status.textContent = `Updated ${clock.format(lastOk)} \u00b7 refreshing ${every}`;
+    } else {
+      const since = lastOk === null ? "no data yet"
+        : `showing data from ${clock.format(lastOk)} (${Math.round((Date.now() - lastOk) / 1000)} s ago)`;
+      status.textContent = `${failure} \u00b7 ${since} \u00b7 retrying ${every}`;
+    }
+  }
+
+  async function poll() {
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(), TIMEOUT_MS);
+    try {
+      const response = await fetch(ENDPOINT, {cache: "no-store", signal: controller.signal,
+        headers: {Accept: "application/json"}});
+      const body = await response.json().catch(() => null);
+      if (!response.ok) throw new Error(body?.error ?? `HTTP ${response.status}`);
+      if (!Array.isArray(body?.estimates)) throw new Error("the answer is not a list of estimates");
+      latest = body;
+      lastOk = Date.now();
+      failure = null;
+      updates += 1;
+      update(body);
+    } catch (err) {
+      failure = err.name === "AbortError" ? `Cannot reach the aggregator (no answer within ${TIMEOUT_MS / 1000} s)`
+        : err instanceof TypeError ? "Cannot reach the aggregator (network error)"
+          : `The aggregator answered with an error: ${err.message}`;
+    } finally {
+      clearTimeout(timer);
+      showStatus();
+      setTimeout(poll, REFRESH_MS);
+    }
+  }
+
+  function setProjection(on) {
+    document.getElementById("projection-legend").hidden = !on;
+    document.getElementById("projection-note").hidden = !on;
+    if (latest) update(latest);
+  }
+
+  try { toggle.checked = localStorage.getItem("veil.projection") === "1"; } catch { /* storage off */ }
+  toggle.addEventListener("change", () => {
+    try { localStorage.setItem("veil.projection", toggle.checked ? "1" : "0"); } catch { /* storage off */ }
+    setProjection(toggle.checked);
+  });
+  setProjection(toggle.checked);
+  setInterval(showStatus, 1000); // keeps "s ago" current while the aggregator is away
+  poll();
+})();

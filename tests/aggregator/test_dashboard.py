@@ -1,0 +1,223 @@
+"""The dashboard at /: its files over HTTP, and the page itself in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chromium import Browser, BrowserError, ensure_chromium
+from running import METRICS, collector, config_dict
+
+from veil.aggregator import dashboard
+from veil.aggregator.config import parse_config
+from veil.aggregator.daemon import Aggregator
+from veil.aggregator.store import MemoryStore, StoreUnavailable
+from veil.client._encoding import encode_batch
+from veil.mechanism import MetricSpec, SeededRandomSource
+from veil.wire.v1 import veil_pb2
+
+# Labels are configured strings: the page must show them as text, never run them as markup.
+HOSTILE = {"name": "<b>labels</b> & names", "mechanism": "krr", "epsilon": 3.0, "labels": [
+    '<img src=x onerror="document.body.dataset.pwned=1">', "a & b", "\"quoted\" 'single'",
+    "a-rather-long-category-label-that-the-chart-shortens"]}
+ALL_METRICS = [*METRICS, HOSTILE]
+SPECS = {m["name"]: MetricSpec.create(m["name"], m["labels"], m["mechanism"], m["epsilon"]) for m in ALL_METRICS}
+PANELS = [(m["name"], w) for m in ALL_METRICS for w in m.get("windows", ["total"])]
+
+
+class SwitchableStore(MemoryStore):
+    """A memory store whose reads fail while `failing` is set (the aggregator answers 503)."""
+
+    failing = False
+
+    def versions(self, keys):
+        if self.failing:
+            raise StoreUnavailable("switched off by the test")
+        return super().versions(keys)
+
+
+@pytest.fixture
+def aggregator() -> Iterator[Aggregator]:
+    config = config_dict()
+    config["metrics"] = ALL_METRICS
+    now = time.time()  # a frozen clock: the 1h bucket cannot roll over during the test
+    started = Aggregator(parse_config(config), store=SwitchableStore(clock=lambda: now), pages=dashboard.pages(),
+                         clock=lambda: now)
+    started.start()
+    yield started
+    started.stop(grace=0)
+
+
+def get(aggregator: Aggregator, path: str) -> tuple[str, bytes]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}{path}", timeout=10) as response:
+        return response.headers["Content-Type"], response.read()
+
+
+def upload(aggregator: Aggregator, name: str, n: int, seed: int) -> None:
+    """n randomized reports of a skewed truth in which the last categories never occur, so some
+    unbiased estimates come out negative."""
+    spec = SPECS[name]
+    rng = random.Random(seed)
+    absent = spec.k // 4
+    weights = [1.0 / (i + 1) for i in range(spec.k - absent)] + [0.0] * absent
+    source = SeededRandomSource(seed)
+    reports = [spec.mechanism.randomize(v, source) for v in rng.choices(range(spec.k), weights=weights, k=n)]
+    request = veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, rng.randbytes(16)))
+    collector(f"127.0.0.1:{aggregator.grpc_port}").Upload(request, timeout=10)
+
+
+# ---- the files ------------------------------------------------------------------------------
+
+EXTERNAL = re.compile(r"""(?i)(?:\b[a-z][a-z0-9+.-]*:)?//[^\s"'`)<>]+""")
+XMLNS = "http://www.w3.org/2000/svg"  # a namespace name, never fetched
+
+
+def test_the_page_and_its_assets_are_served_with_their_content_types(aggregator):
+    content_type, html = get(aggregator, "/")
+    assert content_type == "text/html; charset=utf-8"
+    page = html.decode()
+    assert page.lstrip().lower().startswith("<!doctype html>")
+    assert "connect-src 'self'" in page and "script-src 'self'" in page  # the CSP allows nothing foreign
+    referenced = set(re.findall(r'(?:src|href)="([^"]+)"', page))
+    assert {"dashboard.js", "dashboard.css"} <= referenced
+    for asset, expected in (("/dashboard.js", "text/javascript"), ("/dashboard.css", "text/css")):
+        content_type, body = get(aggregator, asset)
+        assert content_type == f"{expected}; charset=utf-8" and body
+    # Every relative reference resolves to a page the aggregator serves (v1/…, metrics: its own routes).
+    served = set(dashboard.pages()) | {"/v1/estimates", "/metrics"}
+    assert {"/" + ref for ref in referenced if not ref.startswith("data:")} <= served
+    assert get(aggregator, "/dashboard.js")[1] == dashboard.pages()["/dashboard.js"][1]()
+
+
+def test_nothing_is_fetched_from_elsewhere_and_no_text_becomes_markup():
+    for path, (_, body) in dashboard.pages().items():
+        text = body().decode()
+        urls = [u for u in EXTERNAL.findall(text) if u != XMLNS]
+        assert urls == [], (path, urls)
+        assert "@import" not in text and "url(" not in text, path
+    script = dashboard.pages()["/dashboard.js"][1]().decode()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in script, sink
+
+
+# ---- the page in Chromium -------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def chromium_binary() -> str:
+    try:
+        return ensure_chromium()
+    except BrowserError as err:
+        pytest.fail(str(err))
+
+
+STATE = """(() => {
+  const panels = [...document.querySelectorAll("section.panel")].map((s) => ({
+    metric: s.dataset.metric, window: s.dataset.window, n: Number(s.dataset.n),
+    name: s.querySelector("h2 .name").textContent,
+    withheld: s.dataset.withheld === "true", reason: s.querySelector(".reason")?.textContent ?? null,
+    bars: [...s.querySelectorAll("g.bar")].map((g) => ({
+      label: g.dataset.label, estimate: Number(g.dataset.estimate), lower: Number(g.dataset.lower),
+      upper: Number(g.dataset.upper), text: g.querySelector("text.label").textContent,
+      title: g.querySelector("title").textContent, projected: g.querySelectorAll(".projected").length,
+      inside: [...g.querySelectorAll(".interval, .estimate")].every((shape) => {
+        const box = shape.getBBox(), view = shape.ownerSVGElement.viewBox.baseVal;
+        return box.x >= view.x - 0.5 && box.x + box.width <= view.x + view.width + 0.5;
+      })})),
+    zeros: s.querySelectorAll("line.zero").length}));
+  return {state: document.body.dataset.state, updates: Number(document.body.dataset.updates || 0),
+          status: document.getElementById("status").textContent, panels,
+          pwned: document.body.dataset.pwned ?? null, images: document.images.length};
+})()"""
+
+
+def panels_by_key(state: dict) -> dict[tuple[str, str], dict]:
+    return {(p["metric"], p["window"]): p for p in state["panels"]}
+
+
+def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator, chromium_binary, tmp_path):
+    started = time.monotonic()
+    for i, m in enumerate(ALL_METRICS):  # "feature" stays under min_n (100): withheld
+        upload(aggregator, m["name"], 40 if m["name"] == "feature" else 400, seed=i)
+    url = f"http://127.0.0.1:{aggregator.http_port}/"
+
+    with Browser(chromium_binary, tmp_path) as browser:
+        page = browser.open(url)
+        page.wait_for(f"document.querySelectorAll('section.panel').length === {len(PANELS)} "
+                      "&& document.body.dataset.state === 'ok'", timeout=15)
+        first = page.evaluate(STATE)
+        panels = panels_by_key(first)
+        assert list(panels) == PANELS  # one panel per metric and window, in config order
+        assert first["status"].startswith("Updated ") and all(p["name"] == p["metric"] for p in first["panels"])
+        for (name, window), panel in panels.items():
+            if name == "feature":
+                assert panel["withheld"] and panel["n"] == 40 and panel["bars"] == []
+                assert "40 reports so far" in panel["reason"]
+                continue
+            spec = SPECS[name]
+            assert not panel["withheld"] and panel["n"] == 400 and panel["zeros"] == 1
+            assert [b["label"] for b in panel["bars"]] == list(spec.labels)
+            for bar in panel["bars"]:
+                assert bar["lower"] < bar["estimate"] < bar["upper"] and bar["inside"], (name, bar)
+                assert bar["label"] in bar["title"] and "95% interval" in bar["title"] and "%" in bar["title"]
+        # Labels are text: shown verbatim (the long one shortened), and nothing of them ran.
+        hostile = panels[(HOSTILE["name"], "total")]["bars"]
+        assert [b["label"] for b in hostile] == HOSTILE["labels"]
+        for bar in hostile:
+            if bar["text"] != bar["label"]:  # shortened: a prefix, then an ellipsis
+                assert bar["text"].endswith("\u2026") and bar["label"].startswith(bar["text"][:-1])
+        assert [b["text"] == b["label"] for b in hostile] == [False, True, True, False]
+        assert first["pwned"] is None and first["images"] == 0
+        assert any(b["estimate"] < 0 for p in first["panels"] for b in p["bars"])  # drawn left of zero
+        page.screenshot(tmp_path / "dashboard-first.png")
+
+        # More reports: the page's next poll shows them, without a reload.
+        for i, m in enumerate(ALL_METRICS):
+            upload(aggregator, m["name"], 600, seed=100 + i)
+        page.wait_for("[...document.querySelectorAll('section.panel')].every((s) => s.dataset.n === '"
+                      "' + (s.dataset.metric === 'feature' ? 640 : 1000))", timeout=10)
+        second = page.evaluate(STATE)
+        assert second["updates"] > first["updates"] and second["state"] == "ok"
+        for key, panel in panels_by_key(second).items():
+            assert not panel["withheld"] and len(panel["bars"]) == SPECS[key[0]].k
+            if key[0] != "feature":
+                before = [b["estimate"] for b in panels[key]["bars"]]
+                assert [b["estimate"] for b in panel["bars"]] != before, key
+        page.screenshot(tmp_path / "dashboard.png")
+
+        # The projection: off by default, a toggle away, labelled as biased.
+        assert not any(b["projected"] for p in second["panels"] for b in p["bars"])
+        page.evaluate("document.getElementById('projection').click()")
+        page.wait_for("document.querySelectorAll('.projected').length > 0")
+        bars = page.evaluate("document.querySelectorAll('section.panel g.bar').length")
+        assert page.evaluate("document.querySelectorAll('g.bar .projected').length") == bars
+        note = page.evaluate("(() => { const n = document.getElementById('projection-note'); "
+                             "return n.hidden ? null : n.textContent; })()")
+        assert "biased" in note
+        assert "biased" in page.evaluate("document.querySelector('g.bar title').textContent")
+        page.screenshot(tmp_path / "dashboard-projection.png")
+        assert page.errors() == []  # no exceptions, failed requests or CSP violations so far
+
+        # The store fails (503 with a reason), then recovers: the page says so, then carries on.
+        aggregator.store.failing = True
+        page.wait_for("document.body.dataset.state === 'error'", timeout=10)
+        status = page.evaluate(STATE)["status"]
+        assert status.startswith("The aggregator answered with an error: The counter store is unavailable"), status
+        aggregator.store.failing = False
+        page.wait_for("document.body.dataset.state === 'ok'", timeout=10)
+
+        # The aggregator goes away: a visible error, the last numbers kept.
+        aggregator.stop(grace=0)
+        page.wait_for("document.body.dataset.state === 'error'", timeout=10)
+        gone = page.evaluate(STATE)
+        assert gone["status"].startswith("Cannot reach the aggregator") and "showing data from" in gone["status"]
+        assert len(gone["panels"]) == len(PANELS) and all(p["bars"] for p in gone["panels"])
+        page.screenshot(tmp_path / "dashboard-error.png")
+    assert time.monotonic() - started < 60
+    for name in ("dashboard.png", "dashboard-first.png", "dashboard-projection.png", "dashboard-error.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG"), name
