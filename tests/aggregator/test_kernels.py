@@ -222,3 +222,22 @@ def test_counts_of_another_design_are_refused():
         simulate_counts(SubsetSpec(16, 1.0), values, out=Counts.zeros(SubsetSpec(16, 4.0)))
     with pytest.raises(MechanismError):
         count_reports(RapporSpec(8, 1.0), np.zeros((1, 1), np.uint8), out=Counts.zeros(RapporSpec(9, 1.0)))
+
+
+def test_kernels_import_and_run_where_numba_cannot_cache():
+    # A read-only install without NUMBA_CACHE_DIR: every cache locator fails. The kernels must
+    # still import (compiling at each start), not take the aggregator down.
+    import subprocess
+    import sys
+
+    code = (
+        "import numba.core.caching as c\n"
+        "def refuse(self):\n    raise OSError('read-only')\n"
+        "c._CacheLocator.ensure_cache_path = refuse\n"
+        "import numpy as np\n"
+        "from veil.aggregator.simulate import FastKeystream, simulate_counts\n"
+        "from veil.mechanism import SubsetSpec\n"
+        "print(simulate_counts(SubsetSpec(8, 1.0), np.arange(8), keystream=FastKeystream(1)).total)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "8", out.stderr

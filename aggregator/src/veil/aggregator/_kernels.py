@@ -26,6 +26,16 @@ __all__ = [
 # error_model="numpy": the one modulo below has a nonzero divisor, so skip Python's check.
 _JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 
+
+def _kernel(function):
+    """njit with _JIT. Where the install has nowhere writable for numba's on-disk cache (a
+    read-only image without NUMBA_CACHE_DIR), numba refuses cache=True at decoration: compile
+    at each start instead of failing to import."""
+    try:
+        return njit(**_JIT)(function)
+    except RuntimeError:
+        return njit(**{**_JIT, "cache": False})(function)
+
 _OUT = -1  # the position a draw returns when the words ran out
 _SHIFT = np.uint64(32)
 _LOW = np.uint64(0xFFFFFFFF)
@@ -35,14 +45,14 @@ _WORD = np.uint64(1 << 32)
 # --- one decision ------------------------------------------------------------------------
 
 
-@njit(**_JIT)
+@_kernel
 def _bits64(words, pos):
     """WordRandomSource.bits64 at words[pos:pos + 2], the first word the high half: uniform
     on [0, 2**64), so ``_bits64(...) < T`` is true with probability exactly T / 2**64."""
     return (np.uint64(words[pos]) << _SHIFT) | np.uint64(words[pos + 1])
 
 
-@njit(**_JIT)
+@_kernel
 def _below(words, pos, n):
     """WordRandomSource.below(n) from words[pos:]: (uniform value in [0, n), next position),
     or (0, _OUT) when the words ran out."""
@@ -68,7 +78,7 @@ def _below(words, pos, n):
 # --- one report --------------------------------------------------------------------------
 
 
-@njit(**_JIT)
+@_kernel
 def _draw_subset(words, pos, value, k, q, keep_threshold, stamp, mark, picks):
     """SubsetSpec.randomize(value) into picks[:q], unsorted (a kept value first). Returns the
     next position, or _OUT when the words ran out.
@@ -97,7 +107,7 @@ def _draw_subset(words, pos, value, k, q, keep_threshold, stamp, mark, picks):
     return pos
 
 
-@njit(**_JIT)
+@_kernel
 def _flip_bits(words, pos, value, k, flip_threshold, picks):
     """One RAPPOR draw from words[pos:pos + 2k]: bit j is the one-hot bit (j == value) flipped
     when bits64 < flip_threshold. The set bits go, ascending, into picks[:weight] (written
@@ -109,7 +119,7 @@ def _flip_bits(words, pos, value, k, flip_threshold, picks):
     return weight
 
 
-@njit(**_JIT)
+@_kernel
 def _draw_rappor(words, pos, value, k, flip_threshold, admissible, picks):
     """RapporSpec.randomize(value), or AdmissibleRapporSpec's (redrawing weights 0 and k), into
     picks[:weight]. Returns (next position, weight), or (_OUT, 0) when the words ran out.
@@ -125,7 +135,7 @@ def _draw_rappor(words, pos, value, k, flip_threshold, admissible, picks):
     return (pos, weight) if drawn else (_OUT, 0)
 
 
-@njit(**_JIT)
+@_kernel
 def _add_report(picks, weight, rows, n, v):
     """Count one report holding categories picks[:weight] (rows: Counts.row_of_weight())."""
     row = rows[weight]
@@ -140,7 +150,7 @@ def _add_report(picks, weight, rows, n, v):
 # one per batch: choosing inside a helper makes numba reference-count its arrays on every call.
 
 
-@njit(**_JIT)
+@_kernel
 def _insertion_sort(picks, count):
     """Sort picks[:count] in place."""
     for c in range(1, count):
@@ -152,7 +162,7 @@ def _insertion_sort(picks, count):
         picks[d] = x
 
 
-@njit(**_JIT)
+@_kernel
 def _sort_by_marks(picks, count, present, mark):
     """Sort picks[:count], distinct categories below present.size, in place: mark them in
     present, then read every category back in order, branch-free (so picks needs room for k)."""
@@ -164,7 +174,7 @@ def _sort_by_marks(picks, count, present, mark):
         c += present[category] == mark
 
 
-@njit(**_JIT)
+@_kernel
 def _unpack_bits(bitmap, picks):
     """The set bits of a bitmap (bit j is bit j % 8 of byte j // 8), ascending, into
     picks[:weight], branch-free (so picks needs room for 8 * bitmap.size); returns the weight."""
@@ -180,7 +190,7 @@ def _unpack_bits(bitmap, picks):
 # --- batches -----------------------------------------------------------------------------
 
 
-@njit(**_JIT)
+@_kernel
 def subset_counts(words, values, k, q, keep_threshold, rows, n, v):
     """Randomize values under a q-subset design and add the reports into n and v.
     Returns (reports done, words used)."""
@@ -196,7 +206,7 @@ def subset_counts(words, values, k, q, keep_threshold, rows, n, v):
     return values.size, pos
 
 
-@njit(**_JIT)
+@_kernel
 def subset_reports(words, values, k, q, keep_threshold, out):
     """Randomize values under a q-subset design into out[i] (sorted category indices).
     Returns (reports done, words used)."""
@@ -219,7 +229,7 @@ def subset_reports(words, values, k, q, keep_threshold, out):
     return values.size, pos
 
 
-@njit(**_JIT)
+@_kernel
 def rappor_counts(words, values, k, flip_threshold, admissible, rows, n, v):
     """Randomize values under (admissible) RAPPOR and add the reports into n and v.
     Returns (reports done, words used)."""
@@ -234,7 +244,7 @@ def rappor_counts(words, values, k, flip_threshold, admissible, rows, n, v):
     return values.size, pos
 
 
-@njit(**_JIT)
+@_kernel
 def rappor_reports(words, values, k, flip_threshold, admissible, out):
     """Randomize values under (admissible) RAPPOR into the zeroed bitmaps out[i].
     Returns (reports done, words used)."""
@@ -251,7 +261,7 @@ def rappor_reports(words, values, k, flip_threshold, admissible, out):
     return values.size, pos
 
 
-@njit(**_JIT)
+@_kernel
 def count_subsets(reports, k, rows, n, v):
     """Add reports of category indices (one report per row, all of weight reports.shape[1],
     which must have a row) into n and v. Returns the first report naming a category outside
@@ -266,7 +276,7 @@ def count_subsets(reports, k, rows, n, v):
     return -1
 
 
-@njit(**_JIT)
+@_kernel
 def count_bitmaps(reports, k, rows, n, v):
     """Add bitmap reports (ceil(k / 8) bytes per row) into n and v. Returns the first report
     with a bit set past k or a weight without a row, touching nothing, or -1 once all are

@@ -25,6 +25,7 @@ _COMMANDS = {
     "simulate": ("_simulate", "send simulated devices' reports to a running aggregator (a load generator)"),
     "estimates": ("_estimates", "print the current estimates of a running aggregator"),
     "specs": ("_specs", "list the metric specs a running aggregator serves"),
+    "health": ("_health", "ask an aggregator's gRPC health service (grpc.health.v1); exit 0 when SERVING"),
     "demo": ("_demo", "the whole system on this machine: aggregator, simulated devices, live estimates"),
 }
 

@@ -1,0 +1,65 @@
+"""`veil health`: ask an aggregator's gRPC health service (grpc.health.v1) how it is.
+
+For container health checks and for people: prints one word on stdout (SERVING, NOT_SERVING,
+UNKNOWN, SERVICE_UNKNOWN or UNREACHABLE), a reason on stderr when there is one, and exits
+0 when SERVING, 1 otherwise, 2 for a usage error. The aggregator reports NOT_SERVING while
+its counter store is unreachable and once it has begun to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_TIMEOUT = 3.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", metavar="HOST:PORT", default=DEFAULT_ADDRESS,
+                        help=f"the aggregator's gRPC listener (default {DEFAULT_ADDRESS})")
+    parser.add_argument("--service", metavar="NAME", default="",
+                        help='the service to ask about, e.g. veil.wire.v1.Collector (default "": the whole server)')
+    parser.add_argument("--timeout", metavar="S", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds to wait for the answer, connecting included (default {DEFAULT_TIMEOUT:g})")
+    parser.epilog = ("Prints SERVING, NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN or UNREACHABLE. "
+                     "Exit status: 0 SERVING, 1 anything else, 2 a usage error.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import CliError
+
+    host, _, port = args.address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise CliError(f"--address: expected HOST:PORT (e.g. {DEFAULT_ADDRESS}), got {args.address!r}.")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise CliError(f"--timeout: expected a number of seconds above 0, got {args.timeout:g}.")
+
+    # Imported here: grpc is the only heavy part, and `veil --help` should not pay for it.
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    # A health check asks the aggregator itself: an http_proxy in the environment (common in
+    # containers) must not route it elsewhere.
+    options = [("grpc.enable_http_proxy", 0)]
+    with grpc.insecure_channel(args.address, options=options) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            response = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+        except grpc.RpcError as err:
+            code = err.code()
+            if code == grpc.StatusCode.NOT_FOUND:
+                return _say("SERVICE_UNKNOWN", f"{args.address} has no health status for service {args.service!r}.")
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return _say("UNREACHABLE", f"{args.address}: {code.name} ({err.details()}).")
+            return _say("UNKNOWN", f"{args.address} answered {code.name} ({err.details()}).")
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    print(status)
+    return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def _say(word: str, reason: str) -> int:
+    print(word)
+    print(f"veil health: {reason}", file=sys.stderr)
+    return 1
