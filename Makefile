@@ -52,10 +52,12 @@ test-all: $(VENV)/.dev redis-server chromium
 bench: $(VENV)/.dev
 	$(PY) bench/bench_randomize.py
 	$(PY) bench/bench_client.py
+	$(PY) bench/bench_ingest.py
 
 bench-quick: $(VENV)/.dev
 	$(PY) bench/bench_randomize.py --quick
 	$(PY) bench/bench_client.py --quick
+	$(PY) bench/bench_ingest.py --quick
 
 proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check
