@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["veil.mechanism", "veil.client", "veil.aggregator.store", "veil.aggregator", "veil.aggregator.cli", "veil.wire.v1.veil_pb2",
+SUBPACKAGES = ["veil.mechanism", "veil.client", "veil.aggregator.store", "veil.release", "veil.aggregator", "veil.aggregator.cli", "veil.wire.v1.veil_pb2",
                "veil.wire.v1.veil_pb2_grpc"]
 SOURCE_DIRS = ["client/src", "aggregator/src", "proto"]
 

@@ -26,6 +26,7 @@ _COMMANDS = {
     "estimates": ("_estimates", "print the current estimates of a running aggregator"),
     "specs": ("_specs", "list the metric specs a running aggregator serves"),
     "health": ("_health", "ask an aggregator's gRPC health service (grpc.health.v1); exit 0 when SERVING"),
+    "release": ("_release", "release a table of records you hold so no one can be re-identified: pram, dp-pram, mask, example"),
     "demo": ("_demo", "the whole system on this machine: aggregator, simulated devices, live estimates"),
 }
 
