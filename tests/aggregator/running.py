@@ -38,11 +38,15 @@ def config_dict(store_url: str = "memory", grpc_port: int = 0, **server: object)
 class ServeProcess:
     """`python -m veil.aggregator --config FILE` on a fixed gRPC port, killable and restartable."""
 
-    def __init__(self, directory: Path, store_url: str) -> None:
+    def __init__(self, directory: Path, store_url: str, *, sections: dict | None = None,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """sections: more tables of the config file (e.g. tls, auth); credentials: how to reach
+        a TLS listener when waiting for it to start."""
         self.grpc_port = free_port()
         self.config = directory / "veil.toml"
         self.log = directory / "serve.log"
-        self.config.write_text(_toml(config_dict(store_url, self.grpc_port)))
+        self.config.write_text(_toml({**config_dict(store_url, self.grpc_port), **(sections or {})}))
+        self.credentials = credentials
         self.process: subprocess.Popen | None = None
 
     @property
@@ -53,7 +57,8 @@ class ServeProcess:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "veil.aggregator", "--config", str(self.config)],
                                             stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        channel = grpc.insecure_channel(self.endpoint)
+        channel = (grpc.secure_channel(self.endpoint, self.credentials) if self.credentials
+                   else grpc.insecure_channel(self.endpoint))
         try:
             grpc.channel_ready_future(channel).result(timeout=30)
         finally:
@@ -81,10 +86,18 @@ def _toml(data: dict) -> str:
             return "[" + ", ".join(value(x) for x in v) + "]"
         return repr(v)
 
+    def tables(v: object) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
     lines = []
-    for table in ("server", "store"):
+    for table in [t for t in data if t != "metrics"]:
         lines.append(f"[{table}]")
-        lines += [f"{k} = {value(v)}" for k, v in data[table].items()]
+        lines += [f"{k} = {value(v)}" for k, v in data[table].items() if not tables(v)]
+        for k, v in data[table].items():
+            if tables(v):
+                for entry in v:
+                    lines.append(f"[[{table}.{k}]]")
+                    lines += [f"{kk} = {value(vv)}" for kk, vv in entry.items()]
     for metric in data["metrics"]:
         lines.append("[[metrics]]")
         lines += [f"{k} = {value(v)}" for k, v in metric.items()]
@@ -110,3 +123,157 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 SPEC_NAMES = tuple(m["name"] for m in METRICS)
+
+
+# -- TLS and tokens (test_auth.py, test_tls.py, test_ratelimit.py) ---------------------------------
+
+UPLOAD_TOKEN = "upload-token-app-a-0123456789abcdef"  # may report browser and os
+OTHER_UPLOAD_TOKEN = "upload-token-app-b-fedcba9876543210"  # may report crash_screen only
+READ_TOKEN = "read-token-dashboard-00112233445566"
+TOKENS = (UPLOAD_TOKEN, OTHER_UPLOAD_TOKEN, READ_TOKEN)
+
+
+def auth_section(**options: object) -> dict:
+    """An [auth] table with two apps' upload tokens and a dashboard's read token."""
+    return {
+        "upload_tokens": [{"name": "app-a", "token": UPLOAD_TOKEN, "metrics": ["browser", "os"]},
+                          {"name": "app-b", "token": OTHER_UPLOAD_TOKEN, "metrics": ["crash_screen"]}],
+        "read_tokens": [{"name": "dashboard", "token": READ_TOKEN}],
+        **options,
+    }
+
+
+class Pki:
+    """A throwaway PKI made in a directory: a CA, a server certificate for 127.0.0.1 and
+    localhost, a client certificate from the CA, and an unrelated second CA with a client
+    certificate of its own. EC P-256 keys, written owner-only; nothing is committed."""
+
+    def __init__(self, directory: Path) -> None:
+        import datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        self.dir = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        now = datetime.datetime.now(datetime.timezone.utc)
+
+        def name(common: str) -> x509.Name:
+            return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+        def certificate(subject, key, issuer, issuer_key, *, ca: bool, usage=None, sans=None, days: int = 30):
+            builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+                       .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                       .not_valid_before(now - datetime.timedelta(minutes=5))
+                       .not_valid_after(now + datetime.timedelta(days=days))
+                       .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+            if ca:
+                builder = builder.add_extension(x509.KeyUsage(
+                    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                    key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+                    decipher_only=False), critical=True)
+            if usage:
+                builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            if sans:
+                builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            return builder.sign(issuer_key, hashes.SHA256())
+
+        def write(filename: str, data: bytes, private: bool = False) -> Path:
+            path = directory / filename
+            path.write_bytes(data)
+            path.chmod(0o600 if private else 0o644)
+            return path
+
+        def pem_key(key) -> bytes:
+            return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption())
+
+        def pem(cert) -> bytes:
+            return cert.public_bytes(serialization.Encoding.PEM)
+
+        import ipaddress
+
+        ca_key, other_ca_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        ca = certificate(name("veil test CA"), ca_key, name("veil test CA"), ca_key, ca=True)
+        other_ca = certificate(name("unrelated CA"), other_ca_key, name("unrelated CA"), other_ca_key, ca=True)
+        server_key = ec.generate_private_key(ec.SECP256R1())
+        server = certificate(name("veil aggregator"), server_key, ca.subject, ca_key, ca=False,
+                             usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                             sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+        client_key, other_client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        client = certificate(name("device"), client_key, ca.subject, ca_key, ca=False,
+                             usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+        other_client = certificate(name("device"), other_client_key, other_ca.subject, other_ca_key, ca=False,
+                                   usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+        self.ca = write("ca.crt", pem(ca))
+        self.other_ca = write("other-ca.crt", pem(other_ca))
+        self.server_cert = write("server.crt", pem(server))
+        self.server_key = write("server.key", pem_key(server_key), private=True)
+        self.client_cert = write("client.crt", pem(client))
+        self.client_key = write("client.key", pem_key(client_key), private=True)
+        self.other_client_cert = write("other-client.crt", pem(other_client))
+        self.other_client_key = write("other-client.key", pem_key(other_client_key), private=True)
+        self._issue = (certificate, name, ca, ca_key, pem, pem_key, ec, ExtendedKeyUsageOID, x509, ipaddress)
+
+    def tls_section(self, mutual: bool = False) -> dict:
+        section = {"cert_file": str(self.server_cert), "key_file": str(self.server_key)}
+        return {**section, "client_ca_file": str(self.ca)} if mutual else section
+
+    def reissue_server(self, common_name: str) -> None:
+        """Replace the server certificate and key (a rotation) with new ones from the same CA."""
+        certificate, name, ca, ca_key, pem, pem_key, ec, usage, x509, ipaddress = self._issue
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = certificate(name(common_name), key, ca.subject, ca_key, ca=False, usage=usage.SERVER_AUTH,
+                           sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+        for path, data in ((self.server_key, pem_key(key)), (self.server_cert, pem(cert))):
+            temporary = path.with_suffix(".new")
+            temporary.write_bytes(data)
+            temporary.chmod(0o600)
+            temporary.replace(path)  # atomic, as cert-manager and certbot do
+
+    def channel_credentials(self, *, client: str | None = None, ca: Path | None = None) -> grpc.ChannelCredentials:
+        """TLS credentials trusting `ca` (default the PKI's CA); with client="good" or "other",
+        presenting that client certificate."""
+        certs = {"good": (self.client_cert, self.client_key), "other": (self.other_client_cert, self.other_client_key),
+                 None: (None, None)}[client]
+        return grpc.ssl_channel_credentials(
+            root_certificates=(ca or self.ca).read_bytes(),
+            private_key=certs[1].read_bytes() if certs[1] else None,
+            certificate_chain=certs[0].read_bytes() if certs[0] else None)
+
+    def ssl_context(self, *, client: str | None = None):
+        """An ssl.SSLContext for HTTPS to the aggregator, optionally with a client certificate."""
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if client == "good":
+            context.load_cert_chain(self.client_cert, self.client_key)
+        elif client == "other":
+            context.load_cert_chain(self.other_client_cert, self.other_client_key)
+        return context
+
+
+def make_upload(metric: str, n: int, *, batch_id: bytes | None = None, seed: int = 1) -> veil_pb2.UploadRequest:
+    """A valid batch of n randomized reports of `metric` (one of METRICS), as the SDK encodes it."""
+    import random
+
+    from veil.client._encoding import encode_batch
+    from veil.mechanism import MetricSpec, SeededRandomSource
+
+    (m,) = [m for m in METRICS if m["name"] == metric]
+    spec = MetricSpec.create(m["name"], m["labels"], m.get("mechanism", "subset"), m["epsilon"])
+    source = SeededRandomSource(seed)
+    reports = [spec.mechanism.randomize(i % spec.k, source) for i in range(n)]
+    return veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, batch_id or random.randbytes(16)))
+
+
+def counted(aggregator, metric: str) -> int:
+    """Reports counted in the metric's total window, read from the aggregator's store directly
+    (past any access checks)."""
+    return next(e.n for e in aggregator.live.current(metric, "total"))
+
+
+def bearer(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token else None

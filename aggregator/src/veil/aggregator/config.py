@@ -9,6 +9,8 @@
     watch_interval = 1.0          # seconds between Watch updates, at least
     grace_period = 10.0           # seconds in-flight uploads get on SIGTERM
     workers = 16                  # gRPC handler threads
+    max_concurrent_rpcs = 128     # gRPC calls in progress or queued, at most (default workers * 8)
+    max_streams = 8               # Watch (server-streaming) calls at once, at most (default workers / 2)
 
     [store]
     url = "memory"                # or "memory:///path/snapshot.json", "redis://host:6379/0", "rediss://..."
@@ -23,15 +25,38 @@
     epsilon = 1.0
     windows = ["total", "1h", { span = "1d", retention = "30d" }]
 
-Every error names the key it is about. Precedence for the file and the store: an explicit
+    [tls]                         # TLS on both listeners (gRPC and HTTP); absent: plaintext
+    cert_file = "/etc/veil/tls/server.crt"      # the certificate chain, PEM
+    key_file = "/etc/veil/tls/server.key"       # its private key, PEM, owner-only
+    client_ca_file = "/etc/veil/tls/clients.crt"  # optional: require client certificates from this CA (mTLS)
+
+    [auth]                        # no tokens at all: authentication is off (the demo; not production)
+    tokens_file = "/etc/veil/tokens.toml"       # owner-only; holds [[upload_tokens]] and [[read_tokens]]
+    rate_limit = 100000           # reports per second per upload token (0: unlimited)
+    rate_burst = 200000           # reports at once per upload token (default 2 s worth, >= max_batch)
+
+    [[auth.upload_tokens]]        # an app's token: it may upload these metrics (and fetch their specs)
+    name = "app-a"
+    token = "..."                 # at least 16 printable ASCII characters without spaces
+    metrics = ["browser"]
+    rate_limit = 5000             # optional: this token's own limit (and rate_burst)
+
+    [[auth.read_tokens]]          # estimates (gRPC Estimates, HTTP /v1/estimates and /metrics), specs
+    name = "dashboard"
+    token = "..."
+
+Relative file paths are relative to the config file's directory. Every error names the key it
+is about, never a token's value; tokens are kept only as SHA-256 digests. Every error names the key it is about. Precedence for the file and the store: an explicit
 argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults below.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,8 +66,8 @@ from veil.mechanism import DEFAULT_MECHANISM, MECHANISMS, MechanismError, Metric
 
 from ._errors import ConfigError
 
-__all__ = ["AggregatorConfig", "MetricConfig", "Window", "load_config", "parse_config", "parse_duration",
-           "ENV_CONFIG", "ENV_STORE_URL"]
+__all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
+           "parse_config", "parse_duration", "check_private_file", "token_digest", "ENV_CONFIG", "ENV_STORE_URL"]
 
 ENV_CONFIG = "VEIL_CONFIG"
 ENV_STORE_URL = "VEIL_STORE_URL"
@@ -56,6 +81,10 @@ _DEFAULT_DEDUPE_TTL = 48 * 3600
 _DEFAULT_WATCH_INTERVAL = 1.0
 _DEFAULT_GRACE_PERIOD = 10.0
 _DEFAULT_WORKERS = 16
+_DEFAULT_RATE_LIMIT = 100_000  # reports per second per upload token
+_BURST_SECONDS = 2.0  # the default burst: this many seconds of the rate
+_MIN_TOKEN_LENGTH = 16
+_MAX_TOKEN_LENGTH = 4096
 _DEFAULT_WINDOWS = ("total",)
 _DEFAULT_RETENTION_BUCKETS = 7  # a time window keeps this many spans of history by default
 
@@ -104,6 +133,49 @@ class MetricConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """TLS for both listeners; mutual TLS (client certificates required) with client_ca_file."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_ca_file is not None
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    """One token: its name (safe to log), role, the SHA-256 digest of its value (never the
+    value), and for an upload token the metrics it may report and its rate limit."""
+
+    name: str
+    role: str  # "upload" or "read"
+    digest: bytes = field(repr=False, compare=False)
+    metrics: frozenset[str] = frozenset()  # upload tokens: the metrics it may report
+    rate_limit: float = 0.0  # reports per second; 0: unlimited
+    rate_burst: float = 0.0  # reports at once
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    tokens: tuple[TokenConfig, ...] = ()
+    tokens_file: Path | None = None
+    # With no tokens (authentication off) an explicit [auth] rate_limit still applies, to all
+    # uploads together; 0 means none.
+    anonymous_rate_limit: float = 0.0
+    anonymous_rate_burst: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tokens)
+
+    def of_role(self, role: str) -> tuple[TokenConfig, ...]:
+        return tuple(t for t in self.tokens if t.role == role)
+
+
+@dataclass(frozen=True)
 class AggregatorConfig:
     metrics: tuple[MetricConfig, ...]
     grpc_address: str = _DEFAULT_GRPC
@@ -115,6 +187,10 @@ class AggregatorConfig:
     watch_interval: float = _DEFAULT_WATCH_INTERVAL
     grace_period: float = _DEFAULT_GRACE_PERIOD
     workers: int = _DEFAULT_WORKERS
+    max_concurrent_rpcs: int = _DEFAULT_WORKERS * 8
+    max_streams: int = _DEFAULT_WORKERS // 2
+    tls: TlsConfig | None = None
+    auth: AuthConfig = field(default_factory=AuthConfig)
     store_options: Mapping[str, object] = field(default_factory=dict)  # keyword arguments of the store
     source: str = field(default="<config>", compare=False)
 
@@ -133,15 +209,18 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
         raise ConfigError(f"{path}: cannot read the config file ({err.strerror or err}).") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err}).") from None
-    return parse_config(data, source=str(path), store_url=store_url)
+    return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent)
 
 
-def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_url: str | None = None) -> AggregatorConfig:
-    _only(data, {"server", "store", "metrics"}, "")
+def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_url: str | None = None,
+                 base: str | os.PathLike[str] | None = None) -> AggregatorConfig:
+    """Check a parsed config; relative file paths are taken relative to `base` (default: the
+    working directory)."""
+    _only(data, {"server", "store", "metrics", "tls", "auth"}, "")
     server = _table(data, "server")
     store = _table(data, "store")
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
-                   "workers"}, "server.")
+                   "workers", "max_concurrent_rpcs", "max_streams"}, "server.")
     _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
@@ -152,6 +231,9 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         if name in names[:i]:
             raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
     url = store_url or os.environ.get(ENV_STORE_URL) or _text(store.get("url", _DEFAULT_STORE_URL), "store.url")
+    base_dir = Path(base) if base is not None else Path.cwd()
+    workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
+    max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
     return AggregatorConfig(
         metrics=metrics,
         grpc_address=_address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False),
@@ -159,13 +241,160 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         store_url=url,
         store_options=_store_options(store, url),
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),
-        max_batch=_whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1),
+        max_batch=max_batch,
         dedupe_ttl=parse_duration(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL), "server.dedupe_ttl"),
         watch_interval=_seconds(server.get("watch_interval", _DEFAULT_WATCH_INTERVAL), "server.watch_interval"),
         grace_period=_seconds(server.get("grace_period", _DEFAULT_GRACE_PERIOD), "server.grace_period"),
-        workers=_whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1),
+        workers=workers,
+        max_concurrent_rpcs=_whole(server.get("max_concurrent_rpcs", workers * 8), "server.max_concurrent_rpcs",
+                                   low=1),
+        max_streams=_whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1),
+        tls=_tls(data, base_dir),
+        auth=_auth(data, base_dir, {m.name for m in metrics}, max_batch),
         source=source,
     )
+
+
+def token_digest(token: str) -> bytes:
+    """What is kept of a token: its SHA-256 digest (compared in constant time, never logged)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+def check_private_file(path: Path, key: str) -> None:
+    """Refuse a secrets file others may read or change: owner-only (0600 or less), or owned by
+    root and at most group-readable (0640: a Kubernetes secret mounted with an fsGroup),
+    as PostgreSQL requires of its key files."""
+    try:
+        info = path.stat()
+    except OSError as err:
+        raise ConfigError(f"{key}: cannot read {path} ({err.strerror or err}).") from None
+    mode = stat.S_IMODE(info.st_mode)
+    forbidden = 0o037 if info.st_uid == 0 else 0o077
+    if mode & forbidden:
+        raise ConfigError(f"{key}: {path} is open to group or others (mode {mode:04o}); make it owner-only "
+                          f"(chmod 600), or owned by root and at most group-readable (0640).")
+
+
+def _path(value: object, key: str, base: Path) -> Path:
+    path = Path(_text(value, key)).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _tls(data: Mapping[str, object], base: Path) -> TlsConfig | None:
+    if "tls" not in data:
+        return None
+    tls = _table(data, "tls")
+    _only(tls, {"cert_file", "key_file", "client_ca_file"}, "tls.")
+    for name in ("cert_file", "key_file"):
+        if name not in tls:
+            raise ConfigError(f"tls.{name}: required with [tls] (the server's certificate chain and its key, PEM).")
+    config = TlsConfig(
+        cert_file=_path(tls["cert_file"], "tls.cert_file", base),
+        key_file=_path(tls["key_file"], "tls.key_file", base),
+        client_ca_file=_path(tls["client_ca_file"], "tls.client_ca_file", base) if "client_ca_file" in tls else None,
+    )
+    check_private_file(config.key_file, "tls.key_file")
+    from ._tls import load_tls  # checks that the files hold what they should, naming the key
+
+    load_tls(config)
+    return config
+
+
+def _auth(data: Mapping[str, object], base: Path, declared: set[str], max_batch: int) -> AuthConfig:
+    auth = _table(data, "auth")
+    _only(auth, {"tokens_file", "rate_limit", "rate_burst", "upload_tokens", "read_tokens"}, "auth.")
+    rate, burst = _rate(auth, "auth.", _DEFAULT_RATE_LIMIT, None, max_batch)
+    tokens = list(_tokens(auth, "auth.", declared, rate, burst, max_batch))
+    tokens_file = None
+    if "tokens_file" in auth:
+        tokens_file = _path(auth["tokens_file"], "auth.tokens_file", base)
+        check_private_file(tokens_file, "auth.tokens_file")
+        try:
+            secrets = tomllib.loads(tokens_file.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise ConfigError(f"auth.tokens_file: cannot read {tokens_file} ({err.strerror or err}).") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            # The parser's message may quote the file; the file holds secrets.
+            raise ConfigError(f"auth.tokens_file: {tokens_file} is not valid TOML.") from None
+        _only(secrets, {"upload_tokens", "read_tokens"}, f"{tokens_file}: ")
+        tokens += _tokens(secrets, f"{tokens_file}: ", declared, rate, burst, max_batch)
+    names: dict[str, str] = {}
+    digests: set[bytes] = set()
+    for token, key in tokens:
+        if token.name in names:
+            raise ConfigError(f"{key}.name: {token.name!r} is also the name of {names[token.name]}.")
+        if token.digest in digests:
+            raise ConfigError(f"{key}.token: the same token value is given twice; each token needs its own.")
+        names[token.name] = key
+        digests.add(token.digest)
+    explicit = "rate_limit" in auth
+    return AuthConfig(tokens=tuple(t for t, _ in tokens), tokens_file=tokens_file,
+                      anonymous_rate_limit=rate if explicit else 0.0, anonymous_rate_burst=burst if explicit else 0.0)
+
+
+def _rate(table: Mapping[str, object], prefix: str, rate: float, burst: float | None,
+          max_batch: int) -> tuple[float, float]:
+    """(reports per second, burst) of a table, falling back to the given ones."""
+    if "rate_limit" in table:
+        value = table["rate_limit"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{prefix}rate_limit: expected reports per second (a number, 0 for no limit), "
+                              f"got {value!r}.")
+        rate, burst = float(value), None  # a new rate has its own default burst
+    if "rate_burst" in table:
+        value = table["rate_burst"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{prefix}rate_burst: expected a number of reports, got {value!r}.")
+        if rate and value < max_batch:
+            raise ConfigError(f"{prefix}rate_burst: expected at least server.max_batch ({max_batch}) reports, or a "
+                              f"full batch could never pass; got {value!r}.")
+        burst = float(value)
+    if burst is None:
+        burst = max(rate * _BURST_SECONDS, float(max_batch)) if rate else 0.0
+    return rate, burst
+
+
+def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], rate: float, burst: float,
+            max_batch: int) -> list[tuple[TokenConfig, str]]:
+    found = []
+    for role in ("upload", "read"):
+        entries = table.get(f"{role}_tokens", [])
+        if not isinstance(entries, list):
+            table_name = f"auth.{role}_tokens" if prefix == "auth." else f"{role}_tokens"
+            raise ConfigError(f"{prefix}{role}_tokens: expected an array of tables ([[{table_name}]]).")
+        for i, entry in enumerate(entries):
+            key = f"{prefix}{role}_tokens[{i}]"
+            if not isinstance(entry, Mapping):
+                raise ConfigError(f"{key}: expected a table with name and token.")
+            allowed = {"name", "token", "metrics", "rate_limit", "rate_burst"} if role == "upload" else {"name", "token"}
+            _only(entry, allowed, f"{key}.")
+            name = _text(entry.get("name"), f"{key}.name")
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}", name):
+                raise ConfigError(f"{key}.name: expected up to 64 letters, digits and _.@:- (a label in logs and "
+                                  f"metrics), got {name!r}.")
+            digest = _token_value(entry.get("token"), f"{key}.token")
+            if role == "read":
+                found.append((TokenConfig(name, role, digest), key))
+                continue
+            metrics = entry.get("metrics")
+            if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
+                raise ConfigError(f"{key}.metrics: expected a non-empty list of the metric names it may report.")
+            for j, metric in enumerate(metrics):
+                if metric not in declared:
+                    raise ConfigError(f"{key}.metrics[{j}]: {metric!r} is not a declared metric.")
+            own_rate, own_burst = _rate(entry, f"{key}.", rate, burst, max_batch)
+            found.append((TokenConfig(name, role, digest, frozenset(metrics), own_rate, own_burst), key))
+    return found
+
+
+def _token_value(value: object, key: str) -> bytes:
+    """The digest of a token value; the messages never show the value."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string.")
+    if not _MIN_TOKEN_LENGTH <= len(value) <= _MAX_TOKEN_LENGTH or not all(0x20 < ord(c) < 0x7F for c in value):
+        raise ConfigError(f"{key}: expected {_MIN_TOKEN_LENGTH} to {_MAX_TOKEN_LENGTH} printable ASCII characters "
+                          f"without spaces (e.g. from `openssl rand -hex 32`).")
+    return token_digest(value)
 
 
 def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:

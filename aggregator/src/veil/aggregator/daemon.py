@@ -7,10 +7,19 @@
 
 Health follows the store: a background thread pings it every second and reports NOT_SERVING
 while it cannot be reached (uploads then fail fast with UNAVAILABLE, never silently dropped).
+
+Access: with [tls] both listeners speak TLS only (mutual TLS with tls.client_ca_file); with
+tokens, an interceptor checks every call before its handler (see _auth). The limits on abuse:
+gRPC refuses, unread, any message larger than the largest valid upload (max_message_bytes);
+at most server.max_concurrent_rpcs calls are in progress or queued (more get
+RESOURCE_EXHAUSTED at once), at most server.max_streams of them Watch streams (each holds a
+worker thread); each upload token has a rate limit in reports per second.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import logging
 import threading
 import time
@@ -25,7 +34,9 @@ from prometheus_client import CollectorRegistry
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
+from ._auth import AccessInterceptor
 from ._errors import ConfigError
+from ._tls import ServerTls
 from .config import AggregatorConfig
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
@@ -41,11 +52,18 @@ _HEALTH_PERIOD = 1.0  # seconds between store pings
 _SERVICES = tuple(s.full_name for s in veil_pb2.DESCRIPTOR.services_by_name.values())
 
 
+_FIELDS_BYTES = 256  # an upload's batch id, count, and every tag and length prefix, with room to spare
+
+
 def max_message_bytes(config: AggregatorConfig) -> int:
-    """The largest valid upload: the widest report encoding of any metric times max_batch,
-    plus the request's own fields. gRPC refuses anything larger before it is read."""
-    widest = max(max((m.spec.k + 7) // 8, 4 * (m.spec.mechanism.q or 0)) for m in config.metrics)
-    return config.max_batch * widest + 64 * 1024
+    """The largest valid upload: max_batch reports of a metric in its wider encoding (bitmaps of
+    ceil(k/8) bytes, or q uint32 indices), its name and fingerprint, and the request's other
+    fields; the largest over the metrics. gRPC refuses anything larger before it is read."""
+    return max(
+        config.max_batch * max((m.spec.k + 7) // 8, 4 * (m.spec.mechanism.q or 0))
+        + len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES
+        for m in config.metrics
+    )
 
 
 def open_configured_store(config: AggregatorConfig) -> Store:
@@ -54,6 +72,16 @@ def open_configured_store(config: AggregatorConfig) -> Store:
         return open_store(config.store_url, **config.store_options)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"store: {err}") from None
+
+
+def _loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name, or "" / 0.0.0.0: reachable from elsewhere
 
 
 class Aggregator:
@@ -70,11 +98,15 @@ class Aggregator:
         self._health = health.HealthServicer()
         self._store_ok: bool | None = None  # unknown until the first ping
 
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
+        self.access = AccessInterceptor(config.auth, max_streams=config.max_streams,
+                                        registry=self.instruments.registry)
         limit = max_message_bytes(config)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
+            interceptors=[self.access],
             options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=config.workers * 8,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(
             CollectorService(config, self.store, self.instruments, clock), self._grpc)
@@ -82,7 +114,10 @@ class Aggregator:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         try:
-            self.grpc_port = self._grpc.add_insecure_port(config.grpc_address)
+            if self.tls is not None:
+                self.grpc_port = self._grpc.add_secure_port(config.grpc_address, self.tls.grpc_credentials())
+            else:
+                self.grpc_port = self._grpc.add_insecure_port(config.grpc_address)
         except RuntimeError:  # grpcio raises where older versions returned 0
             self.grpc_port = 0
         if self.grpc_port == 0:
@@ -92,7 +127,8 @@ class Aggregator:
             try:
                 self._http = HttpListener(config.http_address, self.live, self.instruments.registry,
                                           lambda: self._store_ok is True,
-                                          dashboard.pages() if pages is None else pages)
+                                          dashboard.pages() if pages is None else pages,
+                                          tls=self.tls, authenticator=self.access.authenticator)
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)
@@ -109,6 +145,32 @@ class Aggregator:
         self._pinger.start()
         log.info("aggregator started", extra={"grpc_port": self.grpc_port, "http_port": self.http_port,
                                               "metrics": len(self.config.metrics)})
+        self._log_access()
+
+    def _log_access(self) -> None:
+        """Say how the listeners are protected; loudly when they are not."""
+        config = self.config
+        if self.tls is None:
+            exposed = [a for a in (config.grpc_address, config.http_address) if a and not _loopback(a)]
+            log.log(logging.WARNING if exposed else logging.INFO,
+                    "TLS is OFF: gRPC and HTTP are plaintext" + (
+                        " on a non-loopback address: reports and tokens travel in clear; configure [tls] unless "
+                        "a proxy in front terminates TLS" if exposed else " (loopback only)"))
+        else:
+            days = (self.tls.not_after - datetime.datetime.now(datetime.timezone.utc)).days
+            log.log(logging.WARNING if days < 14 else logging.INFO, "TLS on", extra={
+                "mutual_tls": self.tls.mutual, "certificate_not_after": self.tls.not_after.isoformat(),
+                "certificate_days_left": days})
+        if not config.auth.enabled:
+            log.warning("authentication is OFF: no tokens are configured, so anyone who reaches the listeners can "
+                        "upload and read estimates; fine for the embedded demo, not for production ([auth])")
+            return
+        uploads, reads = config.auth.of_role("upload"), config.auth.of_role("read")
+        log.info("authentication on", extra={
+            "upload_tokens": {t.name: sorted(t.metrics) for t in uploads},  # names, never values
+            "read_tokens": [t.name for t in reads]})
+        if not reads:
+            log.warning("no read tokens: estimates (gRPC Estimates, HTTP /v1/estimates and /metrics) cannot be read")
 
     def _check_store(self) -> None:
         try:

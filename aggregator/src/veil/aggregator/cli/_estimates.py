@@ -9,7 +9,7 @@ import argparse
 import json
 import math
 
-from ._remote import add_address_argument, address, call
+from ._remote import add_address_argument, call, channel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +40,12 @@ def to_json(window) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import grpc
-
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
     from ..live import PROJECTION_NOTE
 
-    with grpc.insecure_channel(address(args)) as channel:
-        response = call(args, veil_pb2_grpc.EstimatesStub(channel).Get,
+    with channel(args) as remote:
+        response = call(args, veil_pb2_grpc.EstimatesStub(remote).Get,
                         veil_pb2.EstimatesRequest(metric=args.metric, window=args.window))
     windows = [to_json(w) for w in response.estimates]
     if args.json:

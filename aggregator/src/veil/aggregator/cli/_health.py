@@ -12,6 +12,8 @@ import argparse
 import math
 import sys
 
+from ._remote import add_tls_arguments, channel
+
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 3.0
 
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='the service to ask about, e.g. veil.wire.v1.Collector (default "": the whole server)')
     parser.add_argument("--timeout", metavar="S", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds to wait for the answer, connecting included (default {DEFAULT_TIMEOUT:g})")
+    add_tls_arguments(parser)  # health needs no token, but a TLS listener needs TLS (and mTLS a certificate)
     parser.epilog = ("Prints SERVING, NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN or UNREACHABLE. "
                      "Exit status: 0 SERVING, 1 anything else, 2 a usage error.")
 
@@ -43,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     # A health check asks the aggregator itself: an http_proxy in the environment (common in
     # containers) must not route it elsewhere.
     options = [("grpc.enable_http_proxy", 0)]
-    with grpc.insecure_channel(args.address, options=options) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+    with channel(args, target=args.address, options=options) as health_channel:
+        stub = health_pb2_grpc.HealthStub(health_channel)
         try:
             response = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
         except grpc.RpcError as err:

@@ -40,15 +40,27 @@ def run(args: argparse.Namespace) -> int:
         finally:
             store.close()
         print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")
+        print(f"access: {_access(config)}")
         return 0
     aggregator = Aggregator(config)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     aggregator.start()
-    print(f"veil: serving gRPC on port {aggregator.grpc_port}"
-          + (f", HTTP on port {aggregator.http_port}" if aggregator.http_port else ""), file=sys.stderr, flush=True)
+    scheme = " with TLS" if config.tls else ""
+    print(f"veil: serving gRPC{scheme} on port {aggregator.grpc_port}"
+          + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
+          + f" ({_access(config)})", file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass
     aggregator.stop()
     return 0
+
+
+def _access(config) -> str:
+    """How the listeners are protected, in a few words (token names and counts, never values)."""
+    tls = "TLS off" if config.tls is None else ("mutual TLS" if config.tls.mutual else "TLS")
+    if not config.auth.enabled:
+        return f"{tls}; authentication OFF: no tokens"
+    uploads, reads = len(config.auth.of_role("upload")), len(config.auth.of_role("read"))
+    return (f"{tls}; {uploads} upload token{'s' * (uploads != 1)}, {reads} read token{'s' * (reads != 1)}")

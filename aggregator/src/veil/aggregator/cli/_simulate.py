@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent import futures
 
-from ._remote import add_address_argument, address, call
+from ._remote import add_address_argument, address, call, channel, metadata
 
 _RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 _ATTEMPTS = 6
@@ -91,7 +91,6 @@ def _pace(started: float, sent: int, rate: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import grpc
     import numpy as np
 
     from veil.client import spec_from_proto
@@ -101,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.reports < 1 or args.batch_size < 1 or args.devices < 1 or args.rate < 0:
         raise CliError("--reports, --batch-size and --devices must be at least 1, and --rate at least 0.")
-    with grpc.insecure_channel(address(args)) as channel:
-        response = call(args, veil_pb2_grpc.CollectorStub(channel).GetMetricSpecs,
+    with channel(args) as specs_channel:
+        response = call(args, veil_pb2_grpc.CollectorStub(specs_channel).GetMetricSpecs,
                         veil_pb2.GetMetricSpecsRequest(metrics=[args.metric]))
     if not response.specs:
         raise CliError(f"The aggregator at {address(args)} declares no metric {args.metric!r}.")
@@ -163,14 +162,15 @@ def _run_batches(args, spec, values, progress: Progress) -> dict:
     tally = {"acknowledged": 0, "duplicates": 0, "failed": 0, "retries": 0, "batches": 0}
     lock = threading.Lock()
 
-    with grpc.insecure_channel(address(args)) as channel:
-        upload = channel.unary_unary("/veil.wire.v1.Collector/Upload", request_serializer=None,
+    sent_metadata = metadata(args)
+    with channel(args) as upload_channel:
+        upload = upload_channel.unary_unary("/veil.wire.v1.Collector/Upload", request_serializer=None,
                                      response_deserializer=veil_pb2.UploadResponse.FromString)
 
         def send(count: int, payload: bytes) -> None:
             for attempt in range(_ATTEMPTS):
                 try:
-                    reply = upload(payload, timeout=args.timeout)
+                    reply = upload(payload, timeout=args.timeout, metadata=sent_metadata)
                     with lock:
                         tally["acknowledged"] += count
                         tally["duplicates"] += reply.duplicate
@@ -202,12 +202,24 @@ def _run_batches(args, spec, values, progress: Progress) -> dict:
 
 
 def _run_devices(args, spec, values, progress: Progress) -> dict:
+    import os
+
     from veil.client import Reporter
     from veil.mechanism import SeededRandomSource
 
+    from ._remote import ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, credentials, token
+
     per_device = -(-len(values) // args.devices)
+    secure = credentials(args) is not None  # the same TLS decision as the CLI's own channel
+    connection = {"tls": secure, "token": token(args) or None}
+    if secure:
+        for option, variable in (("ca_file", ENV_CA_FILE), ("client_cert", ENV_CLIENT_CERT),
+                                 ("client_key", ENV_CLIENT_KEY)):
+            path = getattr(args, option, None) or os.environ.get(variable)
+            if path:
+                connection[option] = path
     devices = [
-        Reporter(address(args), tls=False, memoize=args.memoize, max_batch_size=args.batch_size,
+        Reporter(address(args), **connection, memoize=args.memoize, max_batch_size=args.batch_size,
                  max_queue_size=per_device + 1, schedule_delay_ms=200,
                  random_source=SeededRandomSource(args.seed * 1_000_003 + d) if args.seed is not None else None)
         for d in range(args.devices)

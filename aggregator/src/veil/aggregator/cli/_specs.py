@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._remote import add_address_argument, address, call
+from ._remote import add_address_argument, call, channel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,13 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import grpc
-
     from veil.client import spec_from_proto
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    with grpc.insecure_channel(address(args)) as channel:
-        response = call(args, veil_pb2_grpc.CollectorStub(channel).GetMetricSpecs,
+    with channel(args) as remote:
+        response = call(args, veil_pb2_grpc.CollectorStub(remote).GetMetricSpecs,
                         veil_pb2.GetMetricSpecsRequest(metrics=args.metrics))
     specs = [spec_from_proto(s) for s in response.specs]
     rows = [{"name": s.name, "mechanism": s.mechanism.name, "k": s.k, "epsilon": s.mechanism.epsilon,
