@@ -1,0 +1,59 @@
+"""Fixtures of the security tests: an in-process aggregator on a frozen clock, and a tally of
+the inputs the fuzzers tried, printed in pytest's terminal summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# running.py (METRICS, config_dict) lives beside the daemon tests, which pytest puts on sys.path
+# only when it collects them; running tests/security alone needs it too.
+_AGGREGATOR_TESTS = str(Path(__file__).resolve().parents[1] / "aggregator")
+if _AGGREGATOR_TESTS not in sys.path:
+    sys.path.append(_AGGREGATOR_TESTS)
+
+from running import config_dict  # noqa: E402
+
+from veil.aggregator.config import parse_config  # noqa: E402
+from veil.aggregator.daemon import Aggregator  # noqa: E402
+
+_TALLY = pytest.StashKey[Counter]()
+
+
+@pytest.fixture
+def start_frozen_aggregator() -> Iterator[Callable[..., Aggregator]]:
+    """start_frozen_aggregator(**server) -> a started in-process Aggregator on the memory store
+    whose clock stands still, so that a window's current bucket ("1h") cannot roll over between
+    two reads of the counters (the store's own expiry clock is far from any bucket's end)."""
+    started: list[Aggregator] = []
+    now = time.time()
+
+    def start(**server: object) -> Aggregator:
+        aggregator = Aggregator(parse_config(config_dict("memory", **server)), clock=lambda: now)
+        aggregator.frozen_now = now  # what the bucket of a window is, for reading the store
+        aggregator.start()
+        started.append(aggregator)
+        return aggregator
+
+    yield start
+    for aggregator in started:
+        aggregator.stop(grace=0)
+
+
+@pytest.fixture
+def tally(request) -> Counter:
+    """Counts kept for the terminal summary: tally["name"] += n."""
+    return request.config.stash.setdefault(_TALLY, Counter())
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    counts = config.stash.get(_TALLY, None)
+    if counts:
+        terminalreporter.section("security: inputs tried")
+        for name, value in sorted(counts.items()):
+            terminalreporter.write_line(f"{name}: {value}")
