@@ -375,3 +375,69 @@ def test_random_and_corrupted_payloads_raise_only_invalid_batch():
         assert counts.total == request.count
 
     check()
+
+
+# --- the one-pass kernels behind decode_upload -----------------------------------------------
+
+# Widths around the kernels' 64-bit words and byte lanes: k a multiple of 8 and of 64 or not,
+# more than 255 reports (a byte lane is spilled every 255) and more than 2 * 255.
+WIDE_SPECS = [SubsetSpec(k, eps) for k, eps in ((8, 1.0), (13, 0.5), (64, 1.0), (65, 2.0), (127, 1.0),
+                                                (1024, 1.0), (1031, 4.0))]
+WIDE_SPECS += [RapporSpec(65, 1.0), AdmissibleRapporSpec(72, 2.0), KrrSpec(300, 1.0)]
+WIDE = [(spec, kind) for spec in WIDE_SPECS for kind in ("index_sets", "bitmaps")
+        if kind == "bitmaps" or spec.q is not None]
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 777])
+@pytest.mark.parametrize(("spec", "kind"), WIDE, ids=[encoding_id(*e) for e in WIDE])
+def test_large_and_wide_batches_count_exactly(spec, kind, n):
+    reports = valid_reports(spec, kind, n=n, seed=n)
+    counts = decode_upload(upload(kind, reports), metric_of(spec), max_reports=MAX_REPORTS)
+    assert counts == reference_counts(spec, valid_reports(spec, "bitmaps", n=n, seed=n))
+    assert counts.total == n
+
+
+@pytest.mark.parametrize(("spec", "kind"), WIDE, ids=[encoding_id(*e) for e in WIDE])
+def test_the_kernels_reject_what_the_whole_array_checks_reject(spec, kind):
+    """decode_upload (one kernel pass) and decode_bitmaps / decode_index_sets (numpy masks)
+    name the same first bad report with the same reason, over random corruptions."""
+    rng = np.random.default_rng(spec.k)
+    n = 600
+    clean = valid_reports(spec, kind, n=n, seed=1)
+    for _ in range(25):
+        reports = clean.copy()
+        for index in rng.choice(n, size=rng.integers(1, 4), replace=False):
+            row = reports[index]
+            if kind == "bitmaps":
+                row[rng.integers(row.size)] ^= np.uint8(1 << rng.integers(8))
+            else:
+                row[rng.integers(row.size)] = rng.choice([rng.integers(spec.k + 2), row[0], 2**32 - 1])
+        request = upload(kind, reports)
+        decode_numpy = decode_bitmaps if kind == "bitmaps" else decode_index_sets
+        try:
+            decode_numpy(spec, n, getattr(request, kind))
+        except InvalidBatch as error:
+            expected = (error.report, error.reason)
+        else:
+            expected = None
+        try:
+            counts = decode_upload(request, metric_of(spec), max_reports=MAX_REPORTS)
+        except InvalidBatch as error:
+            assert (error.report, error.reason) == expected
+        else:
+            assert expected is None and counts.total == n
+
+
+def test_warm_up_compiles_every_signature_an_upload_uses():
+    """After warm_up, no upload of any design or encoding makes numba compile anything more."""
+    from veil.aggregator import _kernels
+    from veil.aggregator.decode import warm_up
+
+    warm_up()
+    kernels = (_kernels.decode_subset_bitmaps, _kernels.decode_bitmaps, _kernels.decode_index_sets)
+    compiled = [len(kernel.signatures) for kernel in kernels]
+    warm_up()
+    for spec, kind in ENCODINGS + WIDE:
+        request = upload(kind, valid_reports(spec, kind))
+        assert decode(spec, request) == count_reports(spec, simulated(spec))
+    assert [len(kernel.signatures) for kernel in kernels] == compiled

@@ -6,9 +6,12 @@ has no side effects: it returns new Counts or raises InvalidBatch, and the calle
 counts to the store only after it returns, so nothing of an invalid batch is ever counted.
 
 The payload is read in place (numpy.frombuffer over the request's bytes, never copied or
-written), and every report-level check is a whole-array operation: one validity mask per
-check, the first failing report taken over all of them, and only that one report examined
-again in Python to name its reason.
+written). decode_upload checks and sums the reports in one pass of a numba kernel (see
+_kernels: decode_subset_bitmaps, decode_bitmaps, decode_index_sets) that stops at the first bad
+report; only that one report is examined again in Python to name its reason. decode_bitmaps and
+decode_index_sets check a batch with whole-array numpy operations instead (the same checks)
+and return the reports. ``warm_up()`` compiles (or loads from numba's cache) every kernel an
+upload can call, so that no upload waits for it; CollectorService calls it when it is made.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ import numpy as np
 from veil.mechanism import AdmissibleRapporSpec, MechanismSpec, MetricSpec
 from veil.wire.v1 import veil_pb2
 
+from . import _kernels
 from ._errors import InvalidBatch
 from .counts import Counts
-from .simulate import count_reports
 
-__all__ = ["BATCH_ID_BYTES", "decode_upload", "decode_index_sets", "decode_bitmaps"]
+__all__ = ["BATCH_ID_BYTES", "decode_upload", "decode_index_sets", "decode_bitmaps", "warm_up"]
 
 BATCH_ID_BYTES = 16
 _INDEX_BYTES = 4  # each index is a little-endian uint32
@@ -35,11 +38,49 @@ def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_re
     _check_batch(request, max_reports)
     payload = request.WhichOneof("reports")
     if payload == "index_sets":
-        return count_reports(spec, decode_index_sets(spec, request.count, request.index_sets))
+        return _count_index_sets(spec, request.count, request.index_sets)
     if payload == "bitmaps":
-        bitmaps = decode_bitmaps(spec, request.count, request.bitmaps)
-        return count_reports(spec, bitmaps) if spec.q is None else _count_subset_bitmaps(spec, bitmaps)
+        return _count_bitmaps(spec, request.count, request.bitmaps)
     raise InvalidBatch("no reports payload: set index_sets or bitmaps")
+
+
+def _count_index_sets(spec: MechanismSpec, count: int, index_sets: veil_pb2.IndexSets) -> Counts:
+    reports = _index_set_rows(spec, count, index_sets)
+    counts = Counts.zeros(spec)  # a q-subset design: one weight, q
+    bad = _kernels.decode_index_sets(reports, spec.k, counts.v[0])
+    if bad >= 0:
+        raise InvalidBatch(_index_set_fault(reports[bad], spec.k), report=bad)
+    counts.n[0] = count
+    return counts
+
+
+def _count_bitmaps(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -> Counts:
+    data = _bitmap_bytes(spec, count, bitmaps)
+    counts = Counts.zeros(spec)
+    if spec.q is not None:
+        bad = _kernels.decode_subset_bitmaps(data, count, spec.k, spec.q, counts.v[0])
+        counts.n[0] = count
+    else:
+        bad = _kernels.decode_bitmaps(data, count, spec.k, _rows_of_weight(spec), counts.n, counts.v)
+    if bad >= 0:
+        width = -(-spec.k // 8)
+        raise InvalidBatch(_bitmap_fault(spec, data[bad * width:(bad + 1) * width]), report=bad)
+    return counts
+
+
+_ROWS: dict[MechanismSpec, np.ndarray] = {}
+
+
+def _rows_of_weight(spec: MechanismSpec) -> np.ndarray:
+    """Counts.row_of_weight() of the spec's counts, computed once per spec (read-only)."""
+    rows = _ROWS.get(spec)
+    if rows is None:
+        rows = Counts.zeros(spec).row_of_weight()
+        rows.flags.writeable = False
+        if len(_ROWS) >= 256:  # specs come from the config: a bound that is never reached
+            _ROWS.clear()
+        _ROWS[spec] = rows
+    return rows
 
 
 def _check_batch(request: veil_pb2.UploadRequest, max_reports: int) -> None:
@@ -65,14 +106,7 @@ def _first_bad(bad: np.ndarray) -> int | None:
 def decode_index_sets(spec: MechanismSpec, count: int, index_sets: veil_pb2.IndexSets) -> np.ndarray:
     """The (count, q) uint32 category indices of valid index-set reports, a read-only view of
     the message's bytes; InvalidBatch for the batch's layout or the first bad report."""
-    if spec.q is None:
-        raise InvalidBatch(f"{spec.name} reports must be sent as bitmaps, not index sets")
-    if index_sets.set_size != spec.q:
-        raise InvalidBatch(f"set_size {index_sets.set_size} is not q = {spec.q}")
-    data = index_sets.indices
-    _check_length("index_sets.indices", len(data), count * spec.q * _INDEX_BYTES,
-                  f"{count} reports of {spec.q} uint32 indices")
-    reports = np.frombuffer(data, dtype="<u4").reshape(count, spec.q)
+    reports = _index_set_rows(spec, count, index_sets)
     # A strictly increasing report is in range exactly when its last index is, so two
     # whole-array passes find every bad report; the reason is read off that report alone.
     bad = ~(reports[:, 1:] > reports[:, :-1]).all(axis=1)
@@ -81,6 +115,18 @@ def decode_index_sets(spec: MechanismSpec, count: int, index_sets: veil_pb2.Inde
     if first is not None:
         raise InvalidBatch(_index_set_fault(reports[first], spec.k), report=first)
     return reports
+
+
+def _index_set_rows(spec: MechanismSpec, count: int, index_sets: veil_pb2.IndexSets) -> np.ndarray:
+    """The (count, q) uint32 view of the indices, once the batch's layout is right."""
+    if spec.q is None:
+        raise InvalidBatch(f"{spec.name} reports must be sent as bitmaps, not index sets")
+    if index_sets.set_size != spec.q:
+        raise InvalidBatch(f"set_size {index_sets.set_size} is not q = {spec.q}")
+    data = index_sets.indices
+    _check_length("index_sets.indices", len(data), count * spec.q * _INDEX_BYTES,
+                  f"{count} reports of {spec.q} uint32 indices")
+    return np.frombuffer(data, dtype="<u4").reshape(count, spec.q)
 
 
 def _index_set_fault(report: np.ndarray, k: int) -> str:
@@ -94,20 +140,37 @@ def decode_bitmaps(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -
     """The (count, ceil(k / 8)) uint8 rows of valid bitmap reports, a read-only view of the
     message's bytes; InvalidBatch for the batch's length or the first bad report."""
     width = -(-spec.k // 8)
-    data = bitmaps.bits
-    _check_length("bitmaps.bits", len(data), count * width, f"{count} reports of {width} bytes")
-    reports = np.frombuffer(data, dtype=np.uint8).reshape(count, width)
+    reports = _bitmap_bytes(spec, count, bitmaps).reshape(count, width)
     # Bits k .. 8 * width - 1 of the last byte; none when k is a multiple of 8.
-    padding = reports[:, -1] & np.uint8((0xFF << (spec.k - 8 * (width - 1))) & 0xFF)
+    padding = reports[:, -1] & np.uint8(_padding_mask(spec.k))
     weights = np.bitwise_count(reports).sum(axis=1, dtype=np.intp)
     # Padding bits count towards the weight here, but such a report is rejected anyway.
     allowed = np.zeros(8 * width + 1, dtype=bool)
     allowed[list(spec.weight_law().weights)] = True
     first = _first_bad((padding != 0) | ~allowed[weights])
     if first is not None:
-        reason = "padding bits past k are set" if padding[first] else _weight_fault(spec, int(weights[first]))
-        raise InvalidBatch(reason, report=first)
+        raise InvalidBatch(_bitmap_fault(spec, reports[first]), report=first)
     return reports
+
+
+def _bitmap_bytes(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -> np.ndarray:
+    """The payload as one uint8 view, once its length is right."""
+    width = -(-spec.k // 8)
+    data = bitmaps.bits
+    _check_length("bitmaps.bits", len(data), count * width, f"{count} reports of {width} bytes")
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _padding_mask(k: int) -> int:
+    """The bits of a bitmap's last byte that lie past category k - 1."""
+    return (0xFF << (k - 8 * (-(-k // 8) - 1))) & 0xFF
+
+
+def _bitmap_fault(spec: MechanismSpec, report: np.ndarray) -> str:
+    """Why one bitmap report is bad: padding first, then its weight."""
+    if report[-1] & _padding_mask(spec.k):
+        return "padding bits past k are set"
+    return _weight_fault(spec, int(np.bitwise_count(report).sum()))
 
 
 def _weight_fault(spec: MechanismSpec, weight: int) -> str:
@@ -118,13 +181,18 @@ def _weight_fault(spec: MechanismSpec, weight: int) -> str:
     return f"weight {weight} is not allowed by {spec.name}"
 
 
-def _count_subset_bitmaps(spec: MechanismSpec, bitmaps: np.ndarray) -> Counts:
-    """Counts of valid q-subset bitmaps. count_reports reads a q-subset design's reports only
-    as index rows, and turning bitmaps into those costs more than summing the bit columns:
-    every report has the one weight q, so V is the column sum and n the number of rows."""
-    counts = Counts.zeros(spec)
-    counts.n[0] = bitmaps.shape[0]
-    # uint32 cannot overflow (count is a uint32) and sums several times faster than int64.
-    columns = np.add.reduce(np.unpackbits(bitmaps, axis=1, bitorder="little"), axis=0, dtype=np.uint32)
-    counts.v[0] = columns[: spec.k]
-    return counts
+def warm_up() -> None:
+    """Compile, or load from numba's cache, every kernel decode_upload calls, for the argument
+    types it calls them with (read-only payload views, int64 counts), on a tiny valid batch."""
+    from veil.mechanism import RapporSpec, SubsetSpec
+
+    subset, rappor = SubsetSpec(16, 1.0), RapporSpec(16, 1.0)
+    bitmap = np.frombuffer(bytes([0x0F, 0x00]), np.uint8)
+    for spec, data in ((subset, bitmap), (rappor, bitmap)):
+        counts = Counts.zeros(spec)
+        if spec.q is not None:
+            _kernels.decode_subset_bitmaps(data, 1, spec.k, spec.q, counts.v[0])
+        else:
+            _kernels.decode_bitmaps(data, 1, spec.k, _rows_of_weight(spec), counts.n, counts.v)
+    indices = np.frombuffer(np.arange(subset.q, dtype="<u4").tobytes(), "<u4").reshape(1, subset.q)
+    _kernels.decode_index_sets(indices, subset.k, Counts.zeros(subset).v[0])

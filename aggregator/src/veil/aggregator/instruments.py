@@ -32,6 +32,24 @@ class Instruments:
             "veil_upload_seconds", "Time to validate and count one upload.", ["metric"], registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
+        # Store writes: one flush is one write of a group of batches (RedisStore: one script call).
+        self.flush_seconds = Histogram(
+            "veil_store_flush_seconds", "Time of one store write of a group of batches.", registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
+        self.flush_batches = Histogram(
+            "veil_store_flush_batches", "Batches written together by one store write.", registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+        )
+        self.flush_failures = Counter("veil_store_flush_failures", "Store writes that failed (every batch of "
+                                      "the group was refused with UNAVAILABLE or INTERNAL).", registry=self.registry)
+
+    def observe_flush(self, batches: int, seconds: float, failed: bool) -> None:
+        """One store write of ``batches`` batches took ``seconds``."""
+        self.flush_seconds.observe(seconds)
+        self.flush_batches.observe(batches)
+        if failed:
+            self.flush_failures.inc()
 
 
 class EstimatesCollector:
@@ -57,7 +75,9 @@ class EstimatesCollector:
             reports.add_metric([e.metric.name, e.window.name], e.n)
             if e.estimate is None:
                 continue
-            for j, label in enumerate(e.metric.spec.labels):
-                estimate.add_metric([e.metric.name, e.window.name, label], float(e.estimate.estimate[j]))
-                stderr.add_metric([e.metric.name, e.window.name, label], float(e.estimate.stderr[j]))
+            names = (e.metric.name, e.window.name)
+            for label, value, error in zip(e.metric.spec.labels, e.estimate.estimate.tolist(),
+                                           e.estimate.stderr.tolist()):
+                estimate.add_metric([*names, label], value)
+                stderr.add_metric([*names, label], error)
         yield from (estimate, stderr, reports)

@@ -7,6 +7,8 @@ recomputed. Several aggregator processes may share a store: the versions see the
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -16,10 +18,11 @@ import numpy as np
 
 from ._errors import UnknownMetric
 from .config import AggregatorConfig, MetricConfig, Window
+from .counts import Counts
 from .estimate import Estimate, estimate
 from .store import CountsKey, Store
 
-__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow"]
+__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "estimates_json"]
 
 PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability simplex: a distribution, but biased."
 
@@ -46,9 +49,11 @@ class WindowEstimate:
         return self.estimate is None
 
     def to_json(self) -> dict[str, object]:
-        """The shape served at /v1/estimates (and printed by `veil estimates --json`)."""
+        """The shape served at /v1/estimates (and printed by `veil estimates --json`). A fresh
+        dict each call; its "categories" list is built once per WindowEstimate and shared, so
+        treat it as read-only."""
         spec = self.metric.spec
-        body: dict[str, object] = {
+        return {
             "metric": spec.name,
             "window": self.window.name,
             "start": self.start,
@@ -59,23 +64,40 @@ class WindowEstimate:
             "spec_fingerprint": spec.fingerprint,
             "withheld": self.withheld,
             "reason": self.reason,
-            "categories": [],
+            "categories": self._categories,
         }
-        if self.estimate is not None:
-            e = self.estimate
-            body["categories"] = [
-                {"label": label, "estimate": _finite(e.estimate[j]), "stderr": _finite(e.stderr[j]),
-                 "lower": _finite(e.lower[j]), "upper": _finite(e.upper[j]),
-                 "projected": _finite(e.projection[j])}
-                for j, label in enumerate(spec.labels)
-            ]
-        return body
+
+    @functools.cached_property
+    def _categories(self) -> list[dict[str, object]]:
+        if self.estimate is None:
+            return []
+        e = self.estimate
+        columns = [_finite(x) for x in (e.estimate, e.stderr, e.lower, e.upper, e.projection)]
+        return [{"label": label, "estimate": estimate, "stderr": stderr, "lower": lower, "upper": upper,
+                 "projected": projected}
+                for label, estimate, stderr, lower, upper, projected in zip(self.metric.spec.labels, *columns)]
+
+    @functools.cached_property
+    def json_text(self) -> str:
+        """json.dumps(self.to_json(), allow_nan=False), computed once: /v1/estimates joins these."""
+        return json.dumps(self.to_json(), allow_nan=False)
 
 
-def _finite(x: np.floating) -> float | None:
+def _finite(x: np.ndarray) -> list[float | None]:
     """JSON has no NaN: an undefined number (e.g. a standard error from one report) is null."""
-    value = float(x)
-    return value if np.isfinite(value) else None
+    x = np.asarray(x, dtype=np.float64)
+    values = x.tolist()
+    for j in np.flatnonzero(~np.isfinite(x)).tolist():
+        values[j] = None
+    return values
+
+
+def estimates_json(current: list[WindowEstimate], generated_at: float) -> bytes:
+    """The body of GET /v1/estimates, byte for byte json.dumps({"generated_at": generated_at,
+    "projection": PROJECTION_NOTE, "estimates": [e.to_json() for e in current]},
+    allow_nan=False).encode(), from each window's cached JSON text."""
+    head = json.dumps({"generated_at": generated_at, "projection": PROJECTION_NOTE}, allow_nan=False)
+    return (head[:-1] + ', "estimates": [' + ", ".join(e.json_text for e in current) + "]}").encode()
 
 
 class LiveEstimates:
@@ -109,20 +131,34 @@ class LiveEstimates:
         buckets = [w.bucket(now) for _, w in pairs]
         keys = [CountsKey(m.name, m.spec.fingerprint, w.name, start) for (m, w), (start, _) in zip(pairs, buckets)]
         versions = self._store.versions(keys)
-        results = []
-        for (m, w), (start, end), key, version in zip(pairs, buckets, keys, versions):
+        results: list[WindowEstimate | None] = []
+        stale = []
+        for i, ((m, w), (start, end), key, version) in enumerate(zip(pairs, buckets, keys, versions)):
             cached = self._cache.get((m.name, w.name))
             if cached is None or cached.start != start or cached.version != version:
-                cached = self._compute(m, w, start, end, key, version)
-                with self._lock:
-                    self._cache[(m.name, w.name)] = cached
+                stale.append((i, m, w, start, end, key, version))
+                cached = None
             results.append(cached)
-        return results
+        if stale:
+            for (i, m, w, start, end, key, version), counts in zip(stale, self._read([s[1:] for s in stale])):
+                fresh = self._compute(m, w, start, end, version, counts)
+                with self._lock:
+                    self._cache[(m.name, w.name)] = fresh
+                results[i] = fresh
+        return results  # type: ignore[return-value]
 
-    def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, key: CountsKey,
-                 version: int) -> WindowEstimate:
+    def _read(self, stale: list[tuple]) -> list[Counts]:
+        """The counts of the stale buckets, in one round trip where the store can."""
+        requests = [(key, m.spec.mechanism.weight_law().weights, m.spec.mechanism.k)
+                    for m, _, _, _, key, _ in stale]
+        read_many = getattr(self._store, "read_many", None)
+        if read_many is not None and len(requests) > 1:
+            return read_many(requests)
+        return [self._store.read(*request) for request in requests]
+
+    def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: int,
+                 counts: Counts) -> WindowEstimate:
         spec = metric.spec.mechanism
-        counts = self._store.read(key, spec.weight_law().weights, spec.k)
         n = counts.total
         least = max(self._config.min_n, 2)  # a standard error needs two reports
         if n < least:

@@ -8,24 +8,29 @@ Logs carry metric names, counts and outcomes: never reports, addresses or tokens
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
+import numpy as np
 
 from veil.client import spec_to_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
+from . import _kernels
 from ._errors import InvalidBatch, StaleSpec, UnknownMetric
-from .config import AggregatorConfig
+from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
+from .decode import warm_up as decode_warm_up
 from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate
 from .store import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 
-__all__ = ["CollectorService", "EstimatesService"]
+__all__ = ["CollectorService", "EstimatesService", "ResponseCache", "to_response", "encode_window"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -40,6 +45,13 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         self._instruments = instruments
         self._clock = clock
         self._specs = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(m.spec) for m in config.metrics])
+        self._metrics = {m.name: m for m in config.metrics}
+        self._targets: dict[str, tuple[float, float, tuple[tuple[CountsKey, int | None], ...]]] = {}
+        self._children: dict[tuple[str, ...], tuple] = {}  # Prometheus children per (metric, outcome)
+        observe = getattr(store, "observe_flushes", None)
+        if observe is not None:
+            observe(instruments.observe_flush)
+        decode_warm_up()  # the first upload must not wait for numba
 
     def GetMetricSpecs(self, request, context):
         if not request.metrics:
@@ -49,7 +61,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
 
     def Upload(self, request, context):
         started = time.perf_counter()
-        metric = self._config.metric(request.metric)
+        metric = self._metrics.get(request.metric)
         name = metric.name if metric else "(undeclared)"  # bounded label values only
         outcome = "error"
         try:
@@ -62,15 +74,11 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                 # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
                 outcome = "cancelled"
                 context.abort(grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
-            now = self._clock()
-            targets = tuple(
-                (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), w.expiry(now))
-                for w in metric.windows
-            )
+            targets = self._targets_at(metric, self._clock())
             applied = self._store.add(BatchWrite(metric.name, request.batch_id, counts, targets, self._config.dedupe_ttl))
             outcome = "accepted" if applied else "duplicate"
             if applied:
-                self._instruments.reports.labels(name).inc(request.count)
+                self._counters(name, outcome)[2].inc(request.count)
             return veil_pb2.UploadResponse(accepted=request.count, duplicate=not applied)
         except UnknownMetric as err:
             outcome = "unknown_metric"
@@ -88,10 +96,34 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
             log.exception("upload failed in the store", extra={"metric": name})
             context.abort(grpc.StatusCode.INTERNAL, "The batch could not be counted; nothing of it was counted.")
         finally:
-            self._instruments.uploads.labels(name, outcome).inc()
-            self._instruments.upload_seconds.labels(name).observe(time.perf_counter() - started)
+            uploads, seconds, _ = self._counters(name, outcome)
+            uploads.inc()
+            seconds.observe(time.perf_counter() - started)
             if outcome not in ("accepted", "duplicate"):
                 log.info("upload refused", extra={"metric": name, "outcome": outcome, "reports": request.count})
+
+    def _counters(self, name: str, outcome: str) -> tuple:
+        """The Prometheus children of (metric, outcome): uploads, upload seconds, reports."""
+        children = self._children.get((name, outcome))
+        if children is None:
+            i = self._instruments
+            children = (i.uploads.labels(name, outcome), i.upload_seconds.labels(name), i.reports.labels(name))
+            self._children[name, outcome] = children
+        return children
+
+    def _targets_at(self, metric: MetricConfig, now: float) -> tuple[tuple[CountsKey, int | None], ...]:
+        """Every window's current bucket of the metric, with its expiry: the same tuple until
+        one of the buckets ends (or the clock goes back past one's start)."""
+        held = self._targets.get(metric.name)
+        if held is not None and held[0] <= now < held[1]:
+            return held[2]
+        targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), w.expiry(now))
+                        for w in metric.windows)
+        spans = [w.bucket(now) for w in metric.windows if w.span is not None]
+        since = max((start for start, _ in spans), default=-math.inf)
+        until = min((end for _, end in spans), default=math.inf)
+        self._targets[metric.name] = (since, until, targets)
+        return targets
 
 
 class EstimatesService(veil_pb2_grpc.EstimatesServicer):
@@ -99,6 +131,8 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
         self._config = config
         self._live = live
         self._stopping = stopping
+        self._responses = ResponseCache()
+        warm_up()  # the first Get must not wait for numba
 
     def _current(self, request, context) -> list[WindowEstimate]:
         try:
@@ -109,7 +143,7 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "The counter store is unavailable; try again.")
 
     def Get(self, request, context):
-        return to_response(self._current(request, context))
+        return self._responses.response((request.metric, request.window), self._current(request, context))
 
     def Watch(self, request, context) -> Iterator[veil_pb2.EstimatesResponse]:
         interval = max(request.min_interval_seconds, self._config.watch_interval)
@@ -119,22 +153,123 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
             marker = [(e.start, e.version) for e in current]
             if marker != last:
                 last = marker
-                yield to_response(current)
+                yield self._responses.response((request.metric, request.window), current)
             self._stopping.wait(interval)
 
 
+# --- estimates on the wire ----------------------------------------------------------------
+#
+# A response of k = 1024 categories over 3 windows is some 3000 CategoryEstimate messages:
+# built one message at a time it takes longer than the estimates themselves. So the wire bytes
+# of the categories are written by one numba kernel from the estimate's arrays (every record a
+# prefix that depends only on the label and on how many of its numbers are non-zero, cached per
+# label set, then the tagged numbers), and cached per window bucket and version. The bytes are exactly what
+# SerializeToString writes for the message the fields describe (tests compare them): fields in
+# number order, proto3 defaults (0.0, "", false) left out, an undefined number as NaN.
+
+_NUMBERS = ("estimate", "stderr", "lower", "upper", "projected")  # CategoryEstimate fields 2..6
+_NUMBER_TAGS = np.array([(field << 3) | 1 for field in range(2, 7)], np.uint8)  # 64-bit wire type
+_CATEGORY_TAG = (11 << 3) | 2  # WindowEstimate.categories: length-delimited
+_ESTIMATES_TAG = (1 << 3) | 2  # EstimatesResponse.estimates: length-delimited
+_NUMBER_BYTES = 1 + 8  # tag and double
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    return bytes((tag,)) + _varint(len(payload)) + payload
+
+
+class _Prefixes:
+    """For each category j and each count c of non-zero numbers, the bytes of its record before
+    the numbers (tag, length, label), padded into one array: bytes[c, j, :length[c, j]]."""
+
+    def __init__(self, labels: tuple[str, ...]) -> None:
+        label_fields = [_field(0x0A, label.encode()) if label else b"" for label in labels]
+        rows = [[bytes((_CATEGORY_TAG,)) + _varint(len(f) + _NUMBER_BYTES * c) + f for f in label_fields]
+                for c in range(len(_NUMBERS) + 1)]
+        width = max(len(b) for row in rows for b in row)
+        self.length = np.array([[len(b) for b in row] for row in rows], np.int64)
+        self.bytes = np.zeros((len(rows), len(labels), width), np.uint8)
+        for c, row in enumerate(rows):
+            for j, b in enumerate(row):
+                self.bytes[c, j, : len(b)] = np.frombuffer(b, np.uint8)
+
+
+@functools.lru_cache(maxsize=256)
+def _prefixes(labels: tuple[str, ...]) -> _Prefixes:
+    return _Prefixes(labels)
+
+
+def encode_categories(labels: tuple[str, ...], columns: Sequence[np.ndarray]) -> bytes:
+    """The repeated WindowEstimate.categories field (field 11) of the categories with these
+    labels and the five number columns (estimate, stderr, lower, upper, projected) as
+    SerializeToString writes it; a number that is not finite goes as NaN."""
+    k = len(labels)
+    numbers = np.empty((k, len(_NUMBERS)), np.float64)
+    for i, column in enumerate(columns):
+        numbers[:, i] = column
+    prefixes = _prefixes(labels)
+    out = np.empty(k * (prefixes.bytes.shape[2] + _NUMBER_BYTES * len(_NUMBERS)), np.uint8)
+    size = _kernels.encode_categories(numbers, _NUMBER_TAGS, prefixes.bytes, prefixes.length, out)
+    return out[:size].tobytes()
+
+
+def warm_up() -> None:
+    """Compile, or load from numba's cache, the encoder's kernel (EstimatesService does)."""
+    encode_categories(("a", "b"), [np.array([0.5, np.nan])] * len(_NUMBERS))
+
+
+def encode_window(e: WindowEstimate) -> bytes:
+    """One WindowEstimate message, serialized exactly as the message SerializeToString would."""
+    spec = e.metric.spec
+    head = veil_pb2.WindowEstimate(
+        metric=spec.name, window=e.window.name, start_unix=e.start, end_unix=e.end, n=e.n,
+        mechanism=veil_pb2.Mechanism.Value(spec.mechanism.name.upper().replace("-", "_")),
+        epsilon=spec.mechanism.epsilon, spec_fingerprint=spec.fingerprint, withheld=e.withheld, reason=e.reason,
+    ).SerializeToString()
+    if e.estimate is None:
+        return head
+    est = e.estimate
+    # Field 11 is the last field: appended to the others it is where SerializeToString puts it.
+    return head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection))
+
+
 def to_response(estimates: list[WindowEstimate]) -> veil_pb2.EstimatesResponse:
-    return veil_pb2.EstimatesResponse(estimates=[_to_proto(e) for e in estimates])
+    return veil_pb2.EstimatesResponse.FromString(b"".join(_field(_ESTIMATES_TAG, encode_window(e)) for e in estimates))
 
 
-def _to_proto(e: WindowEstimate) -> veil_pb2.WindowEstimate:
-    body = e.to_json()
-    nan = float("nan")
-    return veil_pb2.WindowEstimate(
-        metric=body["metric"], window=body["window"], start_unix=e.start, end_unix=e.end, n=e.n,
-        mechanism=veil_pb2.Mechanism.Value(e.metric.spec.mechanism.name.upper().replace("-", "_")),
-        epsilon=e.metric.spec.mechanism.epsilon, spec_fingerprint=e.metric.spec.fingerprint,
-        withheld=e.withheld, reason=e.reason,
-        categories=[veil_pb2.CategoryEstimate(**{k: nan if v is None else v for k, v in c.items()})
-                    for c in body["categories"]],
-    )
+class ResponseCache:
+    """EstimatesResponse messages of recent requests, and each window's encoded bytes, reused
+    while the windows' buckets and versions stay the same: a repeated Get with unchanged
+    counts costs a dict lookup. Bounded by the config: one entry per (metric, window) pair and
+    one per request shape (metric name or "", window name or ""), names the config declares."""
+
+    def __init__(self) -> None:
+        self._windows: dict[tuple[str, str], tuple[int, int, bytes]] = {}
+        self._responses: dict[tuple[str, str], tuple[tuple, veil_pb2.EstimatesResponse]] = {}
+
+    def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> veil_pb2.EstimatesResponse:
+        marker = tuple((e.metric.name, e.window.name, e.start, e.version) for e in estimates)
+        held = self._responses.get(shape)
+        if held is not None and held[0] == marker:
+            return held[1]  # shared, never changed: gRPC only serializes it
+        message = veil_pb2.EstimatesResponse.FromString(b"".join(self._window(e) for e in estimates))
+        self._responses[shape] = (marker, message)
+        return message
+
+    def _window(self, e: WindowEstimate) -> bytes:
+        key = (e.metric.name, e.window.name)
+        held = self._windows.get(key)
+        if held is not None and held[0] == e.start and held[1] == e.version:
+            return held[2]
+        encoded = _field(_ESTIMATES_TAG, encode_window(e))
+        self._windows[key] = (e.start, e.version, encoded)
+        return encoded

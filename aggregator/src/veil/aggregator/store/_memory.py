@@ -43,6 +43,9 @@ class _Expiries(Generic[T]):
         while self._heap and self._heap[0][0] <= now:
             yield heapq.heappop(self._heap)[2]
 
+    def any_due(self, now: float) -> bool:
+        return bool(self._heap) and self._heap[0][0] <= now
+
 
 class MemoryStore(Store):
     """Counters in this process; with ``snapshot_path``, kept across restarts in that file."""
@@ -69,29 +72,39 @@ class MemoryStore(Store):
     def add(self, write: BatchWrite) -> bool:
         check_write(write)
         batch = (write.metric, write.batch_id)
+        counts = write.counts
         with self._lock:
             now = self._clock()
             self._purge(now)
             if batch in self._seen:
                 return False
-            for key, _ in write.targets:  # before changing anything: all targets or none
-                self._check_design(key, write.counts.weights, write.counts.k)
+            buckets = [self._buckets.get(key) for key, _ in write.targets]
+            for (key, _), bucket in zip(write.targets, buckets):  # before changing anything: all targets or none
+                if bucket is not None:
+                    self._check_bucket(key, bucket, counts.weights, counts.k)
             self._seen[batch] = now + write.dedupe_ttl
             self._seen_expiries.push(self._seen[batch], batch)
-            for key, expires_at in write.targets:
-                self._add_to(key, expires_at, write.counts)
+            for (key, expires_at), bucket in zip(write.targets, buckets):
+                self._add_to(key, bucket, expires_at, counts)
             self._purge(now)  # a target whose expiry has already passed goes at once, as in Redis
             return True
 
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
-        weights = tuple(weights)
         with self._lock:
-            self._purge(self._clock())
-            self._check_design(key, weights, k)
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                return Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
-            return Counts(weights, bucket.counts.n.copy(), bucket.counts.v.copy())
+            return self._read(key, tuple(weights), k)
+
+    def _read(self, key: CountsKey, weights: tuple[int, ...], k: int) -> Counts:
+        self._purge(self._clock())
+        self._check_design(key, weights, k)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
+        return Counts(weights, bucket.counts.n.copy(), bucket.counts.v.copy())
+
+    def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
+        """read(key, weights, k) of each request, all at one moment."""
+        with self._lock:
+            return [self._read(key, tuple(weights), k) for key, weights, k in requests]
 
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         with self._lock:
@@ -113,15 +126,17 @@ class MemoryStore(Store):
         if self._path is not None:
             self.save()
 
-    def _add_to(self, key: CountsKey, expires_at: int | None, counts: Counts) -> None:
-        bucket = self._buckets.get(key)
+    def _add_to(self, key: CountsKey, bucket: Bucket | None, expires_at: int | None, counts: Counts) -> None:
+        """Add counts to the bucket at key (None: there is none yet), whose design was checked."""
         if bucket is None:
             own = Counts(counts.weights, counts.n.copy(), counts.v.copy())
             self._buckets[key] = Bucket(own, 1, expires_at)
             if expires_at is not None:
                 self._bucket_expiries.push(expires_at, key)
             return
-        bucket.counts.add(counts)
+        held = bucket.counts
+        np.add(held.n, counts.n, out=held.n)
+        np.add(held.v, counts.v, out=held.v)
         bucket.batches += 1
         # Only ever the later expiry; a bucket without one (a total window) keeps none.
         if expires_at is not None and bucket.expires_at is not None and expires_at > bucket.expires_at:
@@ -130,11 +145,18 @@ class MemoryStore(Store):
 
     def _check_design(self, key: CountsKey, weights: tuple[int, ...], k: int) -> None:
         bucket = self._buckets.get(key)
-        if bucket is not None and (bucket.counts.weights != weights or bucket.counts.k != k):
+        if bucket is not None:
+            self._check_bucket(key, bucket, weights, k)
+
+    @staticmethod
+    def _check_bucket(key: CountsKey, bucket: Bucket, weights: tuple[int, ...], k: int) -> None:
+        if bucket.counts.weights != weights or bucket.counts.v.shape[1] != k:
             held = f"{len(bucket.counts.weights)} weights, k = {bucket.counts.k}"
             raise StoreError(f"Bucket {key} holds counts of another design ({held}).")
 
     def _purge(self, now: float) -> None:
+        if not (self._bucket_expiries.any_due(now) or self._seen_expiries.any_due(now)):
+            return
         for key in self._bucket_expiries.due(now):
             bucket = self._buckets.get(key)
             if bucket is not None and bucket.expires_at is not None and bucket.expires_at <= now:

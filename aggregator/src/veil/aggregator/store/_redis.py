@@ -1,4 +1,4 @@
-"""RedisStore: integer counters in Redis hashes, one atomic Lua script per batch.
+"""RedisStore: integer counters in Redis hashes, one atomic Lua script per group of batches.
 
 Keys (every key of a metric carries the metric in a hash tag, so a Redis Cluster keeps a metric
 in one slot; metric, fingerprint and window are percent-encoded, so no name can break the
@@ -9,6 +9,17 @@ grammar, escape the tag or collide with another):
     veil:{<metric>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
 
 Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua).
+
+Group commit: concurrent ``add`` calls for the same buckets (same metric, targets, dedupe TTL
+and design) are written together by one script call (see _coalesce): the script checks every
+batch id of the group first and, when all are new, remembers them all and adds the group's
+summed counts once per target; when some were already applied it adds nothing and names them,
+and the rest go again, summed again. So a script call costs about what one batch did, however
+many batches it carries, and every id is still counted at most once: the check and the
+increments are one atomic step, ids repeated within a group are sent once (the later copies
+answer "duplicate"), and when a call fails every batch of the group hears StoreUnavailable and
+is retried by its own client under its own id. ``coalesce`` caps the batches per call; 1 sends
+every batch on its own.
 
 Durability is Redis's own:
 
@@ -28,6 +39,7 @@ Durability is Redis's own:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -49,6 +61,7 @@ from redis.retry import Retry
 from ..counts import Counts
 from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 from ._checks import check_write
+from ._coalesce import Coalescer, FlushObserver
 
 __all__ = ["RedisStore", "counts_key", "dedupe_key"]
 
@@ -91,9 +104,12 @@ class RedisStore(Store):
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
         max_connections: int | None = None,
+        coalesce: int = 64,
     ) -> None:
         if retries < 0 or wait_replicas < 0:
             raise ValueError("retries and wait_replicas cannot be negative.")
+        if coalesce < 1:
+            raise ValueError("coalesce must be at least 1 (1: every batch on its own).")
         if wait_replicas and not 1 <= wait_timeout_ms < socket_timeout * 1000:
             # WAIT 0 blocks forever; a WAIT longer than the socket timeout would time out the read.
             raise ValueError("wait_timeout_ms must be at least 1 and shorter than socket_timeout.")
@@ -111,6 +127,7 @@ class RedisStore(Store):
             retries,
             supported_errors=(redis.ConnectionError, redis.TimeoutError),
         )
+        packer = _packer()
         self._redis = redis.Redis.from_url(
             url,
             socket_timeout=socket_timeout,
@@ -118,41 +135,151 @@ class RedisStore(Store):
             retry=retry,
             max_connections=max_connections,
             decode_responses=False,
+            **({} if packer is None else {"command_packer": packer}),
         )
+        self._packed = packer is not None  # the increments go pre-encoded (see _Resp)
         # EVALSHA, loading the script again when Redis answers NOSCRIPT (restart, SCRIPT FLUSH).
         self._add_batch = self._redis.register_script(_ADD_BATCH)
+        self._coalescer: Coalescer[BatchWrite, bool] | None = (
+            Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None)
+        self._flush_observers: list[FlushObserver] = []
+        self._keys: dict[CountsKey, str] = {}  # counts_key() of recent targets
+
+    def observe_flushes(self, observer: FlushObserver) -> None:
+        """Call observer(batches, seconds, failed) after every script call that adds batches."""
+        self._flush_observers.append(observer)
+        if self._coalescer is not None:
+            self._coalescer.observe(observer)
 
     def add(self, write: BatchWrite) -> bool:
         """True when this call applied the batch. A retry after an attempt that was applied but
         not acknowledged answers False (already counted), as for any duplicate."""
         check_write(write)
-        keys = [dedupe_key(write.metric, write.batch_id), *(counts_key(key) for key, _ in write.targets)]
-        expiries = ("" if at is None else int(at) for _, at in write.targets)
-        args = [int(write.dedupe_ttl), *expiries, *_increments(write.counts)]
+        if self._coalescer is None:
+            return self._observed_group([write])[0]
+        group = (write.metric, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k)
+        return self._coalescer.submit(group, write)
+
+    def _observed_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
+        started = time.perf_counter()
+        failed = True
+        try:
+            results = self._write_group(writes)
+            failed = False
+            return results
+        finally:
+            for observer in self._flush_observers:
+                observer(len(writes), time.perf_counter() - started, failed)
+
+    def _write_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
+        """Apply batches of the same metric, targets, dedupe TTL and design; for each, True when
+        this call applied it, False when its id had been applied before (or earlier in writes)."""
+        first = writes[0]
+        targets = [self._counts_key(key) for key, _ in first.targets]
+        expiries = ["" if at is None else int(at) for _, at in first.targets]
+        pending: dict[bytes, BatchWrite] = {}
+        for write in writes:
+            pending.setdefault(write.batch_id, write)  # a repeated id goes once; its copies are duplicates
+        applied: set[bytes] = set()
+        while pending:
+            ids = list(pending)
+            if len(ids) == 1:
+                counts = pending[ids[0]].counts
+            else:
+                counts = Counts(first.counts.weights, sum(pending[i].counts.n for i in ids),
+                                sum(pending[i].counts.v for i in ids))
+            keys = [*(dedupe_key(first.metric, i) for i in ids), *targets]
+            increments = _increments_resp(counts) if self._packed else _increments(counts)
+            args = [len(ids), int(first.dedupe_ttl), *expiries]
+            if self._packed:
+                args.append(increments)
+            else:
+                args += increments
+            seen = self._run_script(keys, args, len(ids))
+            if not seen:
+                applied.update(ids)
+                break
+            for position in seen:
+                del pending[ids[int(position) - 1]]
+        results = []
+        for write in writes:
+            results.append(write.batch_id in applied)
+            applied.discard(write.batch_id)  # the later copies of a repeated id: duplicates
+        return results
+
+    def _run_script(self, keys: list[object], args: list[object], batches: int) -> list[int]:
+        """One add_batch.lua call (with WAIT when asked): the positions it found already applied."""
         with self._boundary("add"):
             if not self._wait_replicas:
-                return bool(self._add_batch(keys, args))
-            # WAIT counts the writes of its own connection: the script and WAIT share a pipeline.
-            pipe = self._redis.pipeline(transaction=False)
-            self._add_batch(keys, args, client=pipe)
-            pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
-            applied, acked = pipe.execute()
-        if acked < self._wait_replicas:
-            raise StoreUnavailable(
-                f"Redis at {self._where}: {acked} of {self._wait_replicas} replicas acknowledged the batch "
-                f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at most once"
-            )
-        return bool(applied)
+                answer = self._add_batch(keys, args)
+            else:
+                # WAIT counts the writes of its own connection: the script and WAIT share a pipeline.
+                pipe = self._redis.pipeline(transaction=False)
+                self._add_batch(keys, args, client=pipe)
+                pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+                answer, acked = pipe.execute()
+                if acked < self._wait_replicas:
+                    what = "the batch" if batches == 1 else f"a group of {batches} batches"
+                    raise StoreUnavailable(
+                        f"Redis at {self._where}: {acked} of {self._wait_replicas} replicas acknowledged {what} "
+                        f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at "
+                        "most once"
+                    )
+        return [] if answer == 0 else list(answer)
+
+    def _counts_key(self, key: CountsKey) -> str:
+        name = self._keys.get(key)
+        if name is None:
+            if len(self._keys) >= 4096:  # buckets turn over: forget the old ones now and then
+                self._keys.clear()
+            name = self._keys[key] = counts_key(key)
+        return name
 
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
-        name = counts_key(key)
+        return self.read_many([(key, weights, k)])[0]
+
+    def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
+        """read(key, weights, k) of each request, in one round trip (two when a hash holds
+        fields of another design, to name them).
+
+        A design with its field names cached (a q-subset design) is read with HMGET of exactly
+        its fields, and HLEN: half the reply of HGETALL, which also sends the names. When HLEN
+        says the hash has other fields too (or changed in between), HGETALL reads it again."""
+        pipe = self._redis.pipeline(transaction=False)
+        plans = []
+        for key, weights, k in requests:
+            weights = tuple(weights)
+            name = self._counts_key(key)
+            fields = _field_resp(weights, k) if self._packed else None
+            if fields is None:
+                pipe.hgetall(name)
+            else:
+                pipe.hlen(name)
+                pipe.execute_command("HMGET", name, fields)
+            plans.append((name, weights, k, fields is not None))
         with self._boundary("read"):
-            fields = self._redis.hgetall(name)
-        try:
-            return _counts_of(fields, tuple(weights), k)
-        except ValueError as error:
-            design = f"{len(weights)} weights, k = {k}"
-            raise StoreError(f"Redis hash {name} does not hold counts of this design ({design}): {error}") from None
+            found = iter(pipe.execute())
+        counts: list[Counts | None] = []
+        again = []
+        for i, (name, weights, k, by_field) in enumerate(plans):
+            if not by_field:
+                counts.append(_checked_counts(name, next(found), weights, k))
+                continue
+            size, values = next(found), next(found)
+            present = len(values) - values.count(None)
+            if size != (present + 1 if present else 0):  # "batches" besides the counts, or nothing
+                counts.append(None)
+                again.append(i)
+                continue
+            counts.append(_checked_counts(name, values, weights, k))
+        if again:
+            pipe = self._redis.pipeline(transaction=False)
+            for i in again:
+                pipe.hgetall(plans[i][0])
+            with self._boundary("read"):
+                for i, fields in zip(again, pipe.execute(), strict=True):
+                    counts[i] = _checked_counts(plans[i][0], fields, plans[i][1], plans[i][2])
+        return counts  # type: ignore[return-value]
 
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         pipe = self._redis.pipeline(transaction=False)
@@ -188,16 +315,157 @@ class RedisStore(Store):
 
 def _increments(counts: Counts) -> list[object]:
     """Field, increment pairs of the non-zero counts: n:<t> and v:<t>:<j>, t a report weight."""
-    weights = np.asarray(counts.weights, dtype=np.int64)
-    (ns,) = np.nonzero(counts.n)
-    rows, cols = np.nonzero(counts.v)
-    fields = [f"n:{t}" for t in weights[ns].tolist()]
-    fields += [f"v:{t}:{j}" for t, j in zip(weights[rows].tolist(), cols.tolist(), strict=True)]
-    values = counts.n[ns].tolist() + counts.v[rows, cols].tolist()  # Python ints: redis-py encodes no numpy
+    names = _field_names(counts.weights, counts.k)
+    if names is None:
+        weights = np.asarray(counts.weights, dtype=np.int64)
+        (ns,) = np.nonzero(counts.n)
+        rows, cols = np.nonzero(counts.v)
+        fields = [f"n:{t}" for t in weights[ns].tolist()]
+        fields += [f"v:{t}:{j}" for t, j in zip(weights[rows].tolist(), cols.tolist(), strict=True)]
+        values = counts.n[ns].tolist() + counts.v[rows, cols].tolist()  # Python ints: redis-py encodes no numpy
+    else:
+        flat = np.concatenate([counts.n, counts.v.ravel()])
+        (present,) = np.nonzero(flat)
+        fields = names[present].tolist()
+        values = flat[present].tolist()
     pairs: list[object] = [None] * (2 * len(fields))
     pairs[0::2] = fields
     pairs[1::2] = values
     return pairs
+
+
+class _Resp:
+    """Command arguments already encoded in RESP: how many, and their bytes. _Packer splices
+    them in as they are. A script call carries some 2000 field and increment arguments at
+    k = 1024, which redis-py and hiredis encode one Python object at a time (about 0.5 ms);
+    from cached pieces the same bytes take a join."""
+
+    __slots__ = ("count", "data")
+
+    def __init__(self, count: int, data: bytes) -> None:
+        self.count = count
+        self.data = data
+
+
+class _Packer:
+    """redis-py's own command packer, except for a command whose last argument is a _Resp:
+    that one is written here, the _Resp's bytes spliced in after the other arguments."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def pack(self, *args: object) -> list[bytes]:
+        if not args or not isinstance(args[-1], _Resp):
+            return self._inner.pack(*args)
+        tail = args[-1]
+        head = b"".join(_bulk(arg) for arg in args[:-1])
+        return [b"*%d\r\n" % (len(args) - 1 + tail.count) + head + tail.data]
+
+
+def _bulk(arg: object) -> bytes:
+    if isinstance(arg, str):
+        arg = arg.encode()
+    elif isinstance(arg, int):
+        arg = b"%d" % arg
+    elif not isinstance(arg, bytes):
+        raise TypeError(f"cannot encode {type(arg).__name__} for Redis")
+    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+
+
+def _packer() -> _Packer | None:
+    """The packer redis-py would use, wrapped; None where this redis-py lacks what it needs
+    (the increments then go as plain arguments)."""
+    try:
+        from redis._parsers import Encoder
+        from redis.connection import HiredisRespSerializer, PythonRespSerializer
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError:
+        return None
+    if HIREDIS_AVAILABLE:
+        return _Packer(HiredisRespSerializer())
+    return _Packer(PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode))
+
+
+_SMALL = 1 << 14
+_SMALL_VALUES = np.empty(_SMALL, object)  # b"$<digits>\r\n<v>\r\n" for v < _SMALL
+_SMALL_VALUES[:] = [_bulk(v) for v in range(_SMALL)]
+_FIELD_PIECES: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+
+
+def _increments_resp(counts: Counts) -> _Resp:
+    """_increments(counts), RESP-encoded."""
+    names = _field_names(counts.weights, counts.k)
+    if names is None:
+        pairs = _increments(counts)
+        return _Resp(len(pairs), b"".join(_bulk(arg) for arg in pairs))
+    pieces = _FIELD_PIECES.get((counts.weights, counts.k))
+    if pieces is None:
+        pieces = np.empty(len(names), object)
+        pieces[:] = [_bulk(name) for name in names.tolist()]
+        if len(_FIELD_PIECES) >= 64:
+            _FIELD_PIECES.clear()
+        _FIELD_PIECES[counts.weights, counts.k] = pieces
+    flat = np.concatenate([counts.n, counts.v.ravel()])
+    (present,) = np.nonzero(flat)
+    values = flat[present]
+    out = np.empty(2 * present.size, object)
+    out[0::2] = pieces[present]
+    if values.size and values.max() < _SMALL:
+        out[1::2] = _SMALL_VALUES[values]
+    else:
+        out[1::2] = [_bulk(v) for v in values.tolist()]
+    return _Resp(out.size, b"".join(out.tolist()))
+
+
+_FIELD_RESPS: dict[tuple[tuple[int, ...], int], _Resp] = {}
+
+
+def _field_resp(weights: tuple[int, ...], k: int) -> _Resp | None:
+    """Every field name of the design, RESP-encoded (HMGET's arguments); None as for _field_names."""
+    resp = _FIELD_RESPS.get((weights, k))
+    if resp is None:
+        names = _field_names(weights, k)
+        if names is None:
+            return None
+        resp = _Resp(len(names), b"".join(_bulk(name) for name in names.tolist()))
+        if len(_FIELD_RESPS) >= 64:
+            _FIELD_RESPS.clear()
+        _FIELD_RESPS[weights, k] = resp
+    return resp
+
+
+_NAMED_FIELDS = 1 << 16  # designs with at most this many counters have their field names cached
+_FIELD_NAMES: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+
+
+def _field_names(weights: tuple[int, ...], k: int) -> np.ndarray | None:
+    """The field names (bytes, in an object array) of n, then of V row by row, of a design
+    with few enough counters (a q-subset design has k + 1); None for larger ones (RAPPOR)."""
+    if len(weights) * (k + 1) > _NAMED_FIELDS:
+        return None
+    names = _FIELD_NAMES.get((weights, k))
+    if names is None:
+        listed = [f"n:{t}".encode() for t in weights] + [f"v:{t}:{j}".encode() for t in weights for j in range(k)]
+        names = np.empty(len(listed), object)
+        names[:] = listed
+        if len(_FIELD_NAMES) >= 64:
+            _FIELD_NAMES.clear()
+        _FIELD_NAMES[weights, k] = names
+    return names
+
+
+def _checked_counts(name: str, found: dict[bytes, bytes] | list[bytes | None], weights: tuple[int, ...],
+                    k: int) -> Counts:
+    """Counts from HGETALL's fields (a dict) or HMGET's values of _field_names (a list);
+    StoreError when the hash does not hold counts of this design."""
+    try:
+        if isinstance(found, dict):
+            return _counts_of(found, weights, k)
+        flat = np.array([b"0" if value is None else value for value in found]).astype(np.int64)
+        return Counts(weights, flat[: len(weights)], flat[len(weights):].reshape(len(weights), k))
+    except ValueError as error:
+        design = f"{len(weights)} weights, k = {k}"
+        raise StoreError(f"Redis hash {name} does not hold counts of this design ({design}): {error}") from None
 
 
 def _counts_of(fields: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> Counts:
@@ -206,6 +474,18 @@ def _counts_of(fields: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> 
     fields.pop(b"batches", None)
     if not fields:
         return counts
+    positions = _field_positions(weights, k)
+    if positions is not None:
+        try:
+            where = [positions[name] for name in fields]
+        except KeyError:
+            pass  # a field of another design: the general parser below names it
+        else:
+            flat = np.zeros(len(weights) * (k + 1), np.int64)
+            flat[where] = np.array(list(fields.values())).astype(np.int64)
+            counts.n[:] = flat[: len(weights)]
+            counts.v[:] = flat[len(weights):].reshape(len(weights), k)
+            return counts
     names = np.array(list(fields))
     values = np.array(list(fields.values())).astype(np.int64)
     kinds = names.astype("S1")
@@ -220,6 +500,23 @@ def _counts_of(fields: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> 
         raise ValueError("a category index out of range")
     counts.v[_rows(t, row_of), j] = values[is_v]
     return counts
+
+
+_FIELD_POSITIONS: dict[tuple[tuple[int, ...], int], dict[bytes, int]] = {}
+
+
+def _field_positions(weights: tuple[int, ...], k: int) -> dict[bytes, int] | None:
+    """Field name -> its position in _field_names(weights, k), for designs that have those."""
+    positions = _FIELD_POSITIONS.get((weights, k))
+    if positions is None:
+        names = _field_names(weights, k)
+        if names is None:
+            return None
+        positions = {name: i for i, name in enumerate(names.tolist())}
+        if len(_FIELD_POSITIONS) >= 64:
+            _FIELD_POSITIONS.clear()
+        _FIELD_POSITIONS[weights, k] = positions
+    return positions
 
 
 def _numbers(names: np.ndarray, width: int) -> np.ndarray:

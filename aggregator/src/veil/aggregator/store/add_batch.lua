@@ -1,29 +1,51 @@
--- Add one batch's counts to every target hash, once per batch id, atomically.
+-- Add a group of batches' summed counts to every target hash, once per batch id, atomically:
+-- either every id of the group is new, and then all of them are remembered and the counts
+-- added, or nothing is added at all.
 --
--- KEYS[1]     the batch id's dedupe key; KEYS[2..] the target hashes (all in the metric's slot).
--- ARGV[1]     seconds to remember the batch id.
--- ARGV[i]     for i = 2..#KEYS: the Unix time after which KEYS[i] may go, or "" to keep it.
--- ARGV[#KEYS+1..]  field, increment pairs, the same for every target.
--- Returns 1 when the batch was applied now, 0 when its id had already been applied.
+-- KEYS[1..g]  the batch ids' dedupe keys (g = ARGV[1]); KEYS[g+1..] the target hashes (all in
+--             the metric's slot).
+-- ARGV[1]     g, the number of batch ids.
+-- ARGV[2]     seconds to remember a batch id.
+-- ARGV[3..]   for each target hash, in order: the Unix time after which it may go, or "" to
+--             keep it.
+-- then        field, increment pairs: the sum of the g batches' counts, the same for every
+--             target.
+-- Returns 0 when the group was applied now (every target's "batches" grows by g); otherwise
+-- the (1-based) positions of the ids that had already been applied, and nothing was added:
+-- the caller leaves those out and sends the rest again, with their counts summed again.
 --
--- The dedupe SET is the first write: if Redis refuses it (OOM, read-only replica) nothing
--- else happens, and once it succeeds the increments follow in the same atomic step. Redis does
--- not roll a script back when a command fails halfway; past the SET only data that is not ours
--- (a key of another type, a field that is not an integer) or an int64 overflow could fail one.
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  -- Rewrite the id's expiry unchanged: this is a write, so a WAIT after a duplicate also waits
-  -- until the replicas have reached the attempt that applied the batch.
-  redis.call('PEXPIREAT', KEYS[1], redis.call('PEXPIRETIME', KEYS[1]))
-  return 0
+-- Every id is checked before anything is written, and the dedupe SETs are the first writes:
+-- if Redis refuses the first one (OOM, read-only replica) nothing else happens, and once it
+-- succeeds the rest follow in the same atomic step. Redis does not roll a script back when a
+-- command fails halfway; past the first SET only data that is not ours (a key of another type,
+-- a field that is not an integer) or an int64 overflow could fail one.
+local g = tonumber(ARGV[1])
+local seen = {}
+for i = 1, g do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    seen[#seen + 1] = i
+  end
 end
-local first = #KEYS + 1
-for i = 2, #KEYS do
-  local key, expires_at = KEYS[i], ARGV[i]
+if #seen > 0 then
+  -- Rewrite each such id's expiry unchanged: this is a write, so a WAIT after a duplicate also
+  -- waits until the replicas have reached the attempt that applied the batch.
+  for _, i in ipairs(seen) do
+    redis.call('PEXPIREAT', KEYS[i], redis.call('PEXPIRETIME', KEYS[i]))
+  end
+  return seen
+end
+for i = 1, g do
+  redis.call('SET', KEYS[i], '1', 'EX', ARGV[2])
+end
+local targets = #KEYS - g
+local first = 3 + targets
+for t = 1, targets do
+  local key, expires_at = KEYS[g + t], ARGV[2 + t]
   local fresh = redis.call('EXISTS', key) == 0
   for a = first, #ARGV, 2 do
     redis.call('HINCRBY', key, ARGV[a], ARGV[a + 1])
   end
-  redis.call('HINCRBY', key, 'batches', 1)
+  redis.call('HINCRBY', key, 'batches', g)
   if expires_at ~= '' then
     -- A new hash takes the expiry; an existing one only ever keeps the later one (GT), and a
     -- hash without expiry (a total window) keeps none.
@@ -34,4 +56,4 @@ for i = 2, #KEYS do
     end
   end
 end
-return 1
+return 0

@@ -1,0 +1,144 @@
+"""Group commit for store writes: concurrent batches bound for the same place go out together.
+
+Callers (gRPC handler threads) submit their batch and block until it is written. The first
+caller to find its group idle becomes the group's leader: it takes every batch queued for the
+group so far (itself first, at most ``max_batches``) and writes them in one call of ``flush``,
+while batches arriving meanwhile queue up behind. When the leader is done it hands the
+leadership to the oldest queued caller, which writes the next group. So there is no timer and
+no thread of its own: an idle store writes a lone batch at once, and a busy one writes as many
+batches per call as arrived during the previous call. Memory is bounded by the callers: each
+queued entry is a caller blocked in ``submit``.
+
+``flush(writes)`` returns one result per write, in order, or raises; when it raises, every
+caller in that group gets the exception (the store cannot tell which were applied; each
+caller retries its own batch with the same id, and the store counts an id at most once).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ["Coalescer", "FlushObserver"]
+
+W = TypeVar("W")
+R = TypeVar("R")
+
+# Called after every flush with (batches written, seconds it took, whether it raised).
+FlushObserver = Callable[[int, float, bool], None]
+
+
+class _Entry(Generic[W, R]):
+    __slots__ = ("write", "result", "error", "lead", "ready")
+
+    def __init__(self, write: W) -> None:
+        self.write = write
+        self.result: R | None = None
+        self.error: BaseException | None = None
+        self.lead = False  # set when this entry's caller is to write the next group
+        self.ready = threading.Event()  # a result (or error), or the leadership
+
+
+class Coalescer(Generic[W, R]):
+    """Writes submitted batches in groups; see the module docstring."""
+
+    def __init__(self, flush: Callable[[Sequence[W]], Sequence[R]], *, max_batches: int = 64) -> None:
+        if max_batches < 1:
+            raise ValueError("max_batches must be at least 1.")
+        self._flush = flush
+        self._max = max_batches
+        self._lock = threading.Lock()
+        self._queues: dict[Hashable, deque[_Entry[W, R]]] = {}  # a group is busy while it has a queue
+        self._observers: list[FlushObserver] = []
+
+    def observe(self, observer: FlushObserver) -> None:
+        """Call observer(batches, seconds, failed) after every flush."""
+        self._observers.append(observer)
+
+    def submit(self, group: Hashable, write: W) -> R:
+        """Write ``write`` with others of the same group; its result, or the flush's exception."""
+        entry: _Entry[W, R] = _Entry(write)
+        with self._lock:
+            queue = self._queues.get(group)
+            if queue is None:
+                queue = self._queues[group] = deque()
+                entry.lead = True
+            queue.append(entry)
+        if not entry.lead:
+            entry.ready.wait()
+        if entry.lead:
+            self._lead(group, queue, entry)
+        error, entry.error = entry.error, None
+        if error is None:
+            return entry.result  # type: ignore[return-value]
+        # No reference cycles through the exception (entry -> error -> traceback -> a frame
+        # holding entry or error): refused batches must be freed as soon as they are answered,
+        # without waiting for the cyclic garbage collector. So entries let go of the error, and
+        # this frame of its local before the exception leaves it.
+        try:
+            if entry.lead:
+                raise error
+            # Each other caller raises its own copy: one exception object raised in several
+            # threads at once would have its traceback rewritten under the others' feet.
+            fresh = _copy(error)
+            try:
+                if fresh is error:
+                    raise fresh
+                raise fresh from error
+            finally:
+                fresh = None
+        finally:
+            error = entry = None
+
+    def _lead(self, group: Hashable, queue: deque[_Entry[W, R]], entry: _Entry[W, R]) -> None:
+        """Write the oldest queued batches (entry's among them: it is the oldest), then pass the
+        leadership on, or retire the group when nobody is waiting."""
+        try:
+            with self._lock:
+                taken = [queue.popleft() for _ in range(min(self._max, len(queue)))]
+            assert taken[0] is entry
+            self._write(taken)
+        finally:
+            with self._lock:
+                if queue:
+                    following = queue[0]
+                    following.lead = True
+                    following.ready.set()
+                else:
+                    del self._queues[group]
+
+    def _write(self, taken: list[_Entry[W, R]]) -> None:
+        started = time.perf_counter()
+        failed = False
+        try:
+            results = self._flush([e.write for e in taken])
+            if len(results) != len(taken):
+                raise RuntimeError(f"flush returned {len(results)} results for {len(taken)} writes")
+            for e, result in zip(taken, results):
+                e.result = result
+        except BaseException as error:  # noqa: BLE001 (handed to every caller, re-raised there)
+            failed = True
+            for e in taken:
+                e.error = error
+        finally:
+            for e in taken:
+                if not e.lead:
+                    e.ready.set()
+            e = None  # this frame is in the error's traceback: hold no entry
+            seconds = time.perf_counter() - started
+            for observer in self._observers:
+                try:
+                    observer(len(taken), seconds, failed)
+                except Exception:  # noqa: BLE001 (a metric must never fail a write)
+                    pass
+
+
+def _copy(error: BaseException) -> BaseException:
+    try:
+        return copy.copy(error)
+    except Exception:  # noqa: BLE001 (an exception that cannot be copied is raised as it is)
+        return error

@@ -1,0 +1,532 @@
+"""Group commit: the Coalescer on its own, and RedisStore writing groups of batches in one
+script call, exactly once per batch id (repeated ids inside a group, ids applied before,
+concurrent duplicates, Redis failing or stalling under a group)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import pytest
+import redis
+from store_cases import batch, doubled, key, random_counts
+
+from veil.aggregator.counts import Counts
+from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable
+from veil.aggregator.store._coalesce import Coalescer
+from veil.aggregator.store._redis import _ADD_BATCH, counts_key, dedupe_key
+
+FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+WAIT = 10  # seconds any thread of a test may take
+
+
+def run_threads(targets: Sequence[Callable[[], object]]) -> list[object]:
+    """Run each callable in its own thread; its result, or the exception it raised."""
+    results: list[object] = [None] * len(targets)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = targets[i]()
+        except BaseException as error:  # noqa: BLE001
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    return results
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+class Gate:
+    """A flush function that records its groups and, while closed, holds the first call until
+    opened (so that the callers arriving meanwhile queue up behind it)."""
+
+    def __init__(self, answer: Callable[[Sequence[object]], Sequence[object]] = lambda ws: [w for w in ws]) -> None:
+        self.groups: list[list[object]] = []
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self.answer = answer
+        self._lock = threading.Lock()
+
+    def __call__(self, writes: Sequence[object]) -> Sequence[object]:
+        with self._lock:
+            self.groups.append(list(writes))
+        self.entered.set()
+        assert self.opened.wait(WAIT)
+        return self.answer(writes)
+
+
+# --- the Coalescer on its own -------------------------------------------------------------
+
+
+def test_a_lone_write_is_flushed_at_once_by_its_own_caller():
+    gate = Gate()
+    gate.opened.set()
+    coalescer = Coalescer(gate)
+    seen: list[tuple[int, float, bool]] = []
+    coalescer.observe(lambda *args: seen.append(args))
+    assert coalescer.submit("g", "w1") == "w1"
+    assert coalescer.submit("g", "w2") == "w2"
+    assert gate.groups == [["w1"], ["w2"]]
+    assert [(batches, failed) for batches, _, failed in seen] == [(1, False), (1, False)]
+
+
+def test_writes_arriving_during_a_flush_go_out_together_in_order():
+    gate = Gate()
+    coalescer = Coalescer(gate, max_batches=64)
+    first = threading.Thread(target=coalescer.submit, args=("g", "first"))
+    first.start()
+    assert gate.entered.wait(WAIT)
+    queued = [f"w{i}" for i in range(20)]
+
+    def submit(write: str) -> Callable[[], object]:
+        return lambda: coalescer.submit("g", write)
+
+    threads = [threading.Thread(target=submit(w)) for w in queued]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(coalescer._queues["g"]) == len(queued))  # noqa: SLF001 (the first was taken)
+    gate.opened.set()
+    first.join(WAIT)
+    for thread in threads:
+        thread.join(WAIT)
+    assert gate.groups[0] == ["first"]
+    assert len(gate.groups) == 2 and sorted(gate.groups[1]) == sorted(queued)
+    assert not coalescer._queues  # noqa: SLF001 (the group retired)
+
+
+def test_every_caller_gets_its_own_result_and_groups_are_capped():
+    gate = Gate(answer=lambda ws: [f"done {w}" for w in ws])
+    coalescer = Coalescer(gate, max_batches=4)
+    holder = threading.Thread(target=coalescer.submit, args=("g", "hold"))
+    holder.start()
+    assert gate.entered.wait(WAIT)
+    writes = [f"w{i}" for i in range(10)]
+    results: dict[str, object] = {}
+
+    def submit(write: str) -> None:
+        results[write] = coalescer.submit("g", write)
+
+    threads = [threading.Thread(target=submit, args=(w,)) for w in writes]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(coalescer._queues["g"]) == 10)  # noqa: SLF001
+    gate.opened.set()
+    for thread in [holder, *threads]:
+        thread.join(WAIT)
+    assert results == {w: f"done {w}" for w in writes}
+    assert [len(g) for g in gate.groups] == [1, 4, 4, 2]
+
+
+def test_a_failed_flush_fails_every_caller_of_its_group_and_the_next_group_still_goes():
+    class Down(StoreUnavailable):
+        pass
+
+    calls = []
+
+    def flush(writes):
+        calls.append(list(writes))
+        if len(calls) == 2:
+            raise Down("redis went away")
+        time.sleep(0.05 if len(calls) == 1 else 0)
+        return list(writes)
+
+    coalescer = Coalescer(flush)
+    seen: list[bool] = []
+    coalescer.observe(lambda batches, seconds, failed: seen.append(failed))
+    holder = threading.Thread(target=coalescer.submit, args=("g", "hold"))
+    holder.start()
+    wait_until(lambda: calls)
+    results = run_threads([lambda w=w: coalescer.submit("g", w) for w in ("a", "b", "c")])
+    holder.join(WAIT)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    # The three arrived during the first flush, so all three were the failed second group.
+    assert len(calls) == 2 and sorted(calls[1]) == ["a", "b", "c"]
+    assert len(failures) == 3 and all(isinstance(f, Down) and str(f) == "redis went away" for f in failures)
+    assert len({id(f) for f in failures}) == 3  # each caller raises its own copy
+    assert seen == [False, True]
+    assert coalescer.submit("g", "later") == "later"  # the group is usable again
+
+
+def test_groups_do_not_wait_for_each_other():
+    gate = Gate()
+    other = []
+    coalescer = Coalescer(lambda ws: gate(ws) if ws[0] == "slow" else other.extend(ws) or list(ws))
+    slow = threading.Thread(target=coalescer.submit, args=("a", "slow"))
+    slow.start()
+    assert gate.entered.wait(WAIT)
+    assert coalescer.submit("b", "fast") == "fast"  # while group "a" is still held
+    gate.opened.set()
+    slow.join(WAIT)
+    assert other == ["fast"]
+
+
+def test_max_batches_must_be_positive():
+    with pytest.raises(ValueError):
+        Coalescer(lambda ws: ws, max_batches=0)
+
+
+# --- RedisStore: groups in one script call -------------------------------------------------
+
+
+@pytest.fixture
+def stores(redis_server):
+    made: list[RedisStore] = []
+
+    def make(**options: object) -> RedisStore:
+        made.append(RedisStore(redis_server.url, **{**FAST, **options}))
+        return made[-1]
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture
+def raw(redis_server):
+    with redis.Redis.from_url(redis_server.url) as client:
+        yield client
+
+
+def hold_first_script_call(store: RedisStore) -> tuple[threading.Event, threading.Event, list[int]]:
+    """Make the store's first script call wait until `release` is set (`entered` says it is
+    waiting); records how many batch ids every call carries."""
+    entered, release, sizes = threading.Event(), threading.Event(), []
+    script = store._add_batch  # noqa: SLF001
+
+    def held(keys, args, client=None):
+        sizes.append(int(args[0]))
+        if len(sizes) == 1:
+            entered.set()
+            assert release.wait(WAIT)
+        return script(keys, args, client=client) if client is not None else script(keys, args)
+
+    store._add_batch = held  # noqa: SLF001
+    return entered, release, sizes
+
+
+def add_concurrently(store: RedisStore, writes, *, hold: bool = True) -> tuple[list[object], list[int]]:
+    """One write goes first and is held in its script call until all the others are queued
+    behind it; then they go. Returns each write's outcome and the ids per script call."""
+    entered, release, sizes = hold_first_script_call(store)
+    first = threading.Thread(target=store.add, args=(writes[0],))
+    first.start()
+    assert entered.wait(WAIT)
+    outcomes: list[object] = [None] * len(writes)
+
+    def add(i: int) -> None:
+        try:
+            outcomes[i] = store.add(writes[i])
+        except BaseException as error:  # noqa: BLE001
+            outcomes[i] = error
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(1, len(writes))]
+    for thread in threads:
+        thread.start()
+    coalescer = store._coalescer  # noqa: SLF001
+    wait_until(lambda: sum(len(q) for q in coalescer._queues.values()) == len(writes) - 1)  # noqa: SLF001
+    release.set()
+    first.join(WAIT)
+    for thread in threads:
+        thread.join(WAIT)
+    outcomes[0] = True  # the first write's own outcome is checked by the caller through the counts
+    return outcomes, sizes
+
+
+def test_concurrent_batches_go_in_one_script_call_and_count_exactly(stores, rng):
+    store = stores()
+    hour = (key(window="1h", bucket=3600), int(time.time()) + 3600)
+    writes = [batch(random_counts((2,), 40, rng), key(), hour) for _ in range(30)]
+    flushes: list[tuple[int, bool]] = []
+    store.observe_flushes(lambda batches, seconds, failed: flushes.append((batches, failed)))
+    outcomes, sizes = add_concurrently(store, writes)
+    assert outcomes == [True] * 30
+    assert sizes == [1, 29]  # the held one, then everyone who queued behind it
+    assert flushes == [(1, False), (29, False)]
+    total = Counts((2,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    assert store.read(key(), (2,), 40) == total
+    assert store.read(hour[0], (2,), 40) == total
+    assert store.versions([key(), hour[0]]) == [30, 30]
+    assert all(store.add(w) is False for w in writes)  # every id was remembered
+
+
+def test_a_repeated_id_in_a_group_and_an_id_applied_before_count_once(stores, rng, raw):
+    store = stores()
+    done_before = batch(random_counts((1,), 8, rng), key())
+    assert store.add(done_before)
+    fresh = [batch(random_counts((1,), 8, rng), key()) for _ in range(4)]
+    repeat = batch(doubled(fresh[1].counts, 3), key(), batch_id=fresh[1].batch_id)  # same id, other counts
+    again = batch(doubled(done_before.counts), key(), batch_id=done_before.batch_id)
+    writes = [batch(random_counts((1,), 8, rng), key()), fresh[0], fresh[1], repeat, again, fresh[2], fresh[3]]
+    outcomes, sizes = add_concurrently(store, writes)
+    assert outcomes == [True, True, True, False, False, True, True]
+    # The group: its first call named the id applied before and added nothing; the second call
+    # added the rest. The repeated id was sent once.
+    assert sizes == [1, 5, 4]
+    counted = [done_before, writes[0], *fresh]
+    total = Counts((1,), sum(w.counts.n for w in counted), sum(w.counts.v for w in counted))
+    assert store.read(key(), (1,), 8) == total
+    assert store.versions([key()]) == [len(counted)]
+    assert raw.exists(dedupe_key("m", done_before.batch_id)) == 1
+
+
+def test_the_same_batch_from_many_callers_at_once_counts_once(stores, rng):
+    store = stores()
+    write = batch(random_counts((3,), 16, rng), key(), key(window="1h", bucket=3600))
+    results = run_threads([lambda: store.add(write)] * 16)
+    assert sorted(results) == [False] * 15 + [True]
+    assert store.read(key(), (3,), 16) == write.counts
+    assert store.versions([key(), key(window="1h", bucket=3600)]) == [1, 1]
+
+
+def test_many_callers_many_batches_count_exactly(stores, rng):
+    store = stores()
+    flushes: list[int] = []
+    store.observe_flushes(lambda batches, seconds, failed: flushes.append(batches))
+    writes = [batch(random_counts((5,), 64, rng), key()) for _ in range(200)]
+    # Every batch sent twice, by different threads, some at the same time.
+    order = writes + writes[::-1]
+    results = run_threads([lambda w=w: store.add(w) for w in order])
+    assert sum(r is True for r in results) == 200 and sum(r is False for r in results) == 200
+    total = Counts((5,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    assert store.read(key(), (5,), 64) == total
+    assert store.versions([key()]) == [200]
+    assert sum(flushes) >= 200  # every script call that added batches was observed
+
+
+def test_redis_down_under_a_group_fails_every_caller_and_retries_count_once(redis_server, stores, rng):
+    store = stores()
+    writes = [batch(random_counts((1,), 6, rng), key()) for _ in range(8)]
+    entered, release, sizes = hold_first_script_call(store)
+    outcomes: list[object] = [None] * len(writes)
+
+    def add(i: int) -> None:
+        try:
+            outcomes[i] = store.add(writes[i])
+        except BaseException as error:  # noqa: BLE001
+            outcomes[i] = error
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(len(writes))]
+    threads[0].start()
+    assert entered.wait(WAIT)  # writes[0] is in its script call; the other seven queue behind it
+    for thread in threads[1:]:
+        thread.start()
+    wait_until(lambda: sum(len(q) for q in store._coalescer._queues.values()) == 7)  # noqa: SLF001
+    redis_server.stop()
+    release.set()
+    for thread in threads:
+        thread.join(WAIT)
+    assert sizes == [1, 7]  # one call for the seven, and it failed
+    assert all(isinstance(o, StoreUnavailable) for o in outcomes), outcomes
+    assert "\n" not in str(outcomes[1])
+    redis_server.start()  # no persistence: nothing was kept (nothing was applied anyway)
+    assert run_threads([lambda w=w: store.add(w) for w in writes]) == [True] * 8
+    assert run_threads([lambda w=w: store.add(w) for w in writes]) == [False] * 8
+    total = Counts((1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    assert store.read(key(), (1,), 6) == total
+    assert store.versions([key()]) == [8]
+
+
+def test_a_group_applied_but_not_acknowledged_counts_once_on_retry(redis_server, stores, rng):
+    """Redis stalls under a group's script call: every caller times out (UNAVAILABLE), Redis
+    then runs the call; each caller's retry finds its id applied and answers duplicate."""
+    store = stores(socket_timeout=0.25, socket_connect_timeout=0.25, retries=0)
+    assert store.add(batch(random_counts((1,), 4, rng), key(window="warm-up")))  # the script is loaded
+    writes = [batch(random_counts((1,), 4, rng), key()) for _ in range(6)]
+    entered, release, sizes = hold_first_script_call(store)
+    stall = threading.Thread(target=redis_server.command, args=("DEBUG", "SLEEP", "1.5"), kwargs={"timeout": 10})
+    holder = threading.Thread(target=lambda: pytest.raises(StoreUnavailable, store.add, writes[0]))
+    holder.start()
+    assert entered.wait(WAIT)
+    outcomes: list[object] = [None] * 6
+
+    def add(i: int) -> None:
+        try:
+            outcomes[i] = store.add(writes[i])
+        except BaseException as error:  # noqa: BLE001
+            outcomes[i] = error
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(1, 6)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: sum(len(q) for q in store._coalescer._queues.values()) == 5)  # noqa: SLF001
+    stall.start()
+    while True:  # until DEBUG SLEEP has the server
+        try:
+            redis_server.command("PING", timeout=0.05)
+            time.sleep(0.01)
+        except TimeoutError:
+            break
+    release.set()  # the held call (writes[0]) and then the group of the other five time out
+    holder.join(WAIT)
+    for thread in threads:
+        thread.join(WAIT)
+    stall.join()
+    assert all(isinstance(o, StoreUnavailable) for o in outcomes[1:]), outcomes
+    # Redis woke up and ran what had reached it before the clients gave up (the group, unless
+    # its connection was already closed): each client retries until it hears an answer, as
+    # the SDK does, and every batch ends up counted exactly once.
+
+    def until_answered(write) -> bool:
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                return store.add(write)
+            except StoreUnavailable:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+    answers = run_threads([lambda w=w: until_answered(w) for w in writes])
+    assert all(a in (True, False) for a in answers), answers
+    total = Counts((1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    assert store.read(key(), (1,), 4) == total
+    assert store.versions([key()]) == [6]
+    assert run_threads([lambda w=w: store.add(w) for w in writes]) == [False] * 6
+
+
+def test_wait_without_replicas_fails_a_group_that_counts_once(stores, rng):
+    store = stores(wait_replicas=1, wait_timeout_ms=50)
+    writes = [batch(random_counts((1,), 3, rng), key()) for _ in range(5)]
+    for _ in range(2):
+        outcomes = run_threads([lambda w=w: store.add(w) for w in writes])
+        assert all(isinstance(o, StoreUnavailable) and "replicas acknowledged" in str(o) for o in outcomes)
+    total = Counts((1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    assert store.read(key(), (1,), 3) == total
+    assert store.versions([key()]) == [5]
+
+
+def test_batches_for_other_buckets_or_designs_never_share_a_call(stores, rng):
+    store = stores()
+    hour = key(window="1h", bucket=3600)
+    writes = [batch(random_counts((1,), 4, rng), key()), batch(random_counts((1,), 4, rng), hour),
+              batch(random_counts((1,), 4, rng), key(), hour), batch(random_counts((2,), 4, rng), key(window="1d")),
+              batch(random_counts((1,), 4, rng), key(), ttl=60)]
+    assert run_threads([lambda w=w: store.add(w) for w in writes]) == [True] * 5
+    assert store.versions([key(), hour, key(window="1d")]) == [3, 2, 1]
+    assert store.read(key(window="1d"), (2,), 4) == writes[3].counts
+
+
+def test_coalesce_1_sends_every_batch_alone(stores, rng):
+    store = stores(coalesce=1)
+    sizes: list[int] = []
+    store.observe_flushes(lambda batches, seconds, failed: sizes.append(batches))
+    writes = [batch(random_counts((1,), 4, rng), key()) for _ in range(12)]
+    assert run_threads([lambda w=w: store.add(w) for w in writes]) == [True] * 12
+    assert sizes == [1] * 12
+    with pytest.raises(ValueError):
+        stores(coalesce=0)
+
+
+def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
+    """add_batch.lua itself: ids checked first, all or nothing, the applied ones named."""
+    script = raw.register_script(_ADD_BATCH)
+    target = counts_key(key())
+    ids = [dedupe_key("m", os.urandom(16)) for _ in range(3)]
+    assert script([ids[1], target], [1, 60, "", "n:1", 4, "v:1:0", 3]) == 0
+    before = raw.hgetall(target)
+    assert script([*ids, target], [3, 60, "", "n:1", 9, "v:1:0", 9]) == [2]
+    assert raw.hgetall(target) == before == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1"}
+    assert raw.exists(ids[0], ids[2]) == 0
+    assert script([ids[0], ids[2], target], [2, 60, "", "n:1", 9, "v:1:0", 9]) == 0
+    assert raw.hgetall(target) == {b"n:1": b"13", b"v:1:0": b"12", b"batches": b"3"}
+    assert all(55 <= raw.ttl(i) <= 60 for i in ids)
+
+
+def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):
+    store = stores()
+    raw.set(counts_key(key()), "not a hash")
+    outcomes = run_threads([lambda: store.add(batch(random_counts((1,), 3, rng), key())) for _ in range(4)])
+    assert all(isinstance(o, StoreError) and not isinstance(o, StoreUnavailable) for o in outcomes)
+
+
+# --- the increments, pre-encoded --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("weights", "k", "rows", "scale"), [((3,), 16, None, 1), ((275,), 1024, None, 1),
+                                                             ((275,), 1024, None, 10**6), (range(65), 64, 5, 1),
+                                                             (range(1025), 1024, 3, 7)])
+def test_pre_encoded_increments_are_the_bytes_redis_py_sends(rng, weights, k, rows, scale):
+    from redis.connection import PythonRespSerializer
+
+    from veil.aggregator.store._redis import _increments, _increments_resp, _packer
+
+    counts = random_counts(weights, k, rng, rows)
+    counts = Counts(counts.weights, counts.n * scale, counts.v * scale)  # values past the cached ones too
+    head = ("EVALSHA", "ab" * 20, 4, "veil:{m}:b:00", b"veil:{m}:c:x", 3, 60, "", 1712345678)
+    plain = PythonRespSerializer(6000, lambda x: x if isinstance(x, bytes) else str(x).encode()).pack(
+        *head, *_increments(counts))
+    packer = _packer()
+    assert packer is not None
+    assert b"".join(packer.pack(*head, _increments_resp(counts))) == b"".join(plain)
+    assert b"".join(packer.pack("PING")) == b"*1\r\n$4\r\nPING\r\n"  # other commands: redis-py's own
+
+
+def test_reads_by_field_notice_fields_of_another_design(stores, raw, rng):
+    """Reads of a q-subset design ask for its own fields only (HMGET); a field besides them, or
+    a hash without its "batches" count, is still noticed and named."""
+    store = stores()
+    counts = random_counts((3,), 8, rng)
+    assert store.add(batch(counts, key()))
+    assert store.read(key(), (3,), 8) == counts
+    raw.hset(counts_key(key()), "v:4:1", 7)
+    with pytest.raises(StoreError, match="does not hold counts of this design"):
+        store.read(key(), (3,), 8)
+    with pytest.raises(StoreError, match="does not hold counts of this design"):
+        store.read_many([(key(window="1h"), (3,), 8), (key(), (3,), 8)])
+    raw.hdel(counts_key(key()), "v:4:1", "batches")  # written by something else than add_batch.lua
+    assert store.read(key(), (3,), 8) == counts
+    raw.hset(counts_key(key()), "v:3:2", "x")
+    with pytest.raises(StoreError, match="does not hold counts of this design"):
+        store.read(key(), (3,), 8)
+
+
+def test_a_refused_write_is_freed_at_once_without_the_cycle_collector():
+    """Nothing of a failed group lingers in reference cycles (entries, the error, its traceback
+    and the frames in it): with the garbage collector off, the writes go as soon as every
+    caller has heard the error."""
+    import gc
+    import weakref
+
+    class Write:
+        pass
+
+    def flush(writes):
+        time.sleep(0.02)
+        raise StoreUnavailable("down")
+
+    coalescer = Coalescer(flush)
+    heard = [None] * 6
+
+    def submit(i: int, write: Write) -> None:
+        try:
+            coalescer.submit("g", write)
+        except StoreUnavailable:  # no name bound: this frame keeps nothing of it
+            heard[i] = "unavailable"
+
+    writes = [Write() for _ in range(6)]
+    refs = [weakref.ref(w) for w in writes]
+    gc.collect()
+    gc.disable()
+    try:
+        threads = [threading.Thread(target=submit, args=(i, w)) for i, w in enumerate(writes)]
+        del writes
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        del threads
+        assert heard == ["unavailable"] * 6
+        assert [r() for r in refs] == [None] * 6
+    finally:
+        gc.enable()

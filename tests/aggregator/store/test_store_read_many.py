@@ -1,0 +1,27 @@
+"""read_many: several buckets in one call (one round trip on Redis), as read() gives each."""
+
+from __future__ import annotations
+
+import pytest
+from store_cases import batch, key, random_counts
+
+from veil.aggregator.counts import Counts
+from veil.aggregator.store import StoreError
+
+
+def test_read_many_is_read_of_each(store, rng):
+    places = [key(), key(window="1h", bucket=3600), key(metric="other"), key(window="1d", bucket=86400)]
+    designs = [((2,), 16), ((2,), 16), ((0, 1, 2, 3), 3), ((5,), 1024)]
+    for place, (weights, k) in zip(places[:3], designs):
+        assert store.add(batch(random_counts(weights, k, rng), place))
+    requests = [(place, weights, k) for place, (weights, k) in zip(places, designs)]
+    got = store.read_many(requests)
+    assert got == [store.read(*request) for request in requests]
+    assert got[3] == Counts((5,), [0], [[0] * 1024])  # absent: zeros
+    assert store.read_many([]) == []
+
+
+def test_read_many_with_another_design_is_an_error(store, rng):
+    assert store.add(batch(random_counts((3,), 5, rng), key()))
+    with pytest.raises(StoreError, match="design"):
+        store.read_many([(key(window="1h"), (3,), 5), (key(), (4,), 5)])
