@@ -146,7 +146,12 @@ class RedisServer:
         self.cleanup()
 
     def _launch(self) -> None:
+        # The server must die with the test process. `setpriv --pdeathsig KILL` arranges that
+        # without a preexec_fn: a preexec_fn makes subprocess run Python's at-fork hooks in the
+        # child, where grpcio aborts when the test already has live gRPC channels.
+        setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
         argv = [
+            *([setpriv, "--pdeathsig", "KILL"] if setpriv else []),
             self.binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
@@ -164,7 +169,7 @@ class RedisServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_die_with_parent if sys.platform == "linux" and not setpriv else None,
         )
 
     def _wait_ready(self) -> bool:

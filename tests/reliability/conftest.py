@@ -7,18 +7,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from reliability_kit import AggregatorProcess, Device, ForkSafeRedisServer, ReplyDelayProxy
+from redis_server import RedisServer
+from reliability_kit import AggregatorProcess, Device, ReplyDelayProxy
 
 
 @pytest.fixture
-def make_redis() -> Iterator[Callable[..., ForkSafeRedisServer]]:
-    """make_redis(**options) -> a started ForkSafeRedisServer (options as RedisServer's:
+def make_redis() -> Iterator[Callable[..., RedisServer]]:
+    """make_redis(**options) -> a started RedisServer (options as RedisServer's:
     appendonly, appendfsync, replicaof, args); killed and its directory removed after the test.
     Use it rather than tests/conftest.py's fixtures: these tests restart Redis while gRPC runs."""
-    made: list[ForkSafeRedisServer] = []
+    made: list[RedisServer] = []
 
-    def make(**options: object) -> ForkSafeRedisServer:
-        server = ForkSafeRedisServer(**options)
+    def make(**options: object) -> RedisServer:
+        server = RedisServer(**options)
         made.append(server)
         return server.start()
 

@@ -23,7 +23,6 @@ import json
 import os
 import random
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from redis_server import RedisServer, free_port
+from redis_server import free_port
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.store import CountsKey, RedisStore
@@ -92,34 +91,6 @@ def _toml(data: dict) -> str:
         lines.append("[[metrics]]")
         lines += [f"{k} = {value(v)}" for k, v in metric.items()]
     return "\n".join(lines) + "\n"
-
-
-class ForkSafeRedisServer(RedisServer):
-    """RedisServer launched without a preexec_fn, so (re)starting it from a process with live
-    gRPC channels is safe. With a preexec_fn, subprocess forks and runs Python's at-fork hooks
-    in the child, where grpcio's abort ("ev_epoll1_linux.cc: Check failed: g_active_poller !=
-    worker") before redis-server is exec'd. The server still dies with the test process:
-    ``setpriv --pdeathsig KILL`` sets what RedisServer's preexec_fn set."""
-
-    def _launch(self) -> None:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None or sys.platform != "linux":
-            return super()._launch()
-        argv = [
-            setpriv, "--pdeathsig", "KILL", self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--unixsocket", str(self.dir / "redis.sock"),
-            "--unixsocketperm", "700",
-            "--dir", str(self.dir),
-            "--logfile", str(self.dir / "redis.log"),
-            "--save", "",
-            "--daemonize", "no",
-            "--enable-debug-command", "local",
-            *self._args,
-        ]  # fmt: skip
-        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
 
 
 class AggregatorProcess:
