@@ -86,6 +86,17 @@ def test_refused_uploads_count_nothing(secured, metadata, code, reason):
     assert reply.accepted == 200 and counted(secured, "browser") == 200
 
 
+def test_bytes_that_are_not_an_upload_are_refused_after_the_token_check(secured):
+    channel = grpc.insecure_channel(f"127.0.0.1:{secured.grpc_port}")
+    raw = channel.unary_unary("/veil.wire.v1.Collector/Upload")
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"  # a length-delimited field running past the end
+    assert refused(raw, garbage, timeout=10).code() == UNAUTHENTICATED  # never parsed without a token
+    error = refused(raw, garbage, metadata=bearer(UPLOAD_TOKEN), timeout=10)
+    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                               "The upload is not a valid UploadRequest message.")
+    assert counted(secured, "browser") == 0
+
+
 def test_an_upload_token_reports_only_its_metrics_and_sees_only_their_specs(secured):
     collector, _ = stubs(secured)
     for metric in ("browser", "os"):
@@ -110,6 +121,9 @@ def test_an_upload_token_reports_only_its_metrics_and_sees_only_their_specs(secu
     assert spec_names(UPLOAD_TOKEN, "crash_screen") == []
     assert spec_names(OTHER_UPLOAD_TOKEN) == ["crash_screen"]
     assert spec_names(READ_TOKEN) == list(SPEC_NAMES)
+    for token in (UPLOAD_TOKEN, READ_TOKEN):  # every caller learns the largest batch it may send
+        response = collector.GetMetricSpecs(veil_pb2.GetMetricSpecsRequest(), metadata=bearer(token), timeout=10)
+        assert response.max_batch == secured.config.max_batch
     for metadata in (NO_TOKEN, bearer(WRONG_TOKEN)):
         error = refused(collector.GetMetricSpecs, veil_pb2.GetMetricSpecsRequest(), metadata=metadata, timeout=10)
         assert error.code() == UNAUTHENTICATED

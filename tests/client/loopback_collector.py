@@ -57,9 +57,10 @@ def to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
 
 
 class Reject(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after_ms = retry_after_ms
 
 
 def decode(spec: MetricSpec, request: veil_pb2.UploadRequest) -> np.ndarray:
@@ -104,6 +105,8 @@ def decode(spec: MetricSpec, request: veil_pb2.UploadRequest) -> np.ndarray:
 class CollectorState:
     specs: list[MetricSpec] = field(default_factory=default_specs)
     token: str | None = None
+    max_batch: int = 0  # advertised with the specs and enforced when set
+    retry_after_ms: int | None = None  # the hint sent with injected RESOURCE_EXHAUSTED faults
     lock: threading.Condition = field(default_factory=threading.Condition)
     counted: dict[bytes, int] = field(default_factory=dict)  # batch id -> reports counted
     calls: list[tuple[bytes, str]] = field(default_factory=list)  # every Upload: (batch id, outcome)
@@ -143,10 +146,15 @@ class CollectorState:
         with self.lock:
             try:
                 if self.faults:
-                    raise Reject(self.faults.popleft(), "injected fault")
+                    code = self.faults.popleft()
+                    hint = self.retry_after_ms if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+                    raise Reject(code, "injected fault", hint)
                 spec = next((s for s in self.specs if s.name == request.metric), None)
                 if spec is None or spec.fingerprint != request.spec_fingerprint:
                     raise Reject(grpc.StatusCode.FAILED_PRECONDITION, "unknown metric or stale fingerprint")
+                if self.max_batch and request.count > self.max_batch:
+                    # As the aggregator's message size limit answers it (retryable: a limit may rise).
+                    raise Reject(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many reports")
                 if request.batch_id in self.counted:
                     self._log(request.batch_id, "duplicate")
                     return veil_pb2.UploadResponse(accepted=request.count, duplicate=True)
@@ -191,13 +199,16 @@ class Servicer(veil_pb2_grpc.CollectorServicer):
         with self.state.lock:
             self.state.spec_calls += 1
             self.state.lock.notify_all()
-            return veil_pb2.GetMetricSpecsResponse(specs=[to_proto(s) for s in self.state.specs])
+            return veil_pb2.GetMetricSpecsResponse(specs=[to_proto(s) for s in self.state.specs],
+                                                   max_batch=self.state.max_batch)
 
     def Upload(self, request, context):
         self._authorize(context)
         try:
             return self.state.upload(request)
         except Reject as reject:
+            if reject.retry_after_ms is not None:
+                context.set_trailing_metadata((("retry-after-ms", str(reject.retry_after_ms)),))
             context.abort(reject.code, str(reject))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import grpc
 import pytest
@@ -26,6 +27,18 @@ def test_five_retryable_failures_then_ok_count_the_batch_once(ready_reporter, st
     assert [outcome for _, outcome in state.calls] == [code.name] * 5 + ["counted"]
     assert state.total("browser") == 1
     assert reporter.counters() == Counters(accepted=1, sent=1, retried=5)
+
+
+def test_a_rate_limited_upload_waits_as_long_as_the_aggregator_asks(ready_reporter, state):
+    state.retry_after_ms = 400  # far beyond the backoff of these settings (at most 50 ms)
+    state.fail_next(1, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    reporter = ready_reporter(schedule_delay_ms=1)
+    reporter.report("browser", "edge")
+    assert state.wait_for(lambda: len(state.calls) == 1)
+    refused_at = time.monotonic()
+    assert state.wait_for(lambda: len(state.calls) == 2)
+    assert time.monotonic() - refused_at >= 0.35
+    assert [outcome for _, outcome in state.calls] == ["RESOURCE_EXHAUSTED", "counted"]
 
 
 def test_a_lost_acknowledgement_is_resent_with_the_same_id_and_counted_once(ready_reporter, state):
@@ -125,6 +138,32 @@ def test_batches_split_by_size_and_by_time(ready_reporter, state):
     reporter.report("opt_in", "no")  # a lone report waits for the schedule, or a flush
     assert reporter.counters().queued == 1
     assert reporter.force_flush(10) and state.total("opt_in") == 31
+
+
+def test_batches_fit_the_largest_batch_the_aggregator_accepts(ready_reporter, state):
+    state.max_batch = 7
+    reporter = ready_reporter(max_batch_size=512, schedule_delay_ms=60_000)
+    for i in range(50):
+        reporter.report("page", i % 64)
+    assert reporter.force_flush(10)
+    assert [outcome for _, outcome in state.calls] == ["counted"] * 8  # 7 batches of 7, one of 1
+    assert state.total("page") == 50 and reporter.counters() == Counters(accepted=50, sent=50)
+
+
+def test_a_batch_made_before_the_aggregator_lowered_its_limit_fails_once(ready_reporter, state):
+    reporter = ready_reporter(max_batch_size=20, schedule_delay_ms=60_000, spec_ttl_ms=20)
+    state.fail_next(1000, grpc.StatusCode.UNAVAILABLE)  # keep the batch of 20 in the outbox
+    for i in range(20):
+        reporter.report("page", i)
+    assert eventually(lambda: reporter.counters().retried > 0)
+    with state.lock:
+        state.faults.clear()
+        state.max_batch = 5
+    # Refused by the new limit, it is failed at once rather than retried until the horizon.
+    assert eventually(lambda: reporter.counters().failed == 20)
+    for i in range(10):
+        reporter.report("page", i)
+    assert reporter.force_flush(10) and state.total("page") == 10
 
 
 def test_specs_are_refetched_after_their_ttl_and_stale_ones_still_serve(ready_reporter, state, collector):

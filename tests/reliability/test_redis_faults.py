@@ -114,9 +114,11 @@ def test_failover_to_a_replica_with_wait_loses_no_acknowledged_batch(make_redis,
         serve.kill()
         serve.set_store_url(replica.url)
         serve.start()
-        print(f"\nhealth on the promoted replica before it has a replica of its own: {serve.health()}")
+        # No replica could acknowledge a write: the store is unavailable until one connects.
+        assert serve.health() == "NOT_SERVING"
         second = make_redis(replicaof=replica)
         assert wait_until(lambda: b"master_link_status:up" in second.command("INFO", "replication"), 10)
+        assert wait_until(lambda: serve.health() == "SERVING", 5)
         time.sleep(1.0)
     flush_all(devices)
     summary = assert_exact(devices, replica.url)
@@ -309,17 +311,13 @@ def test_aggregator_memory_stays_flat_while_redis_is_down(make_redis, make_aggre
     assert trend < TREND_BOUND_MIB, report
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "redis-py 8.1.0's Connection._connect keeps the caught OSError in a local (err) and re-raises "
-    "it: an exception <-> frame cycle that keeps the whole calling stack alive through f_back, the "
-    "Upload frame and its request included, until the cyclic GC runs (fixed upstream in redis-py "
-    "PR #4195, not released in 8.1.0). Proposed fix: refuse uploads without calling Redis while "
-    "the store is known to be down (see the report)."))
 def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_redis):
     """With the cyclic garbage collector off, uploads refused while Redis is down (health
     already NOT_SERVING) leave no request object behind: they are freed by reference counting
     as soon as they are answered, so an outage costs no memory however long it lasts, whatever
-    the collector's thresholds (which grow with the heap). In-process, to count the objects."""
+    the collector's thresholds (which grow with the heap). In-process, to count the objects.
+    (They are refused without a Redis call: redis-py 8.1.0's failed connect keeps its caller's
+    frames, request included, in an exception <-> frame cycle until the cyclic GC runs.)"""
     redis = make_redis()
     config = parse_config({"server": {"grpc": "127.0.0.1:0", "http": ""}, "store": {"url": redis.url, "timeout": 1.0},
                            "metrics": METRICS})

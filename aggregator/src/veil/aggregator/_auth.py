@@ -15,7 +15,7 @@ position in the config shows in the time taken. Logs, errors and metrics carry a
 name, never its value.
 
 The interceptor runs on gRPC's polling thread, so it only decides and wraps: the checks that
-need the request (an upload's metric and size) run in the wrapped handler, on the worker
+need the request (that it parses at all, its metric and size) run in the wrapped handler, on the worker
 thread, before the servicer, so nothing of a refused call is written. The same wrappers apply
 the per-token rate limit, drop uploads whose caller already gave up, bound concurrent Watch
 streams, and set `caller()` (the token's name) for the servicer.
@@ -39,6 +39,7 @@ from veil.wire.v1 import veil_pb2
 
 from .config import AuthConfig, TokenConfig, token_digest
 from ._ratelimit import RateLimiter
+from .decode import UNPARSEABLE, parse_upload
 
 __all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "RETRY_AFTER_KEY", "caller", "rate_limiter"]
 
@@ -166,7 +167,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
                                     f"Token {identity.name!r} is {_a(identity.role)} token; this call needs "
                                     f"{_a(needed)} token.")
         if method == _UPLOAD:
-            return _rebuild(handler, lambda behavior: self._upload(behavior, identity))
+            return _rebuild(handler, lambda behavior: self._upload(behavior, identity), deserializer=parse_upload)
         if method == _SPECS and identity.role == "upload":
             return _rebuild(handler, lambda behavior: self._scoped_specs(behavior, identity))
         if handler.response_streaming:
@@ -208,6 +209,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
     def _upload(self, behavior, identity: TokenConfig):
         def upload(request, context):
+            if isinstance(request, bytes):
+                self._refused.labels(_UPLOAD, "INVALID_ARGUMENT").inc()
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
             if identity.role == "upload" and request.metric not in identity.metrics:
                 self._refused.labels(_UPLOAD, "PERMISSION_DENIED").inc()
                 context.abort(grpc.StatusCode.PERMISSION_DENIED,
@@ -241,7 +245,8 @@ class AccessInterceptor(grpc.ServerInterceptor):
                 response = behavior(request, context)
             finally:
                 _CALLER.reset(reset)
-            return veil_pb2.GetMetricSpecsResponse(specs=[s for s in response.specs if s.name in identity.metrics])
+            return veil_pb2.GetMetricSpecsResponse(specs=[s for s in response.specs if s.name in identity.metrics],
+                                                   max_batch=response.max_batch)
         return specs
 
     def _bounded(self, handler, identity: TokenConfig):

@@ -109,7 +109,7 @@ class Aggregator:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(
-            CollectorService(config, self.store, self.instruments, clock), self._grpc)
+            CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False), self._grpc)
         veil_pb2_grpc.add_EstimatesServicer_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)

@@ -17,6 +17,7 @@ upload can call, so that no upload waits for it; CollectorService calls it when 
 from __future__ import annotations
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from veil.mechanism import AdmissibleRapporSpec, MechanismSpec, MetricSpec
 from veil.wire.v1 import veil_pb2
@@ -25,10 +26,23 @@ from . import _kernels
 from ._errors import InvalidBatch
 from .counts import Counts
 
-__all__ = ["BATCH_ID_BYTES", "decode_upload", "decode_index_sets", "decode_bitmaps", "warm_up"]
+__all__ = ["BATCH_ID_BYTES", "UNPARSEABLE", "decode_upload", "decode_index_sets", "decode_bitmaps",
+           "parse_upload", "warm_up"]
 
 BATCH_ID_BYTES = 16
+UNPARSEABLE = "The upload is not a valid UploadRequest message."
 _INDEX_BYTES = 4  # each index is a little-endian uint32
+
+
+def parse_upload(data: bytes) -> veil_pb2.UploadRequest | bytes:
+    """The request in ``data``, or ``data`` itself when it does not parse. The Upload method's
+    request deserializer: grpcio answers a deserializer's exception (or a None) with INTERNAL,
+    but bytes that are not an UploadRequest are the caller's error, INVALID_ARGUMENT, which
+    whoever receives the bytes answers."""
+    try:
+        return veil_pb2.UploadRequest.FromString(data)
+    except DecodeError:
+        return data
 
 
 def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_reports: int) -> Counts:

@@ -39,12 +39,16 @@ _UNAVAILABLE = "The counter store is unavailable; retry with the same batch id."
 
 class CollectorService(veil_pb2_grpc.CollectorServicer):
     def __init__(self, config: AggregatorConfig, store: Store, instruments: Instruments,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, store_down: Callable[[], bool] = lambda: False) -> None:
         self._config = config
         self._store = store
+        # True while the daemon's last ping of the store failed: uploads are then refused without
+        # a store call, which would only time out (and keep the request alive in its traceback).
+        self._store_down = store_down
         self._instruments = instruments
         self._clock = clock
-        self._specs = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(m.spec) for m in config.metrics])
+        self._specs = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(m.spec) for m in config.metrics],
+                                                      max_batch=config.max_batch)
         self._metrics = {m.name: m for m in config.metrics}
         self._targets: dict[str, tuple[float, float, tuple[tuple[CountsKey, int | None], ...]]] = {}
         self._children: dict[tuple[str, ...], tuple] = {}  # Prometheus children per (metric, outcome)
@@ -57,7 +61,8 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         if not request.metrics:
             return self._specs
         wanted = set(request.metrics)
-        return veil_pb2.GetMetricSpecsResponse(specs=[s for s in self._specs.specs if s.name in wanted])
+        return veil_pb2.GetMetricSpecsResponse(specs=[s for s in self._specs.specs if s.name in wanted],
+                                               max_batch=self._specs.max_batch)
 
     def Upload(self, request, context):
         started = time.perf_counter()
@@ -69,6 +74,8 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                 raise UnknownMetric(f"Metric {request.metric!r} is not declared by this aggregator; fetch the specs again.")
             if request.spec_fingerprint != metric.spec.fingerprint:
                 raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
+            if self._store_down():
+                raise StoreUnavailable(_UNAVAILABLE)
             counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
             if not context.is_active():
                 # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.

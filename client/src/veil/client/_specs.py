@@ -58,6 +58,7 @@ class SpecCache:
         # name -> (spec, label -> index): what report() needs, replaced whole with `specs`.
         self.entries: Mapping[str, tuple[MetricSpec, Mapping[str, int]]] = {}
         self.refused: frozenset[str] = frozenset()
+        self.max_batch: int | None = None  # the most reports per upload the aggregator accepts, if it says
         self.fetched_at: float | None = None  # Unix time of the response in use
         self.ready = threading.Event()  # set once specs have been obtained (disk or network)
 
@@ -100,6 +101,7 @@ class SpecCache:
                         for name, spec in specs.items()}
         self.specs = specs
         self.refused = frozenset(refused)
+        self.max_batch = response.max_batch or None
         self.fetched_at = fetched_at
         if not self.ready.is_set():
             logger.info("Veil knows %d metric spec(s).", len(specs))

@@ -58,6 +58,21 @@ def _code(error: BaseException) -> grpc.StatusCode | None:
         return None
 
 
+_RETRY_AFTER_KEY = "retry-after-ms"  # the aggregator's hint on a rate-limited upload
+_MAX_RETRY_HINT = 300.0  # seconds: a hint beyond this is not believed
+
+
+def _retry_hint(error: BaseException) -> float:
+    """Seconds the aggregator asked the caller to wait (its retry-after-ms trailer), or 0."""
+    try:
+        for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
+            if key == _RETRY_AFTER_KEY:
+                return min(max(int(value) / 1000.0, 0.0), _MAX_RETRY_HINT)
+    except Exception:  # not a call, or a malformed hint: back off as usual
+        pass
+    return 0.0
+
+
 class Worker:
     def __init__(self, processor: BatchProcessor, load: bool) -> None:
         self.p = processor
@@ -155,7 +170,8 @@ class Worker:
         before = p.outbox.in_memory
         dropped = failed = 0
         for spec, group in groups.values():
-            size = max(1, min(p.config.max_batch_size, MAX_BATCH_BYTES // report_bytes(spec)))
+            size = max(1, min(p.config.max_batch_size, p.specs.max_batch or p.config.max_batch_size,
+                              MAX_BATCH_BYTES // report_bytes(spec)))
             for start in range(0, len(group), size):
                 chunk = group[start:start + size]
                 try:
@@ -220,6 +236,13 @@ class Worker:
                 p.log.warning("upload:horizon", "A Veil batch outlived the retry horizon; counting it as failed.")
                 self._finish(batch, "failed")
                 continue
+            if p.specs.max_batch and batch.count > p.specs.max_batch:
+                # Made before the aggregator lowered its limit (a spooled batch): it would be refused
+                # on every attempt, and splitting it could count reports an earlier attempt counted.
+                p.log.warning("upload:oversize", "A Veil batch is larger than the aggregator accepts; counting it "
+                              "as failed.")
+                self._finish(batch, "failed")
+                continue
             timeout = self._timeout()
             if timeout <= 0:
                 return
@@ -246,7 +269,7 @@ class Worker:
         p, code = self.p, _code(error)
         name = code.name if code else type(error).__name__
         if code in RETRYABLE:
-            self.retry_at = time.monotonic() + self.uploads.next_delay()
+            self.retry_at = time.monotonic() + max(self.uploads.next_delay(), _retry_hint(error))
             p.log.warning(f"upload:{name}", "Veil upload failed (%s); retrying the same batch with backoff.", name)
             return False
         if code == grpc.StatusCode.FAILED_PRECONDITION:

@@ -45,10 +45,12 @@ class GetMetricSpecsRequest(_message.Message):
     def __init__(self, metrics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetMetricSpecsResponse(_message.Message):
-    __slots__ = ("specs",)
+    __slots__ = ("specs", "max_batch")
     SPECS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     specs: _containers.RepeatedCompositeFieldContainer[MetricSpec]
-    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ...) -> None: ...
+    max_batch: int
+    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class IndexSets(_message.Message):
     __slots__ = ("set_size", "indices")
