@@ -49,15 +49,15 @@ test: $(VENV)/.dev redis-server chromium
 test-all: $(VENV)/.dev redis-server chromium
 	$(PY) -m pytest -q
 
-bench: $(VENV)/.dev
-	$(PY) bench/bench_randomize.py
-	$(PY) bench/bench_client.py
-	$(PY) bench/bench_ingest.py
+# Runs bench_randomize.py, bench_client.py and bench_ingest.py (each writes its own JSON), then
+# combines them: bench/results/latest.json, bench/results/throughput.png and one table on stdout.
+# Exits non-zero when an exact-count or sanity check failed or a benchmark did not finish.
+bench: $(VENV)/.dev redis-server
+	$(PY) bench/report.py --run
 
-bench-quick: $(VENV)/.dev
-	$(PY) bench/bench_randomize.py --quick
-	$(PY) bench/bench_client.py --quick
-	$(PY) bench/bench_ingest.py --quick
+# The same on smoke runs, in bench/results/quick/ (never over the real results); numbers mean nothing.
+bench-quick: $(VENV)/.dev redis-server
+	$(PY) bench/report.py --run --quick
 
 proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check

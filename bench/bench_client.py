@@ -269,9 +269,10 @@ def main() -> int:
     progress("upload throughput")
     throughput_results = run_throughput(per_k_through, args.seed)
     results = {
+        "benchmark": "client",
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(("grpcio", "protobuf")),
-        "settings": {"mechanism": MECHANISM, "calls": per_k, "throughput_reports": per_k_through,
+        "settings": {"quick": args.quick, "mechanism": MECHANISM, "calls": per_k, "throughput_reports": per_k_through,
                      "random_source": "OS CSPRNG (secrets)", "gc": "enabled", "pid": os.getpid()},
         "latency": latency_results,
         "throughput": throughput_results,

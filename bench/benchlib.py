@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Where `make bench-quick` (bench/report.py --run --quick) puts its smoke runs, so that they never
+# overwrite the real results.
+QUICK_RESULTS_DIR = RESULTS_DIR / "quick"
 
 
 def progress(message: str) -> None:
