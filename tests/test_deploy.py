@@ -1,6 +1,7 @@
 """deploy/: every file parses, every config passes `veil serve --check-config`, and the files agree
-with each other (ports, grace periods, users, Redis durability). No Docker engine or cluster runs
-here, so this is what keeps the image, compose file, manifests and unit honest.
+with each other (ports, grace periods, users, Redis durability, where the TLS files and tokens are
+mounted and who may read them). No Docker engine or cluster runs here, so this is what keeps the
+image, compose file, manifests and unit honest.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import os
 import re
 import shlex
 import shutil
+import socket
+import ssl
+import stat
 import subprocess
 import sys
 import tomllib
@@ -28,9 +32,19 @@ DEPLOY = ROOT / "deploy"
 DOCKER = DEPLOY / "docker"
 KUBE = DEPLOY / "kubernetes"
 SYSTEMD = DEPLOY / "systemd"
+MAKE_SECRETS = DEPLOY / "make-secrets.sh"
+
+# running.py (Pki: a throwaway CA and server certificate) lives beside the daemon tests, which
+# pytest puts on sys.path only when it collects them.
+_AGGREGATOR_TESTS = str(Path(__file__).resolve().parent / "aggregator")
+if _AGGREGATOR_TESTS not in sys.path:
+    sys.path.append(_AGGREGATOR_TESTS)
+
+from running import Pki  # noqa: E402
 
 YAML_FILES = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
-TOML_FILES = sorted(DEPLOY.rglob("*.toml"))
+# Not what make-secrets.sh leaves in a git-ignored secrets/ directory (its tokens.toml).
+TOML_FILES = sorted(p for p in DEPLOY.rglob("*.toml") if "secrets" not in p.relative_to(DEPLOY).parts)
 VEIL_CONFIGS = [DOCKER / "veil.toml", KUBE / "veil.toml", SYSTEMD / "veil.toml"]
 
 
@@ -47,9 +61,66 @@ def port(address: str) -> int:
 
 
 def veil_config(path: Path):
-    from veil.aggregator.config import load_config
+    """What a veil.toml declares, leaving out its [tls] and [auth] files: they exist only where it
+    is deployed (test_every_veil_config_passes_check_config loads them, with stand-ins)."""
+    from veil.aggregator.config import parse_config
 
-    return load_config(path, store_url=None)
+    data = tomllib.loads(path.read_text())
+    return parse_config({k: v for k, v in data.items() if k not in ("tls", "auth")}, source=str(path),
+                        base=path.parent)
+
+
+# What make-secrets.sh makes, and which of those files each key of a veil.toml names.
+SECRET_FILES = {"ca.crt", "ca.key", "server.crt", "server.key", "tokens.toml", "prometheus.token"}
+ROLE_FILES = {"tls.cert_file": "server.crt", "tls.key_file": "server.key", "tls.client_ca_file": "ca.crt",
+              "auth.tokens_file": "tokens.toml"}
+
+
+def secret_paths(path: Path) -> dict[str, str]:
+    """The files a veil.toml names under [tls] and [auth], by key ("tls.cert_file", ...)."""
+    data = tomllib.loads(path.read_text())
+    named = {f"tls.{key}": value for key, value in data.get("tls", {}).items()}
+    if "tokens_file" in data.get("auth", {}):
+        named["auth.tokens_file"] = data["auth"]["tokens_file"]
+    return named
+
+
+def with_secrets(path: Path, secrets: Path, tmp_path: Path) -> Path:
+    """A copy of a veil.toml whose [tls] and [auth] files are those in `secrets`."""
+    text = path.read_text()
+    for key, named in secret_paths(path).items():
+        text = text.replace(f'"{named}"', json.dumps(str(secrets / ROLE_FILES[key])))
+    copy = tmp_path / path.parent.name / path.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(text)
+    return copy
+
+
+STAND_IN_TOKENS = """
+[[upload_tokens]]
+name = "app"
+token = "upload-token-0123456789abcdef"
+metrics = ["browser"]
+
+[[read_tokens]]
+name = "prometheus"
+token = "read-token-0123456789abcdef"
+"""
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory) -> Path:
+    """make-secrets.sh's files, made without openssl: Pki's CA and its server certificate for
+    localhost and 127.0.0.1, and tokens (the CA's key is not needed)."""
+    directory = tmp_path_factory.mktemp("secrets")
+    pki = Pki(directory / "pki")
+    for name, source in (("ca.crt", pki.ca), ("server.crt", pki.server_cert), ("server.key", pki.server_key)):
+        shutil.copy(source, directory / name)
+    (directory / "tokens.toml").write_text(STAND_IN_TOKENS)
+    (directory / "prometheus.token").write_text("read-token-0123456789abcdef\n")
+    for name in ("tokens.toml", "prometheus.token"):
+        (directory / name).chmod(0o600)
+    return directory
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess:
@@ -70,11 +141,11 @@ def veil_argv(argv: list[str]):
 # --- every file parses ----------------------------------------------------------------------
 
 def test_deploy_has_the_expected_files():
-    for name in ("README.md", "compose.yaml", "docker/Dockerfile", "docker/Dockerfile.dockerignore",
-                 "docker/veil.toml", "docker/constraints.txt", "prometheus/prometheus.yml",
-                 "kubernetes/kustomization.yaml", "kubernetes/aggregator.yaml", "kubernetes/redis.yaml",
-                 "kubernetes/veil.toml", "kubernetes/secret.env.example", "systemd/veil-aggregator.service",
-                 "systemd/veil.toml", "systemd/veil.env.example"):
+    for name in ("README.md", ".gitignore", "make-secrets.sh", "compose.yaml", "docker/Dockerfile",
+                 "docker/Dockerfile.dockerignore", "docker/veil.toml", "docker/constraints.txt",
+                 "prometheus/prometheus.yml", "kubernetes/kustomization.yaml", "kubernetes/aggregator.yaml",
+                 "kubernetes/redis.yaml", "kubernetes/veil.toml", "kubernetes/secret.env.example",
+                 "systemd/veil-aggregator.service", "systemd/veil.toml", "systemd/veil.env.example"):
         assert (DEPLOY / name).is_file(), name
     assert len(YAML_FILES) >= 5 and len(TOML_FILES) == 3
 
@@ -91,12 +162,24 @@ def test_every_toml_file_parses(path):
 
 
 @pytest.mark.parametrize("path", VEIL_CONFIGS, ids=rel)
-def test_every_veil_config_passes_check_config(path):
-    out = check_config(path)
+def test_every_veil_config_passes_check_config(path, stand_ins, tmp_path):
+    # Its TLS files and tokens file, where this test has them.
+    out = check_config(with_secrets(path, stand_ins, tmp_path))
     # The stores these name (redis:6379, redis-0.redis:6379) do not exist here: a good config
     # still exits 0, and says so.
     assert out.returncode == 0, out.stderr
     assert re.search(r": OK \(\d+ metrics; store .*: (reachable|not reachable from here)", out.stdout), out.stdout
+
+
+@pytest.mark.parametrize("path", VEIL_CONFIGS, ids=rel)
+def test_every_veil_config_serves_tls_and_requires_tokens(path, stand_ins, tmp_path):
+    from veil.aggregator.config import load_config
+
+    config = load_config(with_secrets(path, stand_ins, tmp_path), store_url="memory")
+    assert config.tls is not None and config.auth.enabled
+    # The files are named where the deployment mounts them, not relative to the config.
+    assert set(secret_paths(path)) == {"tls.cert_file", "tls.key_file", "auth.tokens_file"}
+    assert all(Path(named).is_absolute() for named in secret_paths(path).values())
 
 
 def test_every_veil_config_in_deploy_is_checked():
@@ -158,14 +241,23 @@ def test_the_image_runs_as_a_non_root_user():
     assert f"--uid {image_user()}" in create
 
 
-def test_the_image_health_check_is_veil_health_within_dockers_timeout():
-    (healthcheck,) = final_stage("HEALTHCHECK")
-    options, _, command = healthcheck.partition(" CMD ")
-    args = veil_argv(exec_form(command))
+def healthcheck() -> tuple[str, list[str]]:
+    """The HEALTHCHECK's options and its command line."""
+    (line,) = final_stage("HEALTHCHECK")
+    options, _, command = line.partition(" CMD ")
+    return options, exec_form(command)
+
+
+def test_the_image_health_check_is_veil_health_over_tls_within_dockers_timeout():
+    options, command = healthcheck()
+    args = veil_argv(command)
     assert args.command == "health"
     docker_timeout = re.search(r"--timeout=(\d+)s", options)
     assert docker_timeout and args.timeout < int(docker_timeout.group(1))
-    assert port(args.address) == 50051
+    # The listener is TLS: the check trusts the CA compose mounts beside the server's files, and
+    # dials a name make-secrets.sh always puts in the certificate.
+    assert port(args.address) == 50051 and args.address.rpartition(":")[0] in ("127.0.0.1", "localhost")
+    assert Path(compose_secrets("aggregator")[args.ca_file]).name == "ca.crt"
 
 
 def test_the_image_serves_its_config_on_the_ports_it_exposes():
@@ -225,7 +317,8 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_not_the_rest():
         assert (ROOT / source).exists(), source
         assert not ignored(source, patterns), f"{source} is copied but .dockerignore leaves it out"
     for left_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "bench/bench_randomize.py",
-                     "aggregator/src/veil/aggregator/__pycache__/daemon.cpython-311.pyc"):
+                     "aggregator/src/veil/aggregator/__pycache__/daemon.cpython-311.pyc", "deploy/secrets/server.key",
+                     "deploy/kubernetes/secrets/tokens.toml"):
         assert ignored(left_out, patterns), left_out
 
 
@@ -314,24 +407,53 @@ def test_compose_starts_the_aggregator_after_a_healthy_redis_and_stops_it_after_
     assert urlsplit(veil_config(DOCKER / "veil.toml").store_url).hostname in compose()["services"]
 
 
-def test_compose_publishes_the_configured_ports_on_loopback_only():
+def compose_secrets(service: str) -> dict[str, str]:
+    """Where a compose service sees its secrets (/run/secrets/NAME) -> the file (relative to deploy/)."""
+    files = compose()["secrets"]
+    return {f"/run/secrets/{name}": files[name]["file"] for name in compose()["services"][service]["secrets"]}
+
+
+def test_compose_mounts_the_files_the_docker_config_names_from_make_secrets_output():
+    mounted = compose_secrets("aggregator")
+    for key, named in secret_paths(DOCKER / "veil.toml").items():
+        assert Path(mounted[named]).name == ROLE_FILES[key], key
+    for secret in compose()["secrets"].values():
+        source = Path(secret["file"])
+        assert source.parent == Path("secrets") and source.name in SECRET_FILES - {"ca.key"}, source
+    assert "secrets/" in (DEPLOY / ".gitignore").read_text().split()
+
+
+def test_compose_publishes_grpc_for_devices_and_http_on_loopback_only():
     config = veil_config(DOCKER / "veil.toml")
+    grpc_port, http_port = port(config.grpc_address), port(config.http_address)
     published = compose()["services"]["aggregator"]["ports"]
-    assert sorted(published) == sorted(f"127.0.0.1:{p}:{p}" for p in (port(config.grpc_address),
-                                                                      port(config.http_address)))
+    assert sorted(published) == sorted([f"{grpc_port}:{grpc_port}", f"127.0.0.1:{http_port}:{http_port}"])
+    # Beyond loopback only because every caller needs TLS and a token there.
+    assert {"tls.cert_file", "auth.tokens_file"} <= secret_paths(DOCKER / "veil.toml").keys()
     assert "ports" not in compose()["services"]["redis"]
+    assert all(p.startswith("127.0.0.1:") for p in compose()["services"]["prometheus"]["ports"])
 
 
-def test_prometheus_scrapes_the_aggregators_http_port():
+def prometheus_job() -> dict:
     service = compose()["services"]["prometheus"]
     mount = next(v for v in service["volumes"] if v.split(":")[1] == "/etc/prometheus/prometheus.yml")
     (prometheus,) = load_yaml((DEPLOY / mount.split(":")[0]).resolve())
     (job,) = prometheus["scrape_configs"]
+    return job
+
+
+def test_prometheus_scrapes_the_aggregators_http_port_over_tls_with_a_read_token():
+    job = prometheus_job()
     (target,) = [t for static in job["static_configs"] for t in static["targets"]]
     host, _, target_port = target.rpartition(":")
     assert host == "aggregator" and host in compose()["services"]
     assert int(target_port) == port(veil_config(DOCKER / "veil.toml").http_address)
     assert job.get("metrics_path", "/metrics") == "/metrics"
+    assert job["scheme"] == "https" and not job["tls_config"].get("insecure_skip_verify", False)
+    mounted = compose_secrets("prometheus")
+    assert Path(mounted[job["tls_config"]["ca_file"]]).name == "ca.crt"
+    assert job["authorization"].get("type", "Bearer") == "Bearer"
+    assert Path(mounted[job["authorization"]["credentials_file"]]).name == "prometheus.token"
 
 
 def test_compose_and_kubernetes_run_the_image_of_this_version():
@@ -361,24 +483,94 @@ def aggregator_container() -> dict:
     return container
 
 
-def test_kustomization_lists_every_manifest_and_generates_config_and_secret_from_files():
+def test_kustomization_lists_every_manifest_and_generates_config_and_secrets_from_files():
     manifests = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization()["resources"]) == manifests
     (config_map,) = kustomization()["configMapGenerator"]
     assert config_map["files"] == ["veil.toml"]
-    (secret,) = kustomization()["secretGenerator"]
-    assert secret["envs"] == ["secret.env"]
+    generators = {g["name"]: g for g in kustomization()["secretGenerator"]}
+    assert generators["veil"]["envs"] == ["secret.env"]
     assert "secret.env" in (KUBE / ".gitignore").read_text().split()
+    # The TLS Secret has the type and keys cert-manager gives its own, so one can replace the other.
+    assert generators["veil-tls"]["type"] == "kubernetes.io/tls"
+    assert set(secret_files()["veil-tls"]) == {"tls.crt", "tls.key", "ca.crt"}
 
 
-def test_the_deployment_probes_the_containers_grpc_port():
+def secret_files() -> dict[str, dict[str, str]]:
+    """Secret name -> {key: file under kubernetes/} for the Secrets generated from files."""
+    return {g["name"]: dict(f.split("=", 1) for f in g["files"]) for g in kustomization()["secretGenerator"]
+            if "files" in g}
+
+
+def secrets_volume() -> tuple[dict, dict]:
+    """The aggregator's projected volume of Secrets, and its mount."""
+    pod = kube_object("Deployment", "veil-aggregator")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "projected" in v]
+    (mount,) = [m for m in aggregator_container()["volumeMounts"] if m["name"] == volume["name"]]
+    return volume, mount
+
+
+def mounted_secrets() -> dict[str, str]:
+    """Path in the aggregator's container -> the file under kubernetes/ it comes from."""
+    volume, mount = secrets_volume()
+    files = secret_files()
+    return {f"{mount['mountPath']}/{key}": file for source in volume["projected"]["sources"]
+            for key, file in files[source["secret"]["name"]].items()}
+
+
+def test_the_deployment_mounts_the_files_the_kubernetes_config_names_from_make_secrets_output():
+    mounted = mounted_secrets()
+    for key, named in secret_paths(KUBE / "veil.toml").items():
+        assert Path(mounted[named]).name == ROLE_FILES[key], key
+    for file in mounted.values():
+        assert Path(file).parent == Path("secrets") and Path(file).name in SECRET_FILES - {"ca.key"}, file
+    assert "secrets/" in (DEPLOY / ".gitignore").read_text().split()
+
+
+def image_group() -> int:
+    (user,) = final_stage("USER")
+    return int(user.partition(":")[2])
+
+
+def test_the_secret_files_are_readable_by_the_aggregators_group_alone():
+    volume, mount = secrets_volume()
+    assert mount["readOnly"] is True
+    # Kubernetes makes them root's, group fsGroup: 0440 is what the aggregator accepts of a
+    # root-owned secret (at most group-readable), and its group can read them.
+    assert volume["projected"]["defaultMode"] == 0o440
+    pod = kube_object("Deployment", "veil-aggregator")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == image_group()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a root-owned file needs root")
+def test_the_aggregator_accepts_a_secret_as_kubernetes_mounts_it(tmp_path):
+    from veil.aggregator._errors import ConfigError
+    from veil.aggregator.config import check_private_file
+
+    volume, _ = secrets_volume()
+    secret = tmp_path / "tls.key"
+    secret.write_text("")
+    os.chown(secret, 0, image_group())
+    secret.chmod(volume["projected"]["defaultMode"])
+    check_private_file(secret, "tls.key_file")
+    secret.chmod(0o444)  # what a Secret volume gives by default: refused
+    with pytest.raises(ConfigError):
+        check_private_file(secret, "tls.key_file")
+
+
+def test_the_deployment_probes_health_over_tls_with_the_mounted_ca():
     container = aggregator_container()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     config = veil_config(KUBE / "veil.toml")
     assert ports == {"grpc": port(config.grpc_address), "http": port(config.http_address)}
+    mounted = mounted_secrets()
     for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == ports["grpc"], probe
-        assert container[probe]["grpc"].get("service", "") == ""  # the one the daemon sets
+        # Kubernetes' gRPC probe cannot speak TLS: `veil health`, run in the container.
+        args = veil_argv(container[probe]["exec"]["command"])
+        assert args.command == "health" and args.service == "", probe  # the one the daemon sets
+        assert port(args.address) == ports["grpc"] and args.address.rpartition(":")[0] == "127.0.0.1", probe
+        assert Path(mounted[args.ca_file]).name == "ca.crt", probe
+        assert args.timeout < container[probe]["timeoutSeconds"], probe
     service = kube_object("Service", "veil-aggregator")
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
     selector = kube_object("Deployment", "veil-aggregator")["spec"]["selector"]["matchLabels"]
@@ -471,18 +663,21 @@ def test_the_redis_script_passes_the_password_on_stdin(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (for `kubectl kustomize`) is not installed")
-def test_kustomize_renders_and_the_rendered_configmap_passes_check_config(tmp_path):
+def test_kustomize_renders_and_the_rendered_configmap_passes_check_config(tmp_path, stand_ins):
     copy = tmp_path / "kubernetes"
     shutil.copytree(KUBE, copy)
     shutil.copy(copy / "secret.env.example", copy / "secret.env")
+    shutil.copytree(stand_ins, copy / "secrets", ignore=shutil.ignore_patterns("pki"))
     rendered = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, check=True)
     objects = {(o["kind"], o["metadata"]["name"].rsplit("-", 1)[0] if o["kind"] in ("ConfigMap", "Secret")
                 else o["metadata"]["name"]): o for o in yaml.safe_load_all(rendered.stdout)}
     config_map = objects["ConfigMap", "veil-config"]
     config = tmp_path / "veil.toml"
     config.write_text(config_map["data"]["veil.toml"])
-    out = check_config(config)
+    out = check_config(with_secrets(config, stand_ins, tmp_path / "checked"))
     assert out.returncode == 0, out.stderr
+    tls = objects["Secret", "veil-tls"]
+    assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {"tls.crt", "tls.key", "ca.crt"}
     # kustomize wrote the generated names (with their hash) into every reference.
     pod = objects["Deployment", "veil-aggregator"]["spec"]["template"]["spec"]
     assert {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v} == {config_map["metadata"]["name"]}
@@ -490,6 +685,9 @@ def test_kustomize_renders_and_the_rendered_configmap_passes_check_config(tmp_pa
     (redis,) = objects["StatefulSet", "redis"]["spec"]["template"]["spec"]["containers"]
     for container in (pod["containers"][0], redis):
         assert {name for name, _ in secret_refs(container).values()} == {secret}
+    (volume,) = [v for v in pod["volumes"] if "projected" in v]
+    assert {s["secret"]["name"] for s in volume["projected"]["sources"]} == {
+        objects["Secret", name]["metadata"]["name"] for name in ("veil-tls", "veil-tokens")}
 
 
 # --- systemd -------------------------------------------------------------------------------------
@@ -524,6 +722,27 @@ def test_the_unit_runs_veil_serve_on_the_installed_config_and_environment_file()
     assert {line.split("=", 1)[0] for line in example if line and not line.startswith("#")} == {"VEIL_STORE_URL"}
 
 
+def credentials() -> dict[str, str]:
+    """The unit's LoadCredential= lines, id -> file (configparser keeps only the last of a key)."""
+    text = (SYSTEMD / "veil-aggregator.service").read_text()
+    return dict(re.findall(r"^LoadCredential=([^:\s]+):(\S+)$", text, re.M))
+
+
+def test_the_unit_passes_the_files_the_systemd_config_names_as_credentials():
+    # The config cannot say $CREDENTIALS_DIRECTORY: it names the directory systemd gives this unit.
+    directory = Path("/run/credentials") / (SYSTEMD / "veil-aggregator.service").name
+    loaded = credentials()
+    named = secret_paths(SYSTEMD / "veil.toml")
+    assert set(loaded) == {Path(path).name for path in named.values()}
+    for key, path in named.items():
+        assert Path(path).parent == directory, key
+        assert Path(loaded[Path(path).name]).name == ROLE_FILES[key], key
+    # From where the install steps have make-secrets.sh put them; never the CA's key.
+    (made,) = re.findall(r"make-secrets\.sh (\S+)", (SYSTEMD / "veil-aggregator.service").read_text())
+    for source in loaded.values():
+        assert Path(source).parent == Path(made) and Path(source).name in SECRET_FILES - {"ca.key"}, source
+
+
 def test_the_unit_is_hardened_and_gives_numba_a_writable_cache():
     service = unit()["Service"]
     assert service.get("DynamicUser") == "yes" or service.get("User") not in (None, "root", "0")
@@ -543,3 +762,101 @@ def test_systemd_analyze_verifies_the_unit(tmp_path):
     out = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "veil-aggregator.service")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+# --- make-secrets.sh: what the deployments mount -------------------------------------------------
+
+def make_secrets(directory: Path, *names: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(MAKE_SECRETS), str(directory), *names], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_make_secrets_says_why_openssl_failed_and_leaves_nothing_behind(tmp_path):
+    fake = tmp_path / "bin" / "openssl"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'openssl: no such curve' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    out = make_secrets(tmp_path / "secrets", "aggregator", env={**os.environ, "PATH": f"{fake.parent}:/usr/bin:/bin"})
+    assert out.returncode == 1 and "openssl: no such curve" in out.stderr
+    assert list((tmp_path / "secrets").iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """make-secrets.sh's output for compose's aggregator (the name Prometheus scrapes) and an address."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl (which make-secrets.sh runs) is not installed")
+    directory = tmp_path_factory.mktemp("made") / "secrets"
+    out = make_secrets(directory, "aggregator", "192.0.2.7")
+    assert out.returncode == 0, out.stderr
+    tokens = tomllib.loads((directory / "tokens.toml").read_text())
+    for entry in tokens["upload_tokens"] + tokens["read_tokens"]:
+        assert entry["token"] not in out.stdout + out.stderr  # it prints no secret
+    return directory
+
+
+def test_make_secrets_makes_owner_only_files_and_overwrites_nothing(made):
+    assert {p.name for p in made.iterdir()} == SECRET_FILES
+    for path in made.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == (0o644 if path.suffix == ".crt" else 0o600), path.name
+    before = {p.name: p.read_bytes() for p in made.iterdir()}
+    again = make_secrets(made, "aggregator")
+    assert again.returncode == 1 and "exists already" in again.stderr
+    assert {p.name: p.read_bytes() for p in made.iterdir()} == before
+    assert make_secrets(made).returncode == 2  # no NAME: usage
+
+
+def test_make_secrets_certifies_the_names_given_and_those_the_probes_dial(made):
+    from cryptography import x509
+
+    ca = x509.load_pem_x509_certificate((made / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((made / "server.crt").read_bytes())
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(names.get_values_for_type(x509.DNSName)) == {"localhost", "aggregator"}
+    assert {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "192.0.2.7"}
+    tokens = tomllib.loads((made / "tokens.toml").read_text())
+    (prometheus,) = [t for t in tokens["read_tokens"] if t["name"] == "prometheus"]
+    assert (made / "prometheus.token").read_text().strip() == prometheus["token"]
+
+
+def https_get(address: tuple[str, int], host: str, path: str, context: ssl.SSLContext, token: str | None) -> bytes:
+    """The status line of GET `path` over TLS to `address`, checking the certificate for `host`."""
+    authorization = f"Authorization: Bearer {token}\r\n" if token else ""
+    with socket.create_connection(address, timeout=10) as raw, context.wrap_socket(raw, server_hostname=host) as tls:
+        tls.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n{authorization}\r\n".encode())
+        return tls.makefile("rb").readline().strip()
+
+
+def test_the_docker_config_with_make_secrets_output_answers_the_health_check_and_prometheus(made, tmp_path,
+                                                                                            capsys):
+    """docker/veil.toml's TLS and tokens, on free loopback ports and a memory store: the image's
+    HEALTHCHECK and compose's Prometheus job, with the files compose mounts, both get in."""
+    from veil.aggregator.cli import main
+    from veil.aggregator.config import parse_config
+    from veil.aggregator.daemon import Aggregator
+
+    data = tomllib.loads(with_secrets(DOCKER / "veil.toml", made, tmp_path).read_text())
+    data["server"].update(grpc="127.0.0.1:0", http="127.0.0.1:0")
+    aggregator = Aggregator(parse_config(data, store_url="memory"))
+    aggregator.start()
+    try:
+        def host_file(service: str, path: str) -> str:
+            return str(made / Path(compose_secrets(service)[path]).name)
+
+        _, command = healthcheck()
+        args = veil_argv(command)
+        argv = [*command[1:], "--ca-file", host_file("aggregator", args.ca_file),
+                "--address", f"{args.address.rpartition(':')[0]}:{aggregator.grpc_port}"]
+        assert main(argv) == 0 and capsys.readouterr().out.strip() == "SERVING"
+
+        job = prometheus_job()
+        context = ssl.create_default_context(cafile=host_file("prometheus", job["tls_config"]["ca_file"]))
+        token = Path(host_file("prometheus", job["authorization"]["credentials_file"])).read_text().strip()
+        (target,) = job["static_configs"][0]["targets"]
+        address = ("127.0.0.1", aggregator.http_port)
+        host = target.rpartition(":")[0]
+        assert https_get(address, host, job.get("metrics_path", "/metrics"), context, token) == b"HTTP/1.0 200 OK"
+        assert https_get(address, host, "/metrics", context, None).startswith(b"HTTP/1.0 401")
+    finally:
+        aggregator.stop(grace=0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from chromium import Browser, BrowserError, ensure_chromium
-from running import METRICS, collector, config_dict
+from running import METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict, make_upload
 
 from veil.aggregator import dashboard
 from veil.aggregator.config import parse_config
@@ -104,6 +104,9 @@ def test_nothing_is_fetched_from_elsewhere_and_no_text_becomes_markup():
     script = dashboard.pages()["/dashboard.js"][1]().decode()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in script, sink
+    # The read token can reach neither the console nor localStorage (which holds one preference).
+    assert not re.search(r"\bconsole\.\w+\(", script)
+    assert set(re.findall(r"localStorage\.\w+\(([^,)]*)", script)) == {'"veil.projection"'}
 
 
 # ---- the page in Chromium -------------------------------------------------------------------
@@ -221,3 +224,106 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
     assert time.monotonic() - started < 60
     for name in ("dashboard.png", "dashboard-first.png", "dashboard-projection.png", "dashboard-error.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG"), name
+
+
+# ---- with tokens: the page asks for a read token --------------------------------------------
+
+BROWSER_PANELS = 6  # METRICS: browser (total, 1h) and four metrics with a total window
+
+TOKEN_STATE = """(() => ({
+  state: document.body.dataset.state, status: document.getElementById("status").textContent,
+  form: !document.getElementById("token-form").hidden, reason: document.getElementById("token-reason").textContent,
+  input: document.getElementById("token-input").type, typed: document.getElementById("token-input").value,
+  forget: !document.getElementById("forget-token").hidden,
+  panels: document.querySelectorAll("section.panel").length, bars: document.querySelectorAll("g.bar").length,
+  href: location.href, session: sessionStorage.getItem("veil.token"), local: JSON.stringify({...localStorage}),
+  html: document.documentElement.outerHTML}))()"""
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[Aggregator]:
+    """An aggregator with tokens (running.auth_section) and 400 reports of browser."""
+    started = Aggregator(parse_config({**config_dict(), "auth": auth_section()}), pages=dashboard.pages())
+    started.start()
+    collector(f"127.0.0.1:{started.grpc_port}").Upload(make_upload("browser", 400), metadata=bearer(UPLOAD_TOKEN),
+                                                          timeout=10)
+    yield started
+    started.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_binary, tmp_path_factory) -> Iterator[Browser]:
+    """One Chromium for the token tests; each test opens its own tab (its own sessionStorage)."""
+    with Browser(chromium_binary, tmp_path_factory.mktemp("chromium")) as started:
+        yield started
+
+
+def submit(page, token: str) -> None:
+    page.evaluate(f"(() => {{ document.getElementById('token-input').value = {json.dumps(token)}; "
+                  "document.getElementById('token-form').requestSubmit(); })()")
+
+
+def refused_with(page, reason: str) -> dict:
+    page.wait_for(f"document.body.dataset.state === 'token' && "
+                  f"document.getElementById('token-reason').textContent === {json.dumps(reason)}")
+    state = page.evaluate(TOKEN_STATE)
+    assert state["form"] and state["input"] == "password" and state["status"] == "Waiting for a read token"
+    assert state["panels"] == 0 and state["session"] is None and not state["forget"]
+    return state
+
+
+def assert_token_kept_out_of_sight(page, state: dict, *tokens: str) -> None:
+    """In sessionStorage only: not in the address, the page's markup, the input, localStorage,
+    the console or any other event of the tab."""
+    with page.browser._lock:
+        events = json.dumps([e for e in page.browser.events if e.get("sessionId") == page.session])
+    for token in tokens:
+        for where in ("href", "html", "local", "typed"):
+            assert token not in state[where], where
+        assert token not in events
+    # The only errors: the refused polls (and no exceptions or CSP violations).
+    assert all(re.search(r"status of 40[13]\b", error) for error in page.errors()), page.errors()
+
+
+def test_the_page_asks_for_a_read_token_and_shows_estimates_with_it(secured, browser):
+    url = f"http://127.0.0.1:{secured.http_port}/"
+    page = browser.open(url)
+    refused_with(page, "This aggregator needs a read token.")
+
+    submit(page, READ_TOKEN)
+    page.wait_for(f"document.body.dataset.state === 'ok' && "
+                  f"document.querySelectorAll('section.panel').length === {BROWSER_PANELS}")
+    state = page.evaluate(TOKEN_STATE)
+    assert not state["form"] and state["forget"] and state["session"] == READ_TOKEN and state["bars"] > 0
+    assert_token_kept_out_of_sight(page, state, READ_TOKEN)
+
+    # A reload keeps the token (the tab's sessionStorage) and asks nothing.
+    page.call("Page.reload")
+    page.wait_for("document.body.dataset.state === 'ok' && document.querySelectorAll('g.bar').length > 0")
+    assert page.evaluate(TOKEN_STATE)["session"] == READ_TOKEN
+
+    # Forgetting it removes it and the numbers read with it.
+    page.evaluate("document.getElementById('forget-token').click()")
+    assert_token_kept_out_of_sight(page, refused_with(page, "This aggregator needs a read token."), READ_TOKEN)
+
+
+def test_a_token_in_the_fragment_is_taken_and_cut_from_the_address(secured, browser):
+    url = f"http://127.0.0.1:{secured.http_port}/?refresh=1"
+    page = browser.open(f"{url}#token={READ_TOKEN}&view=all")
+    page.wait_for("document.body.dataset.state === 'ok' && document.querySelectorAll('g.bar').length > 0")
+    state = page.evaluate(TOKEN_STATE)
+    assert state["href"] == f"{url}#view=all"  # the rest of the fragment stays
+    assert state["session"] == READ_TOKEN and state["forget"] and not state["form"]
+    assert_token_kept_out_of_sight(page, state, READ_TOKEN)
+
+
+def test_only_a_read_token_opens_the_page(secured, browser):
+    page = browser.open(f"http://127.0.0.1:{secured.http_port}/")
+    refused_with(page, "This aggregator needs a read token.")
+    submit(page, UPLOAD_TOKEN)
+    refused_with(page, "That token is not a read token.")
+    submit(page, "not-a-token-of-this-aggregator")
+    refused_with(page, "This aggregator does not know that token.")
+    submit(page, "short token")  # not a token's shape: nothing is sent
+    page.wait_for("document.getElementById('token-reason').textContent.startsWith('A token is 16 or more')")
+    assert_token_kept_out_of_sight(page, page.evaluate(TOKEN_STATE), UPLOAD_TOKEN, "not-a-token-of-this-aggregator")

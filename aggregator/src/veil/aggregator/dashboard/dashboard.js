@@ -5,7 +5,12 @@
 // reasons are configured strings: they reach the page only through textContent and
 // setAttribute, never as HTML.
 //
-// Hooks for tests and scripts: body[data-state] ("loading" | "ok" | "error") and
+// With tokens configured, the aggregator answers 401 or 403 without a read token: the page then
+// asks for one, keeps it in this tab's sessionStorage (never localStorage, never the URL) and
+// sends it as `Authorization: Bearer`. A link may carry it as #token=...: it is taken on load
+// and cut from the address bar. The token is never written into the page or to the console.
+//
+// Hooks for tests and scripts: body[data-state] ("loading" | "ok" | "error" | "token") and
 // body[data-updates] (successful polls so far); each panel section[data-metric][data-window]
 // [data-n][data-withheld]; each bar g.bar[data-label][data-estimate][data-lower][data-upper]
 // [data-projected]. Query parameter ?refresh=SECONDS sets the polling period (default 2).
@@ -18,14 +23,25 @@
   const TIMEOUT_MS = Math.max(5000, REFRESH_MS);
   const SVG_NS = "http://www.w3.org/2000/svg";
 
+  const TOKEN_KEY = "veil.token";
+  const TOKEN_SHAPE = /^[\x21-\x7e]{16,4096}$/; // the aggregator's rule: printable ASCII, no spaces
+
   const container = document.getElementById("panels");
   const status = document.getElementById("status");
   const toggle = document.getElementById("projection");
+  const tokenForm = document.getElementById("token-form");
+  const tokenInput = document.getElementById("token-input");
+  const tokenReason = document.getElementById("token-reason");
+  const forgetButton = document.getElementById("forget-token");
 
   let latest = null; // the last body served
   let lastOk = null; // Date.now() of the last successful poll
   let failure = null; // what went wrong with the last poll, or null
   let updates = 0;
+  let token = null; // the read token sent with every poll, or null
+  let refused = null; // why the aggregator refused the last poll (401/403), or null
+  let run = 0; // bumped when the token changes: answers to polls of an older run are dropped
+  let next = null; // the timer of the next poll
   const panels = new Map(); // "metric\0window" -> {element, signature}
 
   // ---- formatting -------------------------------------------------------------------------
@@ -205,6 +221,11 @@
 
   function showStatus() {
     const every = `every ${REFRESH_MS / 1000} s`;
+    if (refused !== null) {
+      document.body.dataset.state = "token";
+      status.textContent = "Waiting for a read token";
+      return;
+    }
     if (failure === null && lastOk === null) return;
     document.body.dataset.state = failure === null ? "ok" : "error";
     document.body.dataset.updates = String(updates);
@@ -217,30 +238,122 @@
     }
   }
 
-  async function poll() {
+  // One GET of the estimates: {ok, status, body}; throws on a network error or timeout.
+  async function request(sent) {
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), TIMEOUT_MS);
+    const headers = {Accept: "application/json"};
+    if (sent !== null) headers.Authorization = `Bearer ${sent}`;
     try {
-      const response = await fetch(ENDPOINT, {cache: "no-store", signal: controller.signal,
-        headers: {Accept: "application/json"}});
-      const body = await response.json().catch(() => null);
-      if (!response.ok) throw new Error(body?.error ?? `HTTP ${response.status}`);
-      if (!Array.isArray(body?.estimates)) throw new Error("the answer is not a list of estimates");
-      latest = body;
-      lastOk = Date.now();
-      failure = null;
-      updates += 1;
-      update(body);
-    } catch (err) {
-      failure = err.name === "AbortError" ? `Cannot reach the aggregator (no answer within ${TIMEOUT_MS / 1000} s)`
-        : err instanceof TypeError ? "Cannot reach the aggregator (network error)"
-          : `The aggregator answered with an error: ${err.message}`;
+      const response = await fetch(ENDPOINT, {cache: "no-store", signal: controller.signal, headers});
+      return {ok: response.ok, status: response.status, body: await response.json().catch(() => null)};
     } finally {
       clearTimeout(timer);
-      showStatus();
-      setTimeout(poll, REFRESH_MS);
     }
   }
+
+  async function poll(mine) {
+    const sent = token;
+    let answer = null;
+    try {
+      answer = await request(sent);
+    } catch (err) {
+      failure = err.name === "AbortError" ? `Cannot reach the aggregator (no answer within ${TIMEOUT_MS / 1000} s)`
+        : "Cannot reach the aggregator (network error)";
+    }
+    if (mine !== run) return; // the token changed meanwhile, and a newer run polls with it
+    if (answer?.status === 401 || answer?.status === 403) {
+      askForToken(answer.status === 403 ? "That token is not a read token."
+        : sent === null ? "This aggregator needs a read token." : "This aggregator does not know that token.");
+      return; // no more polls until a token is entered
+    }
+    if (answer !== null) {
+      try {
+        if (!answer.ok) throw new Error(answer.body?.error ?? `HTTP ${answer.status}`);
+        if (!Array.isArray(answer.body?.estimates)) throw new Error("the answer is not a list of estimates");
+        latest = answer.body;
+        lastOk = Date.now();
+        failure = null;
+        updates += 1;
+        update(answer.body);
+      } catch (err) {
+        failure = `The aggregator answered with an error: ${err.message}`;
+      }
+    }
+    showStatus();
+    next = setTimeout(() => poll(mine), REFRESH_MS);
+  }
+
+  function restart() {
+    run += 1;
+    clearTimeout(next);
+    poll(run);
+  }
+
+  // ---- the read token ---------------------------------------------------------------------
+  function keepToken(value) {
+    token = value;
+    try {
+      if (value === null) sessionStorage.removeItem(TOKEN_KEY);
+      else sessionStorage.setItem(TOKEN_KEY, value);
+    } catch { /* storage off: the token lasts as long as the page */ }
+    forgetButton.hidden = value === null;
+  }
+
+  // Numbers read with a token are not left on show once it is refused or forgotten.
+  function clearPanels() {
+    for (const slot of panels.values()) slot.element.remove();
+    panels.clear();
+    container.querySelector(".empty")?.remove();
+    latest = lastOk = failure = null;
+  }
+
+  function askForToken(reason) {
+    keepToken(null); // a refused token is of no further use
+    clearPanels();
+    refused = reason;
+    tokenReason.textContent = reason;
+    tokenForm.hidden = false;
+    showStatus();
+    tokenInput.focus();
+  }
+
+  // #token=... (the rest of the fragment is kept): read once, then cut from the address bar so
+  // it is neither bookmarked nor shared nor left in the history.
+  function tokenFromFragment() {
+    const parts = location.hash.slice(1).split("&");
+    const found = parts.find((part) => part.startsWith("token="));
+    if (found === undefined) return null;
+    const rest = parts.filter((part) => part !== found).join("&");
+    history.replaceState(history.state, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+    try {
+      return decodeURIComponent(found.slice("token=".length));
+    } catch {
+      return null; // malformed escapes: no token, so the form asks for one
+    }
+  }
+
+  tokenForm.addEventListener("submit", (event) => {
+    event.preventDefault(); // nothing is submitted anywhere: the token goes to sessionStorage
+    const value = tokenInput.value.trim();
+    tokenInput.value = "";
+    if (!TOKEN_SHAPE.test(value)) {
+      tokenReason.textContent = "A token is 16 or more printable characters without spaces.";
+      return;
+    }
+    keepToken(value);
+    refused = null;
+    tokenForm.hidden = true;
+    document.body.dataset.state = "loading";
+    status.textContent = "Connecting to the aggregator\u2026";
+    restart();
+  });
+
+  forgetButton.addEventListener("click", () => {
+    keepToken(null);
+    clearPanels();
+    restart();
+  });
 
   function setProjection(on) {
     document.getElementById("projection-legend").hidden = !on;
@@ -255,5 +368,10 @@
   });
   setProjection(toggle.checked);
   setInterval(showStatus, 1000); // keeps "s ago" current while the aggregator is away
-  poll();
+  let saved = tokenFromFragment();
+  if (saved === null) {
+    try { saved = sessionStorage.getItem(TOKEN_KEY); } catch { /* storage off */ }
+  }
+  if (saved !== null && TOKEN_SHAPE.test(saved)) keepToken(saved);
+  restart();
 })();
