@@ -171,6 +171,8 @@ def test_the_cli_over_tls(start_aggregator, pki, capsys):
     assert "--client-cert and --client-key go together" in capsys.readouterr().err
     assert main(["simulate", "os", "--address", address, "--ca-file", "/nonexistent/ca.pem"]) == 2
     assert "--ca-file: cannot read /nonexistent/ca.pem" in capsys.readouterr().err
+    assert main(["health", "--address", address, "--ca-file", str(pki.client_key)]) == 2  # a key, not a certificate
+    assert f"--ca-file: {pki.client_key} holds no PEM certificate." in capsys.readouterr().err
 
 
 def test_the_environment_supplies_the_cli_tls_and_token(start_aggregator, pki, capsys, monkeypatch):

@@ -90,18 +90,22 @@ def credentials(args: argparse.Namespace):
     if not tls:
         return None
 
-    def read(path: str | None, option: str) -> bytes | None:
+    def read(path: str | None, option: str, marker: bytes, what: str) -> bytes | None:
         if path is None:
             return None
         try:
             with open(path, "rb") as file:
-                return file.read()
+                data = file.read()
         except OSError as err:
             raise CliError(f"{option}: cannot read {path} ({err.strerror or err}).") from None
+        if marker not in data:  # else gRPC fails later, with C-core noise instead of a reason
+            raise CliError(f"{option}: {path} holds no PEM {what}.")
+        return data
 
-    return grpc.ssl_channel_credentials(root_certificates=read(ca_file, "--ca-file"),
-                                        private_key=read(key_file, "--client-key"),
-                                        certificate_chain=read(cert_file, "--client-cert"))
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(ca_file, "--ca-file", b"-----BEGIN CERTIFICATE-----", "certificate"),
+        private_key=read(key_file, "--client-key", b"PRIVATE KEY-----", "private key"),
+        certificate_chain=read(cert_file, "--client-cert", b"-----BEGIN CERTIFICATE-----", "certificate"))
 
 
 def channel(args: argparse.Namespace, *, target: str | None = None, options: list | tuple = ()):
