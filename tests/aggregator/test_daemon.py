@@ -161,6 +161,25 @@ def test_bad_uploads_get_their_status_and_count_nothing(start_aggregator, store_
     assert after == before
 
 
+def test_http_estimates_are_the_json_of_the_live_estimates_byte_for_byte(start_aggregator, store_url):
+    """GET /v1/estimates joins each window's cached JSON text: the very bytes json.dumps writes
+    for the whole body, for every request shape, before and after new counts."""
+    from veil.aggregator.live import PROJECTION_NOTE
+
+    aggregator = start_aggregator(store_url, min_n=10)
+    endpoint = f"127.0.0.1:{aggregator.grpc_port}"
+    shapes = [("/v1/estimates", None, None), ("/v1/estimates/browser", "browser", None),
+              ("/v1/estimates/browser?window=1h", "browser", "1h"), ("/v1/estimates/os?window=total", "os", "total")]
+    for seed in (1, 2):
+        upload(endpoint, "browser", list(range(8)) * 10, seed=seed)
+        for path, metric, window in shapes:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}{path}").read()
+            generated_at = json.loads(body)["generated_at"]
+            current = aggregator.live.current(metric, window)
+            assert body == json.dumps({"generated_at": generated_at, "projection": PROJECTION_NOTE,
+                                       "estimates": [e.to_json() for e in current]}, allow_nan=False).encode()
+
+
 def test_estimates_are_withheld_below_the_minimum(start_aggregator):
     aggregator = start_aggregator(min_n=300)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"

@@ -85,6 +85,8 @@ CASES = {
     "k16-no-special": dict(labels=[f"c{j}" for j in range(16)], special=0.0, mechanism="rappor"),
     # Labels of 1..300 bytes: record lengths on both sides of the one-byte varint limit (127).
     "long-labels": dict(labels=["x" * j + "ü" * (j % 3) for j in range(1, 301, 7)], mechanism="krr", epsilon=2.5),
+    # Labels JSON escapes, or that would break a record built by splitting or %-formatting.
+    "awkward-labels": dict(labels=["a, b", '"q"', "back\\slash", "%s %d", "ünï 📈", "line\nbreak", "}, {", "null"]),
     "total-window": dict(labels=["a", "b", "c"], window=TOTAL, version=0),
     "withheld": dict(labels=["a", "b", "c"], withheld=True, n=1),
     "withheld-empty": dict(labels=["a", "b", "c"], withheld=True, n=0, version=0),

@@ -25,3 +25,16 @@ def test_read_many_with_another_design_is_an_error(store, rng):
     assert store.add(batch(random_counts((3,), 5, rng), key()))
     with pytest.raises(StoreError, match="design"):
         store.read_many([(key(window="1h"), (3,), 5), (key(), (4,), 5)])
+
+
+def test_versions_and_read_is_versions_and_read_many(store, rng):
+    places = [key(), key(window="1h", bucket=3600), key(metric="other")]
+    designs = [((2,), 16), ((2,), 16), ((5,), 1024)]
+    assert store.add(batch(random_counts((2,), 16, rng), places[0], places[1]))
+    assert store.add(batch(random_counts((2,), 16, rng), places[0]))
+    requests = [(place, weights, k) for place, (weights, k) in zip(places, designs)]
+    for keys, wanted in [(places, requests), (places, requests[1:]), (places[2:], []), ([], requests[:1]), ([], [])]:
+        assert store.versions_and_read(keys, wanted) == (store.versions(keys), store.read_many(wanted))
+    assert store.versions(places) == [2, 1, 0]
+    with pytest.raises(StoreError, match="design"):
+        store.versions_and_read(places, [(key(), (4,), 16)])

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 import redis
 from redis.crc import key_slot
@@ -13,7 +14,7 @@ from store_cases import AWKWARD_METRICS, batch, doubled, key, random_counts
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable, open_store
-from veil.aggregator.store._redis import counts_key, dedupe_key
+from veil.aggregator.store._redis import _counts_of, _integers, counts_key, dedupe_key
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 
@@ -199,6 +200,56 @@ def test_a_foreign_value_is_a_store_error(store, raw):
     with pytest.raises(StoreError, match="WRONGTYPE") as caught:
         store.read(key(), (1,), 3)
     assert not isinstance(caught.value, StoreUnavailable)
+
+
+def test_reads_by_field_are_the_counts_of_every_field(store, raw, rng):
+    """HMGET's values, parsed in one numpy call, are exactly the counts HGETALL's fields give
+    (the general parser), zeros and counters past 2**53 included."""
+    k = 1024
+    for scale in (1, 10**6, 2**40):
+        counts = random_counts((275,), k, rng)
+        counts = Counts(counts.weights, counts.n * scale, counts.v * scale)
+        place = key(window=f"w{scale}")
+        assert store.add(batch(counts, place))
+        assert store.add(batch(counts, place))
+        (fields,) = [raw.hgetall(counts_key(place))]
+        assert store.read(place, (275,), k) == _counts_of(fields, (275,), k) == doubled(counts)
+    raw.hset(counts_key(key(window="big")), mapping={"n:1": 2**63 - 1, "v:1:0": 2**62 + 1, "v:1:2": 1, "batches": 1})
+    assert store.read(key(window="big"), (1,), 3) == Counts((1,), [2**63 - 1], [[2**62 + 1, 0, 1]])
+
+
+def _strict(values):
+    return np.array([b"0" if value is None else value for value in values]).astype(np.int64)
+
+
+@pytest.mark.parametrize("values", [
+    [b"1", b"2", None, b"3"], [None, None], [b"-5", b"0", b"-0", b"007"], [b"9223372036854775807", b"1"],
+    [b"-9223372036854775808", b"1"], [b"9223372036854775808"], [b"99999999999999999999999", b"1"],
+    [b"1 2", b""], [b"", b"1"], [b"1", b""], [b"", b""], [b""], [b"", b"", b"5"], [b"-", b"1"], [b"1-2"], [b"--1"], [b"1", b"-"], [b"- 1"], [b"+5"],
+    [b" 5"], [b"5 "], [b"\t1"], [b"1\n"], [b"1.5"], [b"1e3"], [b"abc"], [b"0x10"], [],
+])
+def test_the_fast_integer_parser_is_the_strict_one_or_fails_as_it_does(values):
+    """_integers gives what the array-of-bytes cast gives, or raises what it raises, and never
+    leaves numpy's warning about a malformed string behind."""
+    import warnings
+
+    try:
+        expected = _strict(values)
+    except (ValueError, OverflowError) as error:
+        with pytest.raises(type(error)):
+            _integers(values)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, present = _integers(values)
+    assert got.dtype == np.int64 and got.tobytes() == expected.tobytes()
+    assert present == sum(value is not None for value in values)
+
+
+def test_a_counter_int64_cannot_hold_is_a_store_error(store, raw):
+    raw.hset(counts_key(key()), mapping={"n:1": 2**64, "v:1:0": 1, "batches": 1})
+    with pytest.raises(StoreError, match="does not hold counts of this design"):
+        store.read(key(), (1,), 1)
 
 
 def test_open_store_over_tcp_and_unix_socket(redis_server, rng):

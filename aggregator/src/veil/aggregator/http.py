@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ._errors import UnknownMetric
-from .live import PROJECTION_NOTE, LiveEstimates
+from .live import LiveEstimates, estimates_json
 from .store import StoreError
 
 __all__ = ["HttpListener", "REQUEST_TIMEOUT"]
@@ -163,8 +163,9 @@ class _Handler(BaseHTTPRequestHandler):
         except StoreError:
             self._json(503, {"error": "The counter store is unavailable; try again."})
             return
-        self._json(200, {"generated_at": time.time(), "projection": PROJECTION_NOTE,
-                         "estimates": [e.to_json() for e in current]})
+        # Each window's JSON text is built once per bucket and version (WindowEstimate.json_text,
+        # cached with the estimate by LiveEstimates): a read with unchanged counts only joins them.
+        self._send(200, "application/json", estimates_json(current, time.time()))
 
     def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         self._send(status, "application/json", json.dumps(body, allow_nan=False).encode(), headers)

@@ -109,7 +109,17 @@ class MemoryStore(Store):
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         with self._lock:
             self._purge(self._clock())
-            return [bucket.batches if (bucket := self._buckets.get(key)) else 0 for key in keys]
+            return self._versions(keys)
+
+    def _versions(self, keys: Sequence[CountsKey]) -> list[int]:
+        return [bucket.batches if (bucket := self._buckets.get(key)) else 0 for key in keys]
+
+    def versions_and_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+                          ) -> tuple[list[int], list[Counts]]:
+        """versions(keys) and read_many(requests), all at one moment."""
+        with self._lock:
+            self._purge(self._clock())
+            return self._versions(keys), [self._read(key, tuple(weights), k) for key, weights, k in requests]
 
     def ping(self) -> None:
         """Always reachable."""
