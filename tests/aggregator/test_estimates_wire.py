@@ -12,7 +12,7 @@ import pytest
 from veil.aggregator.config import MetricConfig, Window
 from veil.aggregator.estimate import Estimate
 from veil.aggregator.live import PROJECTION_NOTE, WindowEstimate, estimates_json
-from veil.aggregator.service import ResponseCache, encode_window, to_response
+from veil.aggregator.service import ResponseCache, encode_window
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2
 
@@ -105,8 +105,9 @@ def test_a_window_encodes_byte_for_byte_as_protobuf_serializes_it(case, seed):
 def test_a_response_of_several_windows_is_the_reference_response():
     estimates = [window_estimate(**CASES[case], seed=3) for case in CASES]
     reference = veil_pb2.EstimatesResponse(estimates=[reference_window(e) for e in estimates])
-    assert to_response(estimates).SerializeToString() == reference.SerializeToString()
-    assert to_response([]).SerializeToString() == b""
+    # One cache per window: the cases share (metric, window, bucket, version), a cache's key.
+    assert b"".join(ResponseCache().response(("", ""), [e]) for e in estimates) == reference.SerializeToString()
+    assert ResponseCache().response(("", ""), []) == b""
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -128,22 +129,26 @@ def test_estimates_json_is_the_whole_body_byte_for_byte():
         assert estimates_json(current, generated_at) == expected
 
 
-def test_the_response_cache_serves_the_same_message_until_a_version_or_bucket_changes():
+def reference_response(estimates) -> bytes:
+    return veil_pb2.EstimatesResponse(estimates=[reference_window(e) for e in estimates]).SerializeToString()
+
+
+def test_the_response_cache_serves_the_same_bytes_until_a_version_or_bucket_changes():
     cache = ResponseCache()
     labels = [f"c{j}" for j in range(32)]
     first = [window_estimate(labels, seed=1, version=3), window_estimate(labels, seed=2, window=TOTAL, version=3)]
     response = cache.response(("", ""), first)
-    assert response.SerializeToString() == to_response(first).SerializeToString()
+    assert response == reference_response(first)
     assert cache.response(("", ""), list(first)) is response
-    # Another request shape gets its own message, from the same encoded windows.
+    # Another request shape gets its own response, from the same encoded windows.
     alone = cache.response(("metric-é", "1h"), first[:1])
-    assert alone is not response and alone.SerializeToString() == to_response(first[:1]).SerializeToString()
+    assert alone == reference_response(first[:1])
     # A new version of one window (new numbers): a new response with the new numbers.
     newer = [window_estimate(labels, seed=9, version=4), first[1]]
     changed = cache.response(("", ""), newer)
-    assert changed is not response and changed.SerializeToString() == to_response(newer).SerializeToString()
+    assert changed is not response and changed == reference_response(newer)
     # A new bucket of the same version (the hour turned): new again.
     moved = WindowEstimate(newer[0].metric, newer[0].window, newer[0].start + 3600, newer[0].end + 3600, 4,
                            newer[0].n, newer[0].estimate, "")
-    later = cache.response(("", ""), [moved, first[1]])
+    later = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [moved, first[1]]))
     assert later.estimates[0].start_unix == newer[0].start + 3600

@@ -41,7 +41,7 @@ from .config import AggregatorConfig
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
-from .service import CollectorService, EstimatesService
+from .service import CollectorService, EstimatesService, add_estimates_to_server
 from .store import Store, StoreError, open_store
 
 __all__ = ["Aggregator", "max_message_bytes", "open_configured_store"]
@@ -110,7 +110,7 @@ class Aggregator:
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(
             CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False), self._grpc)
-        veil_pb2_grpc.add_EstimatesServicer_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
+        add_estimates_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         try:

@@ -30,7 +30,7 @@ from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate
 from .store import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 
-__all__ = ["CollectorService", "EstimatesService", "ResponseCache", "to_response", "encode_window"]
+__all__ = ["CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server", "encode_window"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -152,7 +152,7 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
     def Get(self, request, context):
         return self._responses.response((request.metric, request.window), self._current(request, context))
 
-    def Watch(self, request, context) -> Iterator[veil_pb2.EstimatesResponse]:
+    def Watch(self, request, context) -> Iterator[bytes]:
         interval = max(request.min_interval_seconds, self._config.watch_interval)
         last = None
         while context.is_active() and not self._stopping.is_set():
@@ -162,6 +162,20 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
                 last = marker
                 yield self._responses.response((request.metric, request.window), current)
             self._stopping.wait(interval)
+
+
+def add_estimates_to_server(servicer: EstimatesService, server: grpc.Server) -> None:
+    """Register the Estimates service as the generated add_EstimatesServicer_to_server does,
+    except that its responses are already serialized (ResponseCache): no response serializer."""
+    handlers = {
+        "Get": grpc.unary_unary_rpc_method_handler(
+            servicer.Get, request_deserializer=veil_pb2.EstimatesRequest.FromString),
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            servicer.Watch, request_deserializer=veil_pb2.WatchRequest.FromString),
+    }
+    name = veil_pb2.DESCRIPTOR.services_by_name["Estimates"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
 
 
 # --- estimates on the wire ----------------------------------------------------------------
@@ -249,28 +263,25 @@ def encode_window(e: WindowEstimate) -> bytes:
     return head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection))
 
 
-def to_response(estimates: list[WindowEstimate]) -> veil_pb2.EstimatesResponse:
-    return veil_pb2.EstimatesResponse.FromString(b"".join(_field(_ESTIMATES_TAG, encode_window(e)) for e in estimates))
-
-
 class ResponseCache:
-    """EstimatesResponse messages of recent requests, and each window's encoded bytes, reused
-    while the windows' buckets and versions stay the same: a repeated Get with unchanged
-    counts costs a dict lookup. Bounded by the config: one entry per (metric, window) pair and
+    """Serialized EstimatesResponse messages of recent requests, and each window's encoded
+    bytes, reused while the windows' buckets and versions stay the same: a repeated Get with
+    unchanged counts costs a dict lookup, and gRPC sends the bytes as they are (see
+    add_estimates_to_server). Bounded by the config: one entry per (metric, window) pair and
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
         self._windows: dict[tuple[str, str], tuple[int, int, bytes]] = {}
-        self._responses: dict[tuple[str, str], tuple[tuple, veil_pb2.EstimatesResponse]] = {}
+        self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
-    def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> veil_pb2.EstimatesResponse:
+    def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
         marker = tuple((e.metric.name, e.window.name, e.start, e.version) for e in estimates)
         held = self._responses.get(shape)
         if held is not None and held[0] == marker:
-            return held[1]  # shared, never changed: gRPC only serializes it
-        message = veil_pb2.EstimatesResponse.FromString(b"".join(self._window(e) for e in estimates))
-        self._responses[shape] = (marker, message)
-        return message
+            return held[1]
+        data = b"".join(self._window(e) for e in estimates)
+        self._responses[shape] = (marker, data)
+        return data
 
     def _window(self, e: WindowEstimate) -> bytes:
         key = (e.metric.name, e.window.name)
