@@ -59,7 +59,7 @@ PILOT_USERS = {"peer": 2_000, "veil": 500_000}
 
 SS_LABEL, GRR_LABEL, OUE_LABEL = "multi-freq-ldpy SS", "multi-freq-ldpy GRR", "pure-ldp OUE"
 VEIL_TIMED = "veil.aggregator.simulate.simulate_counts + veil.aggregator.estimate.estimate"
-KEYSTREAMS = {"fast": "FastKeystream (seeded PCG64, simulation only)", "AES": "AesCtrKeystream (AES-256-CTR CSPRNG)"}
+KEYSTREAMS = {"fast": "FastKeystream (seeded SFC64, simulation only)", "AES": "AesCtrKeystream (AES-256-CTR CSPRNG)"}
 
 
 def veil_label(mechanism: str, keystream: str) -> str:
@@ -369,7 +369,7 @@ def print_tables(cells: list[dict[str, Any]], machine: dict[str, Any], quick: bo
           f"{machine['cpus_usable']} CPUs ({machine['cpu_model'] or machine['processor']}), {machine['date']}.")
     print("Peers randomize one user per Python call; Veil randomizes the whole batch in its numba kernels.")
     print(f"Veil timed: {VEIL_TIMED}.")
-    print("Ratio = Veil reports/s / peer reports/s. fast = FastKeystream (seeded PCG64, simulation only); "
+    print("Ratio = Veil reports/s / peer reports/s. fast = FastKeystream (seeded SFC64, simulation only); "
           "AES = AesCtrKeystream (CSPRNG default).")
     for comparison in COMPARISONS:
         targets = ", ".join(f"{ks} >= {t:g}x" for ks, t in comparison.targets.items()) or "none (for information)"

@@ -625,7 +625,7 @@ def plot(document: dict[str, Any], results: dict[str, Any], path: Path) -> None:
                   for label, color in RANDOMIZE_SERIES if any(label in c["contenders"] for c in cells)]
         grouped_bars(axis, [cell_label(c["k"], c["epsilon"]) for c in cells], series)
         axis.set_title("Batch randomize + sum + estimate, one core\n"
-                       "Veil (fast = seeded PCG64, AES = CSPRNG keystream) vs peers, same run")
+                       "Veil (fast = seeded SFC64, AES = CSPRNG keystream) vs peers, same run")
         axis.set_ylabel("reports per second (log scale)")
         axis.set_xlabel("categories k, privacy level \u03b5")
         axis.yaxis.set_major_formatter(per_second)

@@ -241,3 +241,31 @@ def test_kernels_import_and_run_where_numba_cannot_cache():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "8", out.stderr
+
+
+@pytest.mark.parametrize("spec", [SubsetSpec(16, 1.0), SubsetSpec(64, 0.5), KrrSpec(5, 1.0)], ids=spec_id)
+def test_subset_kernels_stop_at_the_last_complete_report_at_every_cut(spec):
+    # The kernels on every prefix of a stream with many rejections: a report cut anywhere (in
+    # its keep decision, a draw or a run of rejected words) is neither sent nor counted, and
+    # the kernels say where the complete ones end, as the reference does.
+    from veil.aggregator import _kernels
+
+    values = true_values(spec, 12, seed=4)
+    words = np.empty(12 * (spec.q + 2) * 3, np.uint32)
+    ZeroSprinkled(6).fill(words)
+    source = WordRandomSource(words)
+    expected, ends = [], [0]
+    for value in values:
+        expected.append(spec.randomize(int(value), source))
+        ends.append(source.position)
+    assert ends[-1] < words.size
+    args = (spec.k, spec.q, np.uint64(spec.keep_threshold))
+    for cut in range(ends[-1] + 1):
+        done = int(np.searchsorted(ends, cut, side="right")) - 1
+        out = np.zeros((len(values), spec.q), np.uint32)
+        assert _kernels.subset_reports(words[:cut], values, *args, out) == (done, ends[done])
+        assert np.array_equal(out[:done], np.array(expected[:done], np.uint32).reshape(done, spec.q))
+        counts = Counts.zeros(spec)
+        assert _kernels.subset_counts(words[:cut], values, *args, counts.row_of_weight(), counts.n, counts.v) == (
+            done, ends[done])
+        assert counts == reference_counts(spec, out[:done])

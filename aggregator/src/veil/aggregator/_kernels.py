@@ -3,10 +3,13 @@ caller owns (counts are added to, never reset).
 
 Randomizing kernels consume uint32 random words in exactly the order
 veil.mechanism.WordRandomSource does, report by report, so that on the same words they send
-what ``spec.randomize(value, WordRandomSource(words))`` sends. A report is drawn into scratch
-and committed only once complete: when the words run out a kernel stops at the last report
-boundary and returns (reports done, words those used); the caller refills and calls again on
-the rest.
+what ``spec.randomize(value, WordRandomSource(words))`` sends. A report is committed only once
+complete (drawn into scratch, or counted as drawn and taken back): when the words run out a
+kernel stops at the last report boundary and returns (reports done, words those used); the
+caller refills and calls again on the rest.
+
+Compile flags live in _JIT alone. No fastmath: the kernels are integer arithmetic whose exact
+results are the point.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "sfc64_fill",
     "subset_counts",
     "subset_reports",
     "rappor_counts",
@@ -47,36 +51,28 @@ _WORD = np.uint64(1 << 32)
 
 
 # --- one decision ------------------------------------------------------------------------
+#
+# WordRandomSource.below(n), one word w per try: the product w * n splits into a result (its
+# high 32 bits, in [0, n)) and a remainder `low` (its low 32 bits). Of the 2**32 words, each
+# result is hit floor(2**32 / n) or one more times; rejecting the words whose `low` is below
+# (2**32 - n) mod n leaves exactly the floor for each, so the result is exactly uniform. As
+# low >= n never rejects, the modulo is computed only when low < n (once in 2**32 / n words).
+# The Floyd loops below inline this, with the words counted ahead: every draw takes at least
+# one word, so a report whose remaining draws outnumber the words left cannot complete.
+
+
+@_kernel
+def _word(words, pos):
+    """words[pos] as a uint64, indexed as unsigned: pos is never negative here, and a signed
+    index makes numba test for a negative one (wraparound) on every read."""
+    return np.uint64(words[np.uint64(pos)])
 
 
 @_kernel
 def _bits64(words, pos):
     """WordRandomSource.bits64 at words[pos:pos + 2], the first word the high half: uniform
     on [0, 2**64), so ``_bits64(...) < T`` is true with probability exactly T / 2**64."""
-    return (np.uint64(words[pos]) << _SHIFT) | np.uint64(words[pos + 1])
-
-
-@_kernel
-def _below(words, pos, n):
-    """WordRandomSource.below(n) from words[pos:]: (uniform value in [0, n), next position),
-    or (0, _OUT) when the words ran out."""
-    bound = np.uint64(n)
-    if pos >= words.size:
-        return 0, _OUT
-    product = np.uint64(words[pos]) * bound
-    pos += 1
-    low = product & _LOW
-    if low < bound:
-        # Lemire: of the 2**32 words, each result is hit floor(2**32 / n) or one more times;
-        # rejecting the lowest (2**32 - n) mod n values of `low` leaves exactly the floor.
-        floor = (_WORD - bound) % bound
-        while low < floor:
-            if pos >= words.size:
-                return 0, _OUT
-            product = np.uint64(words[pos]) * bound
-            pos += 1
-            low = product & _LOW
-    return np.int64(product >> _SHIFT), pos
+    return (_word(words, pos) << _SHIFT) | _word(words, pos + 1)
 
 
 # --- one report --------------------------------------------------------------------------
@@ -89,8 +85,10 @@ def _draw_subset(words, pos, value, k, q, keep_threshold, stamp, mark, picks):
 
     Floyd's algorithm as veil.mechanism._random.choose, over the k - 1 other categories (index
     i stands for category i + (i >= value)); stamp[i] == mark says i is already chosen in
-    this report, so the stamp array never needs clearing."""
-    if words.size - pos < 2:
+    this report, so the stamp array never needs clearing. Each below(j + 1) is Lemire's, inlined
+    (see "one decision")."""
+    size = words.size
+    if size - pos < 2:
         return _OUT
     c = 0
     # The kept value goes first and no flag outlives this branch: with a flag tested after the
@@ -100,13 +98,25 @@ def _draw_subset(words, pos, value, k, q, keep_threshold, stamp, mark, picks):
         c = 1
     pos += 2
     others = k - 1
-    for j in range(others - (q - c), others):
-        t, pos = _below(words, pos, j + 1)
-        if pos == _OUT:
-            return _OUT
-        pick = j if stamp[t] == mark else t
-        stamp[pick] = mark
-        picks[c] = pick + (pick >= value)
+    first = others - (q - c)
+    if size - pos < others - first:
+        return _OUT
+    for j in range(first, others):
+        bound = np.uint64(j + 1)
+        product = _word(words, pos) * bound
+        pos += 1
+        if (product & _LOW) < bound:
+            # A rejection: its next try and the later draws need others - j words.
+            floor = (_WORD - bound) % bound
+            while (product & _LOW) < floor:
+                if size - pos < others - j:
+                    return _OUT
+                product = _word(words, pos) * bound
+                pos += 1
+        t = np.int64(product >> _SHIFT)
+        pick = j if stamp[np.uint64(t)] == mark else t
+        stamp[np.uint64(pick)] = mark
+        picks[np.uint64(c)] = pick + (pick >= value)
         c += 1
     return pos
 
@@ -197,16 +207,52 @@ def _unpack_bits(bitmap, picks):
 @_kernel
 def subset_counts(words, values, k, q, keep_threshold, rows, n, v):
     """Randomize values under a q-subset design and add the reports into n and v.
-    Returns (reports done, words used)."""
+    Returns (reports done, words used).
+
+    _draw_subset with each pick added into the counts as it is drawn, not kept and added after
+    (a fifth faster, measured). A report that runs out of words midway is taken back: its
+    picks are exactly the indices stamped with its mark, and its kept value is added only once
+    it is complete."""
     stamp = np.full(k - 1, -1, np.int64)
-    picks = np.empty(q, np.int64)
+    row = rows[q]
+    counts = v[row]
+    size = words.size
+    others = k - 1
     pos = 0
     for i in range(values.size):
-        following = _draw_subset(words, pos, values[i], k, q, keep_threshold, stamp, i, picks)
-        if following == _OUT:
+        value = values[i]
+        if size - pos < 2:
             return i, pos
-        _add_report(picks, q, rows, n, v)
-        pos = following
+        keep = _bits64(words, pos) < keep_threshold
+        first = others - q + keep
+        at = pos + 2
+        if size - at < others - first:
+            return i, pos
+        j = first
+        while j < others:
+            bound = np.uint64(j + 1)
+            product = _word(words, at) * bound
+            at += 1
+            if (product & _LOW) < bound:
+                floor = (_WORD - bound) % bound
+                while (product & _LOW) < floor and size - at >= others - j:
+                    product = _word(words, at) * bound
+                    at += 1
+                if (product & _LOW) < floor:
+                    break  # the words ran out
+            t = np.int64(product >> _SHIFT)
+            pick = j if stamp[np.uint64(t)] == i else t
+            stamp[np.uint64(pick)] = i
+            counts[np.uint64(pick + (pick >= value))] += 1
+            j += 1
+        if j < others:
+            for index in range(others):
+                if stamp[index] == i:
+                    counts[index + (index >= value)] -= 1
+            return i, pos
+        counts[value] += keep
+        n[row] += 1
+        pos = at
     return values.size, pos
 
 
@@ -461,3 +507,51 @@ def encode_categories(numbers, tags, prefixes, lengths, out):
                 out[at + 1 + b] = np.uint8((word >> np.uint64(8 * b)) & _BYTE)
             at += 9
     return at
+
+
+# --- a simulation keystream --------------------------------------------------------------
+
+_ROTATE = np.uint64(24)
+_ROTATE_BACK = np.uint64(64 - 24)
+_RIGHT_SHIFT = np.uint64(11)
+_LEFT_SHIFT = np.uint64(3)
+_ONE = np.uint64(1)
+
+
+@_kernel
+def _sfc64_next(a, b, c, counter):
+    """One step of SFC64: (output, a, b, c, counter) after it."""
+    output = a + b + counter
+    rotated = (c << _ROTATE) | (c >> _ROTATE_BACK)
+    return output, b ^ (b >> _RIGHT_SHIFT), c + (c << _LEFT_SHIFT), rotated + output, counter + _ONE
+
+
+@_kernel
+def sfc64_fill(state, out):
+    """Write the next out.size words of an SFC64 stream into out (uint32), each 64-bit output
+    split into two words, low half first. state (uint64, 6) is a, b, c, counter, then a pending
+    high half and whether there is one (1 or 0): left by a fill of odd length, it is the next
+    fill's first word, so the words do not depend on how the stream is split into fills.
+
+    SFC64 is Chris Doty-Humphrey's Small Fast Chaotic generator, 64-bit variant, from his
+    PractRand suite; numpy.random.SFC64 implements the same steps. 256 bits of state, of which
+    a 64-bit counter that makes every cycle at least 2**64 outputs long. Not cryptographically
+    secure (its state follows from a few outputs): for simulation only."""
+    a, b, c, counter = state[0], state[1], state[2], state[3]
+    size = out.size
+    i = 0
+    if state[5] != 0 and size > 0:
+        out[0] = np.uint32(state[4])
+        state[5] = 0
+        i = 1
+    while i + 1 < size:
+        output, a, b, c, counter = _sfc64_next(a, b, c, counter)
+        out[np.uint64(i)] = np.uint32(output & _LOW)
+        out[np.uint64(i + 1)] = np.uint32(output >> _SHIFT)
+        i += 2
+    if i < size:
+        output, a, b, c, counter = _sfc64_next(a, b, c, counter)
+        out[np.uint64(i)] = np.uint32(output & _LOW)
+        state[4] = output >> _SHIFT
+        state[5] = 1
+    state[0], state[1], state[2], state[3] = a, b, c, counter

@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from . import _kernels
+
 __all__ = ["Keystream", "AesCtrKeystream", "FastKeystream"]
 
 
@@ -56,7 +58,10 @@ class AesCtrKeystream:
 
 
 class FastKeystream:
-    """numpy's PCG64 from a seed, each 64-bit output split into two words, low half first.
+    """SFC64 (Chris Doty-Humphrey's Small Fast Chaotic generator; see _kernels.sfc64_fill)
+    seeded as numpy.random.SFC64(seed) is, through numpy's SeedSequence: the words are exactly
+    numpy.random.SFC64(seed).random_raw()'s 64-bit outputs, each split into two words, low half
+    first. A numba kernel writes them straight into out, with no temporary arrays.
 
     For simulation only: fast and reproducible per seed, but NOT cryptographically secure (its
     state can be recovered from its output). Never use it to randomize real reports.
@@ -64,20 +69,15 @@ class FastKeystream:
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self._bits = np.random.PCG64(seed)
-        self._carry: np.uint32 | None = None  # the high half of a 64-bit output split across fills
+        # a, b, c, counter after numpy's seeding, then a pending high half and whether there
+        # is one (a fill of odd length leaves it for the next fill).
+        self._state = np.zeros(6, np.uint64)
+        self._state[:4] = np.random.SFC64(seed).state["state"]["state"]
 
     def fill(self, out: np.ndarray) -> None:
-        start = 0
-        if self._carry is not None and out.size:
-            out[0] = self._carry
-            self._carry = None
-            start = 1
-        need = out.size - start
-        words = self._bits.random_raw((need + 1) // 2).astype("<u8", copy=False).view("<u4")
-        out[start:] = words[:need]
-        if need % 2:
-            self._carry = words[-1]
+        if out.dtype != np.uint32 or out.ndim != 1:
+            raise TypeError("A keystream fills a one-dimensional uint32 array.")
+        _kernels.sfc64_fill(self._state, out)
 
     def __repr__(self) -> str:
-        return f"FastKeystream(seed={self.seed!r}, simulation only, not secure)"
+        return f"FastKeystream(seed={self.seed!r}, SFC64, simulation only, not secure)"
