@@ -113,10 +113,16 @@ def labels(k: int) -> list[str]:
 # --- the aggregator -------------------------------------------------------------------------
 
 
-def config_dict(ks: list[int], epsilons: list[float], store_url: str) -> dict[str, Any]:
-    """Every cell's metric, three windows each; ports chosen by the kernel; defaults otherwise."""
+def config_dict(ks: list[int], epsilons: list[float], store_url: str, processes: int = 1) -> dict[str, Any]:
+    """Every cell's metric, three windows each; defaults otherwise. Ports are chosen by the
+    kernel, except with several worker processes, which need a fixed gRPC port to share."""
+    from redis_server import free_port
+
+    server: dict[str, Any] = {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"}
+    if processes > 1:
+        server = {"grpc": f"127.0.0.1:{free_port()}", "http": f"127.0.0.1:{free_port()}", "processes": processes}
     return {
-        "server": {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"},
+        "server": server,
         "store": {"url": store_url},
         "metrics": [{"name": metric_name(k, e), "labels": labels(k), "mechanism": MECHANISM, "epsilon": e,
                      "windows": list(WINDOWS)} for k in ks for e in epsilons],
@@ -200,7 +206,8 @@ def serve(config_path: str) -> int:
 
 
 class AggregatorProcess:
-    """One aggregator subprocess (this file with --serve) and how to reach it."""
+    """One aggregator subprocess (this file with --serve; with server.processes > 1 `veil serve`
+    itself, a supervisor of worker processes) and how to reach it."""
 
     def __init__(self, store: str, store_url: str, config: dict[str, Any], directory: Path) -> None:
         from veil.aggregator.config import parse_config
@@ -212,23 +219,52 @@ class AggregatorProcess:
         self.path.write_text(toml_text(config), encoding="utf-8")
         self.log = directory / f"serve-{store}.log"
         self.since = time.time()
+        command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.path)]
+        if self.config.processes > 1:
+            command = [sys.executable, "-m", "veil.aggregator", "--config", str(self.path)]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.path)],
-                stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                command, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        line = self.process.stdout.readline().split()
-        if len(line) != 3 or line[0] != "ready":
-            self.process.kill()
-            raise RuntimeError(f"the {store} aggregator did not start:\n{self.log_tail()}")
-        self.grpc_port, self.http_port = int(line[1]), int(line[2])
+        if self.config.processes > 1:
+            self.grpc_port, self.http_port = self._wait_for_workers()
+        else:
+            line = self.process.stdout.readline().split()
+            if len(line) != 3 or line[0] != "ready":
+                self.process.kill()
+                raise RuntimeError(f"the {store} aggregator did not start:\n{self.log_tail()}")
+            self.grpc_port, self.http_port = int(line[1]), int(line[2])
         self.endpoint = f"127.0.0.1:{self.grpc_port}"
         self.redis = None  # for the redis store: a RedisStore reading what the aggregator wrote
         self.redis_pid: int | None = None  # and the redis-server's pid, for its CPU use
 
+    def _wait_for_workers(self) -> tuple[int, int]:
+        """(gRPC port, HTTP port) once every worker has logged "aggregator started"."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.process.poll() is None:
+            lines = [json.loads(line) for line in self.log_tail_lines() if line.startswith("{")]
+            if sum(line["msg"] == "aggregator started" for line in lines) >= self.config.processes:
+                return (int(self.config.grpc_address.rpartition(":")[2]),
+                        int(self.config.http_address.rpartition(":")[2]))
+            time.sleep(0.2)
+        self.process.kill()
+        raise RuntimeError(f"the {self.store} aggregator's workers did not start:\n{self.log_tail()}")
+
+    def log_tail_lines(self) -> list[str]:
+        return self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def pids(self) -> list[int]:
+        """The aggregator's process and its worker processes, if any: its CPU is theirs summed."""
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as children:
+                return [self.pid, *map(int, children.read().split())]
+        except OSError:
+            return [self.pid]
 
     def counts(self, metrics: list[str] | None = None) -> dict[str, Any]:
         """What the store holds now (see store_counts)."""
@@ -274,10 +310,13 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
         connection.close()
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of a process, all its threads, from /proc (0 where unknown)."""
+def cpu_seconds(pid: int | list[int] | None) -> float:
+    """User + system CPU seconds of a process (or the sum over several), all threads, from /proc
+    (0 where unknown)."""
     if pid is None:
         return 0.0
+    if isinstance(pid, list):
+        return sum(cpu_seconds(p) for p in pid)
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
@@ -595,7 +634,7 @@ def run_once(load: LoadProcesses, aggregator: AggregatorProcess, shape: Shape, m
 def measure_cell(k: int, epsilon: float, load: LoadProcesses, aggregators: dict[str, AggregatorProcess],
                  ledger: Ledger, args: argparse.Namespace, tag: str) -> dict[str, Any]:
     metric = metric_name(k, epsilon)
-    watches = {store: {"aggregator": a.pid, "redis": a.redis_pid} for store, a in aggregators.items()}
+    watches = {store: {"aggregator": a.pids, "redis": a.redis_pid} for store, a in aggregators.items()}
     combos = [(store, args.shape_table[shape]) for shape in args.shapes for store in aggregators]
     load.command("cell", {"k": k, "epsilon": epsilon, "seed": args.seed})
     processes = len(load.pipes)
@@ -789,6 +828,7 @@ def print_tables(results: dict[str, Any]) -> None:
     print(f"Load: {settings['load_processes']} grpc.aio processes, one channel per in-flight call, pre-serialized "
           f"uploads; median of {settings['rounds']} interleaved rounds. cpu = cores busy in the aggregator "
           "(agg), redis-server (rds) and the load processes (ld).")
+    print(f"Aggregator processes per store: {settings['aggregator_processes']} (agg cpu sums them all).")
     shapes = [replace(SHAPES[name], in_flight=shape["in_flight"]) for name, shape in settings["shapes"].items()]
     head = " | ".join(f"{s.describe():^45}" for s in shapes)
     print()
@@ -894,6 +934,9 @@ duplicate, the encoding differs from the SDK's, or an estimates response is malf
                         help="cached estimate calls per store and protocol (default 2000; 40 with --quick)")
     parser.add_argument("--fresh-calls", type=int,
                         help="fresh (recomputing) estimate calls per store and protocol (default 200; 8 with --quick)")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="server.processes of the Redis store's aggregator: N worker processes sharing the "
+                             "gRPC port, run by `veil serve` (the memory store keeps 1; default 1)")
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the true values and of FastKeystream")
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/ingest.json)")
     parser.add_argument("--serve", metavar="CONFIG", help=argparse.SUPPRESS)
@@ -906,6 +949,8 @@ duplicate, the encoding differs from the SDK's, or an estimates response is malf
         args.latency_calls = 40 if args.quick else 2000
     if args.fresh_calls is None:
         args.fresh_calls = 8 if args.quick else 200
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     if args.rounds < 1 or args.seconds <= 0 or args.latency_calls < 4 or args.fresh_calls < 0:
         parser.error("--rounds must be at least 1, --seconds above 0, --latency-calls at least 4")
     in_flight = {"large": args.large_in_flight, "small": args.small_in_flight}
@@ -955,7 +1000,9 @@ def main(argv: list[str] | None = None) -> int:
                     url = redis_server.url
                 else:
                     url = "memory"
-                aggregator = AggregatorProcess(store, url, config_dict(args.ks, args.epsilons, url), Path(scratch))
+                processes = args.processes if store == "redis" else 1  # memory counts live in one process
+                aggregator = AggregatorProcess(store, url, config_dict(args.ks, args.epsilons, url, processes),
+                                               Path(scratch))
                 if store == "redis":
                     from veil.aggregator.store import RedisStore
 
@@ -1012,10 +1059,12 @@ def main(argv: list[str] | None = None) -> int:
                               "reports_per_process_bounds": list(shape.bounds)}
                        for name, shape in args.shape_table.items()},
             "load_processes": args.load_processes,
+            "aggregator_processes": {store: a.config.processes for store, a in aggregators.items()},
             "load": "grpc.aio, one channel per in-flight call, generic unary-unary call on pre-serialized "
                     "UploadRequest bytes, fresh batch ids per run",
             "aggregator": "subprocess: bench_ingest.py --serve CONFIG (veil serve's logging, load_config, Aggregator "
-                          "defaults) + /bench/counts page",
+                          "defaults) + /bench/counts page; with --processes N > 1 on Redis: python -m veil.aggregator "
+                          "--config CONFIG (server.processes = N, CPU summed over the supervisor and workers)",
             "reports": f"true values Zipf {ZIPF_EXPONENT} over a seeded permutation; FastKeystream seeded from "
                        f"{args.seed}; counts per prefix by veil.aggregator.simulate.count_reports",
             "latency_calls": args.latency_calls,

@@ -39,13 +39,15 @@ class ServeProcess:
     """`python -m veil.aggregator --config FILE` on a fixed gRPC port, killable and restartable."""
 
     def __init__(self, directory: Path, store_url: str, *, sections: dict | None = None,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
-        """sections: more tables of the config file (e.g. tls, auth); credentials: how to reach
-        a TLS listener when waiting for it to start."""
+                 credentials: grpc.ChannelCredentials | None = None, server: dict | None = None) -> None:
+        """sections: more tables of the config file (e.g. tls, auth); server: more [server] keys
+        (e.g. processes, a fixed http address); credentials: how to reach a TLS listener when
+        waiting for it to start."""
         self.grpc_port = free_port()
         self.config = directory / "veil.toml"
         self.log = directory / "serve.log"
-        self.config.write_text(_toml({**config_dict(store_url, self.grpc_port), **(sections or {})}))
+        self.config.write_text(_toml({**config_dict(store_url, self.grpc_port, **(server or {})),
+                                      **(sections or {})}))
         self.credentials = credentials
         self.process: subprocess.Popen | None = None
 

@@ -11,6 +11,7 @@
     workers = 16                  # gRPC handler threads
     max_concurrent_rpcs = 128     # gRPC calls in progress or queued, at most (default workers * 8)
     max_streams = 8               # Watch (server-streaming) calls at once, at most (default workers / 2)
+    processes = 1                 # worker processes sharing the gRPC port (SO_REUSEPORT); > 1 needs Redis
 
     [store]
     url = "memory"                # or "memory:///path/snapshot.json", "redis://host:6379/0", "rediss://..."
@@ -189,6 +190,7 @@ class AggregatorConfig:
     workers: int = _DEFAULT_WORKERS
     max_concurrent_rpcs: int = _DEFAULT_WORKERS * 8
     max_streams: int = _DEFAULT_WORKERS // 2
+    processes: int = 1  # worker processes sharing the gRPC port; workers, limits and streams are per process
     tls: TlsConfig | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
     store_options: Mapping[str, object] = field(default_factory=dict)  # keyword arguments of the store
@@ -198,8 +200,10 @@ class AggregatorConfig:
         return next((m for m in self.metrics if m.name == name), None)
 
 
-def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | None = None) -> AggregatorConfig:
-    """Read and check a config file (argument, else $VEIL_CONFIG)."""
+def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | None = None,
+                processes: int | None = None) -> AggregatorConfig:
+    """Read and check a config file (argument, else $VEIL_CONFIG); `processes` overrides
+    server.processes (`veil serve --processes`)."""
     path = path or os.environ.get(ENV_CONFIG)
     if not path:
         raise ConfigError(f"No config file: pass --config or set {ENV_CONFIG}.")
@@ -209,18 +213,18 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
         raise ConfigError(f"{path}: cannot read the config file ({err.strerror or err}).") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err}).") from None
-    return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent)
+    return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes)
 
 
 def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_url: str | None = None,
-                 base: str | os.PathLike[str] | None = None) -> AggregatorConfig:
+                 base: str | os.PathLike[str] | None = None, processes: int | None = None) -> AggregatorConfig:
     """Check a parsed config; relative file paths are taken relative to `base` (default: the
     working directory)."""
     _only(data, {"server", "store", "metrics", "tls", "auth"}, "")
     server = _table(data, "server")
     store = _table(data, "store")
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
-                   "workers", "max_concurrent_rpcs", "max_streams"}, "server.")
+                   "workers", "max_concurrent_rpcs", "max_streams", "processes"}, "server.")
     _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
@@ -234,9 +238,11 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     base_dir = Path(base) if base is not None else Path.cwd()
     workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
+    grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
+    processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
     return AggregatorConfig(
         metrics=metrics,
-        grpc_address=_address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False),
+        grpc_address=grpc_address,
         http_address=_address(server.get("http", _DEFAULT_HTTP), "server.http", allow_empty=True),
         store_url=url,
         store_options=_store_options(store, url),
@@ -249,10 +255,25 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         max_concurrent_rpcs=_whole(server.get("max_concurrent_rpcs", workers * 8), "server.max_concurrent_rpcs",
                                    low=1),
         max_streams=_whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1),
+        processes=processes,
         tls=_tls(data, base_dir),
         auth=_auth(data, base_dir, {m.name for m in metrics}, max_batch),
         source=source,
     )
+
+
+def _processes(value: object, url: str, grpc_address: str) -> int:
+    processes = _whole(value, "server.processes", low=1)
+    if processes == 1:
+        return 1
+    if url == "memory" or url.startswith("memory:"):
+        # Each process would count into its own memory: estimates would see a share of the reports.
+        raise ConfigError(f"store.url: the memory store lives inside one process, so server.processes = "
+                          f"{processes} needs a shared store (redis://...); use server.processes = 1.")
+    if grpc_address.rpartition(":")[2] == "0":
+        raise ConfigError(f"server.grpc: port 0 gives each of the server.processes = {processes} workers a port "
+                          f"of its own; give a fixed port.")
+    return processes
 
 
 def token_digest(token: str) -> bytes:

@@ -14,6 +14,11 @@ gRPC refuses, unread, any message larger than the largest valid upload (max_mess
 at most server.max_concurrent_rpcs calls are in progress or queued (more get
 RESOURCE_EXHAUSTED at once), at most server.max_streams of them Watch streams (each holds a
 worker thread); each upload token has a rate limit in reports per second.
+
+With server.processes = N > 1 this class is one of N worker processes started by `veil serve`
+(see _workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
+1/N of the configured ones, and its counters go to PROMETHEUS_MULTIPROC_DIR, which the one
+worker with an HTTP listener sums into /metrics.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -34,10 +41,11 @@ from prometheus_client import CollectorRegistry
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
-from ._auth import AccessInterceptor
+from ._auth import AccessInterceptor, rate_limiter
 from ._errors import ConfigError
+from ._ratelimit import RateLimiter
 from ._tls import ServerTls
-from .config import AggregatorConfig
+from .config import AggregatorConfig, AuthConfig
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
@@ -84,6 +92,36 @@ def _loopback(address: str) -> bool:
         return False  # a name, or "" / 0.0.0.0: reachable from elsewhere
 
 
+def _worker_limiter(auth: AuthConfig, processes: int) -> RateLimiter:
+    """This process's share of every token's rate and burst. SO_REUSEPORT spreads connections,
+    not calls, over the processes, so the N shares add up to the configured limit only while a
+    token's connections are spread evenly (a token on one connection gets 1/N of it)."""
+    if processes == 1:
+        return rate_limiter(auth)
+    tokens = tuple(replace(t, rate_limit=t.rate_limit / processes, rate_burst=t.rate_burst / processes)
+                   for t in auth.tokens)
+    return rate_limiter(replace(auth, tokens=tokens, anonymous_rate_limit=auth.anonymous_rate_limit / processes,
+                                anonymous_rate_burst=auth.anonymous_rate_burst / processes))
+
+
+def _exported_registry(config: AggregatorConfig, instruments: Instruments, live: LiveEstimates) -> CollectorRegistry:
+    """What /metrics serves: this process's instruments, or with several worker processes the sum
+    of every worker's (prometheus_client multiprocess mode, files in PROMETHEUS_MULTIPROC_DIR).
+    The estimates come from the shared store, so one process exports them either way."""
+    if config.processes == 1:
+        registry = instruments.registry
+    else:
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            raise ConfigError(f"server.processes: {config.processes} worker processes are started by `veil serve`, "
+                              f"which gives them PROMETHEUS_MULTIPROC_DIR; use server.processes = 1 here.")
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    registry.register(EstimatesCollector(live))
+    return registry
+
+
 class Aggregator:
     def __init__(self, config: AggregatorConfig, *, store: Store | None = None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
@@ -92,7 +130,7 @@ class Aggregator:
         self.store = store if store is not None else open_configured_store(config)
         self.instruments = Instruments(registry)
         self.live = LiveEstimates(config, self.store, clock=clock)
-        self.instruments.registry.register(EstimatesCollector(self.live))
+        exported = _exported_registry(config, self.instruments, self.live)
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._health = health.HealthServicer()
@@ -100,12 +138,13 @@ class Aggregator:
 
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.access = AccessInterceptor(config.auth, max_streams=config.max_streams,
-                                        registry=self.instruments.registry)
+                                        registry=self.instruments.registry,
+                                        limiter=_worker_limiter(config.auth, config.processes))
         limit = max_message_bytes(config)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
             interceptors=[self.access],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", int(config.processes > 1))],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(
@@ -125,7 +164,7 @@ class Aggregator:
         self._http = None
         if config.http_address:
             try:
-                self._http = HttpListener(config.http_address, self.live, self.instruments.registry,
+                self._http = HttpListener(config.http_address, self.live, exported,
                                           lambda: self._store_ok is True,
                                           dashboard.pages() if pages is None else pages,
                                           tls=self.tls, authenticator=self.access.authenticator)

@@ -18,18 +18,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and exit: 0 when the config is good")
     parser.add_argument("--log-format", choices=("json", "text"), default="json", help="log line format (default json)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    parser.add_argument("--processes", type=int, metavar="N",
+                        help="override server.processes: N worker processes share the gRPC port (SO_REUSEPORT), "
+                             "about one per core; N > 1 needs a Redis store and a fixed gRPC port, and makes "
+                             "server.workers, max_concurrent_rpcs and max_streams per process and each token's "
+                             "rate limit 1/N per process (default: the config, else 1)")
+    # A worker of a `--processes N` supervisor; set by the supervisor only.
+    parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     parser.epilog = ("SIGTERM or Ctrl-C stops it gracefully: health turns NOT_SERVING, in-flight uploads get "
-                     "server.grace_period seconds to finish, then it exits 0.")
+                     "server.grace_period seconds to finish, then it exits 0. With --processes N the supervisor "
+                     "forwards the signal to every worker, restarts a worker that dies, and exits when all have "
+                     "stopped.")
 
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import StoreError
     from .._logging import configure_logging
     from ..config import load_config
-    from ..daemon import Aggregator, open_configured_store
 
     configure_logging(args.log_format, args.log_level)
-    config = load_config(args.config, store_url=args.store)
+    config = load_config(args.config, store_url=args.store, processes=args.processes)
+    if args.worker_index is not None:
+        from .._workers import label_worker_logs
+
+        label_worker_logs(args.worker_index, args.log_format)
+        return _serve(config, args.worker_index)
+    if config.processes > 1 and not args.check_config:
+        from .._workers import supervise  # imports no gRPC: the workers are fresh interpreters
+
+        return supervise(config, [sys.executable, "-m", "veil.aggregator", "--config", config.source,
+                                  "--processes", str(config.processes), "--log-format", args.log_format,
+                                  "--log-level", args.log_level])
+    from ..daemon import open_configured_store
+
     if args.check_config:
         store = open_configured_store(config)
         try:
@@ -40,15 +61,27 @@ def run(args: argparse.Namespace) -> int:
         finally:
             store.close()
         print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")
-        print(f"access: {_access(config)}")
+        print(f"access: {_access(config)}" + (f"; {config.processes} worker processes" if config.processes > 1 else ""))
         return 0
-    aggregator = Aggregator(config)
+    return _serve(config, None)
+
+
+def _serve(config, worker: int | None) -> int:
+    """Serve until SIGTERM or SIGINT, as the one daemon (worker None) or as worker `worker` of a
+    supervisor (only worker 0 runs the HTTP listener: the store holds everything it shows)."""
+    from dataclasses import replace
+
+    from ..daemon import Aggregator
+
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    if worker:
+        config = replace(config, http_address="")
+    aggregator = Aggregator(config)
     aggregator.start()
     scheme = " with TLS" if config.tls else ""
-    print(f"veil: serving gRPC{scheme} on port {aggregator.grpc_port}"
+    print(f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
           + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
           + f" ({_access(config)})", file=sys.stderr, flush=True)
     while not stop.wait(0.5):

@@ -1,0 +1,246 @@
+"""`veil serve` with server.processes = 2 on a real redis-server: a supervisor and two worker
+processes sharing the gRPC port; exact counts, /metrics summed over both, restarts, shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+from redis_server import free_port
+from running import _toml, config_dict, estimates, make_upload, wait_until
+
+from veil.client import Reporter
+from veil.mechanism import SeededRandomSource
+from veil.wire.v1 import veil_pb2_grpc
+
+CHANNELS = 16  # connections; SO_REUSEPORT puts all on one of two workers with chance 2**-15
+UPLOADS_EACH = 25
+REPORTS = 10
+
+
+def log_lines(serve) -> list[dict]:
+    return [json.loads(line) for line in serve.log.read_text().splitlines() if line.startswith("{")]
+
+
+def workers(serve) -> dict[int, int]:
+    """Worker index -> pid of its latest start, from the supervisor's log."""
+    return {line["worker"]: line["pid"] for line in log_lines(serve) if line["msg"] == "worker started"}
+
+
+def started(serve, count: int) -> bool:
+    return sum(line["msg"] == "aggregator started" for line in log_lines(serve)) >= count
+
+
+def start_two(serve_process, redis_url: str):
+    http_port = free_port()
+    serve = serve_process(redis_url, server={"processes": 2, "http": f"127.0.0.1:{http_port}"}).start()
+    assert wait_until(lambda: started(serve, 2), 30), serve.log.read_text()
+    return serve, http_port
+
+
+def metric_sum(http_port: int, name: str, **labels: str) -> float:
+    """The sum of a /metrics series' samples with these labels."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def connections(pid: int, port: int) -> int:
+    """Established TCP connections process `pid` holds on its local `port` (from /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                found += state == "01" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def metrics_dir(pid: int) -> str:
+    """The worker's PROMETHEUS_MULTIPROC_DIR, from its environment."""
+    with open(f"/proc/{pid}/environ") as environ:
+        return dict(e.split("=", 1) for e in environ.read().split("\0") if "=" in e)["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def test_two_workers_share_the_port_count_exactly_and_stop_together(redis_server, serve_process):
+    serve, http_port = start_two(serve_process, redis_server.url)
+    pids = workers(serve)
+    assert sorted(pids) == [0, 1]
+    shared = metrics_dir(pids[1])
+    assert os.path.isdir(shared) and metrics_dir(pids[0]) == shared
+
+    # A local subchannel pool per channel: a connection each, rather than one shared by all.
+    channels = [grpc.insecure_channel(serve.endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(CHANNELS)]
+    try:
+        def send(channel: grpc.Channel, seed: int) -> None:
+            stub = veil_pb2_grpc.CollectorStub(channel)
+            for i in range(UPLOADS_EACH):
+                assert stub.Upload(make_upload("os", REPORTS, seed=seed * 1000 + i), timeout=30).accepted
+
+        threads = [threading.Thread(target=send, args=(c, s)) for s, c in enumerate(channels)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        held = {index: connections(pid, serve.grpc_port) for index, pid in pids.items()}
+        assert sum(held.values()) == CHANNELS and all(held.values()), held  # both workers took calls
+    finally:
+        for channel in channels:
+            channel.close()
+
+    sent = CHANNELS * UPLOADS_EACH
+    (total,) = estimates(serve.endpoint, "os", "total").estimates
+    assert total.n == sent * REPORTS
+    # Worker 0 alone serves HTTP, and its /metrics counts the calls of both workers.
+    assert metric_sum(http_port, "veil_uploads_total", metric="os", outcome="accepted") == sent
+    assert metric_sum(http_port, "veil_reports_counted_total", metric="os") == sent * REPORTS
+    assert metric_sum(http_port, "veil_window_reports", metric="os", window="total") == sent * REPORTS
+
+    assert serve.signal(signal.SIGTERM) == 0
+    assert not any(alive(pid) for pid in pids.values())
+    assert not os.path.exists(shared)
+    lines = log_lines(serve)
+    assert {line.get("worker") for line in lines if line["msg"] == "aggregator stopped"} == {0, 1}
+    assert lines[-1]["msg"] == "supervisor stopped"
+
+
+def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, serve_process):
+    serve, http_port = start_two(serve_process, make_redis_server().url)
+    first = workers(serve)
+    shared = metrics_dir(first[0])
+    reporters = [Reporter(serve.endpoint, tls=False, memoize=False, random_source=SeededRandomSource(seed),
+                          max_queue_size=4001, max_batch_size=100, schedule_delay_ms=20, export_timeout_ms=1000,
+                          retry_initial_backoff_ms=20, retry_max_backoff_ms=200) for seed in range(4)]
+
+    def load(reporter: Reporter, seed: int) -> None:
+        assert reporter.wait_for_specs(30)
+        rng = random.Random(seed)
+        for i in range(4000):
+            reporter.report("os", rng.randrange(6))
+            if i % 100 == 99:
+                time.sleep(0.05)  # about 2 s of steady load at least, across the kills
+
+    threads = [threading.Thread(target=load, args=(r, s)) for s, r in enumerate(reporters)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    os.kill(first[1], signal.SIGKILL)
+    assert wait_until(lambda: workers(serve).get(1, first[1]) != first[1], 15), serve.log.read_text()
+    assert wait_until(lambda: started(serve, 3), 30)  # the new worker 1 serves: one is always up
+    os.kill(first[0], signal.SIGKILL)  # the HTTP one too
+    for t in threads:
+        t.join()
+    for reporter in reporters:
+        assert reporter.force_flush(60), reporter.counters()
+    counters = [r.counters() for r in reporters]
+    for reporter in reporters:
+        reporter.shutdown(5)
+
+    assert all(c.dropped == 0 and c.failed == 0 for c in counters), counters
+    assert sum(c.sent for c in counters) == 16000
+    assert wait_until(lambda: started(serve, 4), 30)  # the restarted worker 0 serves HTTP again
+    (total,) = estimates(serve.endpoint, "os", "total").estimates
+    assert total.n == 16000
+    exits = [line for line in log_lines(serve) if line["msg"] == "worker exited unexpectedly; restarting it"]
+    assert [(e["worker"], e["pid"], e["signal"]) for e in exits] == [(1, first[1], "SIGKILL"),
+                                                                     (0, first[0], "SIGKILL")]
+    assert metric_sum(http_port, "veil_window_reports", metric="os", window="total") == 16000
+
+    # Workers die with their supervisor, even one killed outright (they get SIGTERM and drain).
+    latest = workers(serve)
+    assert serve.signal(signal.SIGKILL) == -signal.SIGKILL
+    assert wait_until(lambda: not any(alive(pid) for pid in latest.values()), 15)
+    shutil.rmtree(shared)  # a killed supervisor cannot remove it
+
+
+def serve_once(tmp_path, data: dict, *args: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "veil.toml"
+    path.write_text(_toml(data))
+    return subprocess.run([sys.executable, "-m", "veil.aggregator", "--config", str(path), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_configs_that_cannot_run_several_processes_fail_in_one_line(tmp_path, redis_server):
+    out = serve_once(tmp_path, config_dict("memory", free_port()), "--processes", "2")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("veil serve: store.url: ") and "server.processes = 2" in out.stderr
+
+    out = serve_once(tmp_path, config_dict(redis_server.url, 0, processes=2))
+    assert out.returncode == 2 and out.stderr.startswith("veil serve: server.grpc: port 0"), out.stderr
+
+    out = serve_once(tmp_path, config_dict(redis_server.url, free_port()), "--processes", "0")
+    assert out.returncode == 2 and out.stderr.startswith("veil serve: server.processes: "), out.stderr
+
+    with socket.socket() as taken:  # another server on the port: no worker may join it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        out = serve_once(tmp_path, config_dict(redis_server.url, taken.getsockname()[1]), "--processes", "2")
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"veil serve: server.grpc: cannot listen on {address}"), out.stderr
+        out = serve_once(tmp_path, config_dict(redis_server.url, free_port(), http=address), "--processes", "2")
+        assert out.returncode == 2 and out.stderr.startswith(f"veil serve: server.http: cannot listen on {address}")
+
+
+def test_workers_failing_at_start_make_the_supervisor_give_up(redis_server, serve_process):
+    serve, _ = start_two(serve_process, redis_server.url)
+    pids = workers(serve)
+    serve.config.unlink()  # from now on every worker started fails at once (no config file)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    assert serve.process.wait(timeout=60) == 1
+    assert not any(alive(pid) for pid in workers(serve).values())
+    (gave_up,) = [line for line in log_lines(serve) if line["msg"].startswith("worker keeps exiting")]
+    assert gave_up["level"] == "error" and gave_up["exit_code"] == 2 and gave_up["fast_exits"] == 3
+
+
+def test_each_worker_enforces_its_share_of_a_rate_limit():
+    from running import auth_section
+
+    from veil.aggregator.config import parse_config
+    from veil.aggregator.daemon import _worker_limiter
+
+    data = config_dict("redis://127.0.0.1:1/0", 50051)
+    data["auth"] = auth_section(rate_limit=40000, rate_burst=80000)
+    auth = parse_config(data).auth
+    assert _worker_limiter(auth, 1).limit("app-a") == (40000, 80000)
+    halves = _worker_limiter(auth, 2)
+    assert halves.limit("app-a") == (20000, 40000) and halves.limit("app-b") == (20000, 40000)
+    assert halves.take("app-a", 40000) == 0.0 and halves.take("app-a", 10) > 0  # half the burst is all it has
+
+
+def test_help_documents_processes():
+    out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "serve", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert "--processes N" in out.stdout and "--worker-index" not in out.stdout
