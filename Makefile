@@ -7,14 +7,15 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-all bench bench-quick proto-check redis-server chromium clean help
+.PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job)"
 	@echo "make test      run the test suite (installs what it needs)"
 	@echo "make test-all  the test suite with the slow statistical tests"
 	@echo "make bench     run the benchmarks against the peer libraries (bench/results/)"
-	@echo "make bench-quick  a seconds-long smoke run of the benchmarks (numbers mean nothing)"
+	@echo "make bench-quick  a minute-long smoke run of the benchmarks (numbers mean nothing)"
+	@echo "make profile   py-spy profiles of the aggregator under ingest load (bench/results/profiles/)"
 	@echo "make clean     remove the virtualenv and caches"
 
 $(VENV)/bin/python:
@@ -58,6 +59,9 @@ bench: $(VENV)/.dev redis-server
 # The same on smoke runs, in bench/results/quick/ (never over the real results); numbers mean nothing.
 bench-quick: $(VENV)/.dev redis-server
 	$(PY) bench/report.py --run --quick
+
+profile: $(VENV)/.dev redis-server
+	$(PY) bench/profile_ingest.py
 
 proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check

@@ -192,3 +192,15 @@ def test_run_never_reports_a_file_it_did_not_write(quick_run, report_module, tmp
     (tmp_path / "client.json").unlink()
     code, printed = run_report(report_module, ["--results-dir", str(tmp_path), "--no-write"])
     assert code == 1 and "PROBLEM: client results missing" in printed
+
+
+def test_profiling_the_aggregator_writes_a_profile_and_counts_exactly(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_ingest
+
+    assert profile_ingest.main(["--shapes", "small", "--ks", "16", "--seconds", "1", "--output", str(tmp_path)]) == 0
+    profile = json.loads((tmp_path / "small-k16.speedscope.json").read_text())
+    assert any(p["samples"] for p in profile["profiles"])
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "counts exact" in summary and "grpc" in summary
+    sys.modules.pop("profile_ingest", None)
