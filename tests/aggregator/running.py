@@ -115,6 +115,20 @@ def estimates(endpoint: str, metric: str = "", window: str = "") -> veil_pb2.Est
     return stub.Get(veil_pb2.EstimatesRequest(metric=metric, window=window), timeout=10)
 
 
+def finish_reporters(threads, reporters) -> list:
+    """Join the load threads, flush and shut down every Reporter; their final counters, after
+    checking that none dropped or failed a report."""
+    for thread in threads:
+        thread.join()
+    for reporter in reporters:
+        assert reporter.force_flush(60), reporter.counters()
+    counters = [r.counters() for r in reporters]
+    for reporter in reporters:
+        reporter.shutdown(5)
+    assert all(c.dropped == 0 and c.failed == 0 for c in counters), counters
+    return counters
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from running import estimates
+from running import estimates, finish_reporters
 
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
@@ -47,15 +47,7 @@ def test_sigkill_mid_load_with_sdk_retries_ends_with_exact_counts(make_redis_ser
         kills += 1
         time.sleep(rng.uniform(0.0, 0.3))
         serve.start()
-    for t in threads:
-        t.join()
-    for reporter in reporters:
-        assert reporter.force_flush(60), reporter.counters()
-    counters = [r.counters() for r in reporters]
-    for reporter in reporters:
-        reporter.shutdown(5)
-
-    assert all(c.dropped == 0 and c.failed == 0 for c in counters), counters
+    counters = finish_reporters(threads, reporters)
     acknowledged = sum(c.sent for c in counters)
     assert acknowledged == REPORTERS * REPORTS_EACH
     (total,) = estimates(serve.endpoint, "os", "total").estimates

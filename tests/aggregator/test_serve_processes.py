@@ -17,7 +17,7 @@ import urllib.request
 
 import grpc
 from redis_server import free_port
-from running import _toml, config_dict, estimates, make_upload, wait_until
+from running import _toml, config_dict, estimates, finish_reporters, make_upload, wait_until
 
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
@@ -159,15 +159,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, ser
     assert wait_until(lambda: workers(serve).get(1, first[1]) != first[1], 15), serve.log.read_text()
     assert wait_until(lambda: started(serve, 3), 30)  # the new worker 1 serves: one is always up
     os.kill(first[0], signal.SIGKILL)  # the HTTP one too
-    for t in threads:
-        t.join()
-    for reporter in reporters:
-        assert reporter.force_flush(60), reporter.counters()
-    counters = [r.counters() for r in reporters]
-    for reporter in reporters:
-        reporter.shutdown(5)
-
-    assert all(c.dropped == 0 and c.failed == 0 for c in counters), counters
+    counters = finish_reporters(threads, reporters)
     assert sum(c.sent for c in counters) == 16000
     assert wait_until(lambda: started(serve, 4), 30)  # the restarted worker 0 serves HTTP again
     (total,) = estimates(serve.endpoint, "os", "total").estimates
