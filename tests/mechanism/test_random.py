@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import random
+from array import array
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations
 
 import pytest
 from scipy import stats
 
 from veil.mechanism import MechanismError, SubsetSpec, SystemRandomSource, WordRandomSource, spec_for
+from veil.mechanism import _random
 from veil.mechanism._random import choose
 
 
@@ -17,7 +23,48 @@ def test_the_default_source_is_the_os_csprng():
     for name in ("subset", "rappor", "rappor-admissible", "krr"):
         default = inspect.signature(type(spec_for(name, 4, 1.0)).randomize).parameters["source"].default
         assert isinstance(default, SystemRandomSource)
-    assert inspect.getsource(SystemRandomSource).count("secrets.") == 2
+    assert "os.urandom(" in inspect.getsource(SystemRandomSource)
+
+
+def test_the_os_source_draws_from_os_words_as_the_word_source_does(monkeypatch):
+    block = random.Random(7).randbytes(4 * _random._BLOCK_WORDS)
+    monkeypatch.setattr(os, "urandom", lambda n: block[:n])
+    _random._forget_blocks()
+    try:
+        system, replay = SystemRandomSource(), WordRandomSource(array("I", block) * 8)
+        draws = [(system.below(n), system.bits64()) for n in range(1, 1500)]  # past the end of a block
+        assert draws == [(replay.below(n), replay.bits64()) for n in range(1, 1500)]
+    finally:
+        _random._forget_blocks()
+
+
+def test_the_os_source_is_uniform():
+    source = SystemRandomSource()
+    seen = Counter(source.below(6) for _ in range(60_000))
+    assert sorted(seen) == list(range(6))
+    assert stats.chisquare([seen[i] for i in range(6)]).pvalue > 1e-6
+
+
+def test_threads_and_forked_children_never_share_os_words():
+    source = SystemRandomSource()
+    source.bits64()  # this thread now holds a block
+
+    def draws() -> list[int]:
+        return [source.bits64() for _ in range(8)]
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.submit(draws).result(), pool.submit(draws).result()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child reports its next draws, which the parent is about to make too
+        os.write(writer, json.dumps(draws()).encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader) as pipe:
+        in_child = json.loads(pipe.read())
+    ours = draws()
+    assert len({tuple(first), tuple(second), tuple(in_child), tuple(ours)}) == 4
 
 
 def test_word_source_below_is_lemire_and_exactly_uniform():

@@ -32,7 +32,7 @@ What each audit asserts, for two true values x != x' of every mechanism at a few
   its issue #11 fix.
 
 The draws: the SDK's Reporter.report randomizes with ``spec.mechanism.randomize(index)``, the
-default source being veil.mechanism's SystemRandomSource (``secrets``, the OS CSPRNG);
+default source being veil.mechanism's SystemRandomSource (``os.urandom``, the OS CSPRNG);
 test_the_sdk_randomizes_through_the_os_csprng checks that on the real path. The audit calls
 exactly that bound method, with no source argument, on the mechanism the SDK builds from the
 aggregator's spec (spec_from_proto), in two processes. The numba batch kernels with the
@@ -46,9 +46,10 @@ import importlib.util
 import inspect
 import math
 import multiprocessing
+import os
 import random
-import secrets
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -72,7 +73,9 @@ from veil.mechanism import (
     RapporSpec,
     SubsetSpec,
     SystemRandomSource,
+    WordRandomSource,
 )
+from veil.mechanism import _random
 from veil.mechanism._specs import ONE64
 
 ALPHA = 1e-6  # family-wise error of each audit: the OS CSPRNG cannot be seeded, so keep it tiny
@@ -544,69 +547,62 @@ def reporter_for(aggregator) -> Reporter:
 
 def test_the_sdk_randomizes_through_the_os_csprng(start_frozen_aggregator, monkeypatch):
     """Reporter.report -> mechanism.randomize(index) with no source -> SystemRandomSource ->
-    secrets.randbits / secrets.randbelow -> os.urandom, checked on the calls report() makes."""
+    os.urandom, checked on the calls report() makes: with every thread's block of OS words
+    forgotten first, each report reads a fresh block from the OS on the calling thread."""
     aggregator = start_frozen_aggregator()
     thread = threading.get_ident()
-    with reporter_for(aggregator) as reporter:
-        for name, metric in reporter.metrics.items():
-            kind = type(metric.mechanism)
-            assert isinstance(inspect.signature(kind.randomize).parameters["source"].default, SystemRandomSource)
-            original = kind.randomize
-            seen: list[tuple[tuple, dict, tuple]] = []
-
-            def spy(self, *args, _original=original, _seen=seen, **kwargs):
-                result = _original(self, *args, **kwargs)
-                _seen.append((args, kwargs, result))
-                return result
-
-            randbits = Recorder(secrets.randbits, thread)
-            randbelow = Recorder(secrets.randbelow, thread)
-            urandom = Recorder(random._urandom, thread)
-            with monkeypatch.context() as patch:
-                patch.setattr(kind, "randomize", spy)
-                patch.setattr(secrets, "randbits", randbits)
-                patch.setattr(secrets, "randbelow", randbelow)
-                # SystemRandom reads the OS CSPRNG through random._urandom (os.urandom).
-                patch.setattr(random, "_urandom", urandom)
-                before = store_counts(aggregator, name)
-                reporter.report(name, metric.labels[1])
-            assert len(seen) == 1 and seen[0][:2] == ((1,), {}), seen  # no source: the default
-            report = seen[0][2]
-            # Every mechanism draws bits64 at least once; all of it from the OS.
-            assert randbits.calls >= 1 and urandom.calls >= randbits.calls + randbelow.calls, name
-            assert reporter.force_flush(10)
-            after = store_counts(aggregator, name)
-            assert after.total == before.total + 1
-            assert (after.totals - before.totals).tolist() == [int(j in report) for j in range(metric.k)]
-
-
-def test_the_sdk_report_is_determined_by_secrets_alone(start_frozen_aggregator, monkeypatch):
-    """With secrets answering constants, every report the SDK sends is the one randomize makes
-    from those constants: no other source of randomness takes part."""
-    aggregator = start_frozen_aggregator()
-    thread = threading.get_ident()
-
-    class Constant:
-        def __init__(self, word: int) -> None:
-            self.word = word
-
-        def below(self, n: int) -> int:
-            return 0
-
-        def bits64(self) -> int:
-            return self.word
-
-    # Words of 0 pass every threshold (keep the true value; flip every RAPPOR bit), words of
-    # 2**64 - 1 none; either way every report is one the design can send.
-    for word in (0, 2**64 - 1):
+    try:
         with reporter_for(aggregator) as reporter:
             for name, metric in reporter.metrics.items():
-                expected = metric.mechanism.randomize(1, Constant(word))
+                kind = type(metric.mechanism)
+                assert isinstance(inspect.signature(kind.randomize).parameters["source"].default, SystemRandomSource)
+                original = kind.randomize
+                seen: list[tuple[tuple, dict, tuple]] = []
+
+                def spy(self, *args, _original=original, _seen=seen, **kwargs):
+                    result = _original(self, *args, **kwargs)
+                    _seen.append((args, kwargs, result))
+                    return result
+
+                sizes: list[int] = []
+                urandom = Recorder(os.urandom, thread, lambda n, _real=os.urandom: sizes.append(n) or _real(n))
                 with monkeypatch.context() as patch:
-                    patch.setattr(secrets, "randbits", Recorder(secrets.randbits, thread, lambda bits: word))
-                    patch.setattr(secrets, "randbelow", Recorder(secrets.randbelow, thread, lambda n: 0))
+                    patch.setattr(kind, "randomize", spy)
+                    patch.setattr(os, "urandom", urandom)
+                    _random._forget_blocks()
                     before = store_counts(aggregator, name)
-                    reporter.report(name, 1)
+                    reporter.report(name, metric.labels[1])
+                assert len(seen) == 1 and seen[0][:2] == ((1,), {}), seen  # no source: the default
+                report = seen[0][2]
+                assert 4 * _random._BLOCK_WORDS in sizes, (name, sizes)  # a block of words from the OS
                 assert reporter.force_flush(10)
-                delta = store_counts(aggregator, name).totals - before.totals
-                assert delta.tolist() == [int(j in expected) for j in range(metric.k)], (name, word)
+                after = store_counts(aggregator, name)
+                assert after.total == before.total + 1
+                assert (after.totals - before.totals).tolist() == [int(j in report) for j in range(metric.k)]
+    finally:
+        _random._forget_blocks()
+
+
+def test_the_sdk_report_is_determined_by_the_os_words_alone(start_frozen_aggregator, monkeypatch):
+    """With os.urandom answering fixed bytes, every report the SDK sends is the one randomize
+    makes from the same words: no other source of randomness takes part."""
+    aggregator = start_frozen_aggregator()
+    thread = threading.get_ident()
+    try:
+        for seed in (1, 2):
+            block = random.Random(seed).randbytes(4 * _random._BLOCK_WORDS)
+            words = array("I", block) * 64  # the blocks a report reads, one after another
+            with reporter_for(aggregator) as reporter:
+                for name, metric in reporter.metrics.items():
+                    expected = metric.mechanism.randomize(1, WordRandomSource(words))
+                    with monkeypatch.context() as patch:
+                        patch.setattr(os, "urandom", Recorder(os.urandom, thread, lambda n, _b=block: _b[:n]))
+                        _random._forget_blocks()
+                        before = store_counts(aggregator, name)
+                        reporter.report(name, 1)
+                    _random._forget_blocks()  # the fixed words stay in no block
+                    assert reporter.force_flush(10)
+                    delta = store_counts(aggregator, name).totals - before.totals
+                    assert delta.tolist() == [int(j in expected) for j in range(metric.k)], (name, seed)
+    finally:
+        _random._forget_blocks()
