@@ -183,7 +183,7 @@ def serve(config_path: str) -> int:
     back from its store, so the memory store can be checked from outside. Prints its ports."""
     from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
-    from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.daemon import Aggregator, freeze_startup_heap
 
     configure_logging("json", "info")
     config = load_config(config_path)
@@ -199,6 +199,7 @@ def serve(config_path: str) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     aggregator.start()
+    freeze_startup_heap()
     print(f"ready {aggregator.grpc_port} {aggregator.http_port}", flush=True)
     while not stop.wait(0.5):
         pass

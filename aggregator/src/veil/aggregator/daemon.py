@@ -24,6 +24,7 @@ worker with an HTTP listener sums into /metrics.
 from __future__ import annotations
 
 import datetime
+import gc
 import ipaddress
 import logging
 import os
@@ -52,7 +53,7 @@ from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
 from .store import Store, StoreError, open_store
 
-__all__ = ["Aggregator", "max_message_bytes", "open_configured_store"]
+__all__ = ["Aggregator", "freeze_startup_heap", "max_message_bytes", "open_configured_store"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -72,6 +73,16 @@ def max_message_bytes(config: AggregatorConfig) -> int:
         + len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES
         for m in config.metrics
     )
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (modules, compiled kernels, config, caches: some 10^5 objects)
+    out of the cyclic garbage collector's sight, for a daemon that has just started. Each fresh
+    estimate allocates thousands of objects, so full collections come often, and without this
+    each one walks the whole startup heap (tens of ms under load, in some Get's latency).
+    For the daemon process only: an embedding application keeps its collector as it is."""
+    gc.collect()
+    gc.freeze()
 
 
 def open_configured_store(config: AggregatorConfig) -> Store:

@@ -71,7 +71,7 @@ def _serve(config, worker: int | None) -> int:
     supervisor (only worker 0 runs the HTTP listener: the store holds everything it shows)."""
     from dataclasses import replace
 
-    from ..daemon import Aggregator
+    from ..daemon import Aggregator, freeze_startup_heap
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -80,6 +80,7 @@ def _serve(config, worker: int | None) -> int:
         config = replace(config, http_address="")
     aggregator = Aggregator(config)
     aggregator.start()
+    freeze_startup_heap()
     scheme = " with TLS" if config.tls else ""
     print(f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
           + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
