@@ -36,10 +36,17 @@ class SwitchableStore(MemoryStore):
 
     failing = False
 
-    def versions(self, keys):
+    def _switched(self) -> None:
         if self.failing:
             raise StoreUnavailable("switched off by the test")
+
+    def versions(self, keys):
+        self._switched()
         return super().versions(keys)
+
+    def versioned_read(self, keys, requests):
+        self._switched()
+        return super().versioned_read(keys, requests)
 
 
 @pytest.fixture

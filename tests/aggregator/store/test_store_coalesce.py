@@ -433,14 +433,19 @@ def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
     script = raw.register_script(_ADD_BATCH)
     target = counts_key(key())
     ids = [dedupe_key("m", os.urandom(16)) for _ in range(3)]
-    assert script([ids[1], target], [1, 60, "", "n:1", 4, "v:1:0", 3]) == 0
+    assert script([ids[1], target], [1, 60, "", "n:1", 4, "v:1:0", 3]) == [0, 1]  # applied: each target's version
     before = raw.hgetall(target)
     assert script([*ids, target], [3, 60, "", "n:1", 9, "v:1:0", 9]) == [2]
     assert raw.hgetall(target) == before == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1"}
     assert raw.exists(ids[0], ids[2]) == 0
-    assert script([ids[0], ids[2], target], [2, 60, "", "n:1", 9, "v:1:0", 9]) == 0
+    assert script([ids[0], ids[2], target], [2, 60, "", "n:1", 9, "v:1:0", 9]) == [0, 3]
     assert raw.hgetall(target) == {b"n:1": b"13", b"v:1:0": b"12", b"batches": b"3"}
     assert all(55 <= raw.ttl(i) <= 60 for i in ids)
+    # Several targets: each one's version after the group; -1 for one whose expiry has passed (gone).
+    hour, old = counts_key(key(window="1h", bucket=3600)), counts_key(key(window="1h", bucket=0))
+    more = [dedupe_key("m", os.urandom(16)) for _ in range(2)]
+    assert script([*more, target, hour, old], [2, 60, "", 4102444800, 1, "n:1", 1]) == [0, 5, 2, -1]
+    assert raw.exists(old) == 0 and raw.hget(hour, "batches") == b"2"
 
 
 def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):
@@ -484,8 +489,16 @@ def test_reads_by_field_notice_fields_of_another_design(stores, raw, rng):
         store.read(key(), (3,), 8)
     with pytest.raises(StoreError, match="does not hold counts of this design"):
         store.read_many([(key(window="1h"), (3,), 8), (key(), (3,), 8)])
-    raw.hdel(counts_key(key()), "v:4:1", "batches")  # written by something else than add_batch.lua
+    raw.hdel(counts_key(key()), "v:4:1")
+    raw.hset(counts_key(key(window="x")), mapping={"v:3:1": 2, "batches": 7})  # no n: HLEN differs, HGETALL
+    assert store.versioned_read([], [(key(), (3,), 8), (key(window="x"), (3,), 8)])[1] == [
+        (1, counts), (7, Counts((3,), [0], [[0, 2, 0, 0, 0, 0, 0, 0]]))]
+    raw.hdel(counts_key(key()), "batches")  # written by something else than add_batch.lua
     assert store.read(key(), (3,), 8) == counts
+    assert store.versioned_read([], [(key(), (3,), 8)])[1] == [(0, counts)]
+    raw.hset(counts_key(key(window="x")), "batches", "x")
+    with pytest.raises(StoreError, match="does not hold counts of this design"):
+        store.versioned_read([], [(key(window="x"), (3,), 8)])
     raw.hset(counts_key(key()), "v:3:2", "x")
     with pytest.raises(StoreError, match="does not hold counts of this design"):
         store.read(key(), (3,), 8)
@@ -530,3 +543,35 @@ def test_a_refused_write_is_freed_at_once_without_the_cycle_collector():
         assert [r() for r in refs] == [None] * 6
     finally:
         gc.enable()
+
+
+def test_applied_groups_are_observed_with_each_targets_versions(stores, raw, rng):
+    """observe_applied: every applied group, per target, with the versions it took the target
+    from and to and the counts it added; nothing for duplicates; "forget" (None) for a call
+    that failed, WAIT included, and for a target already expired."""
+    store = stores()
+    seen: list[tuple] = []
+    store.observe_applied(lambda target, before, after, counts: seen.append((target, before, after, counts)))
+    hour = key(window="1h", bucket=3600)
+    first = batch(random_counts((1,), 4, rng), key(), hour)
+    assert store.add(first)
+    assert seen == [(key(), 0, 1, first.counts), (hour, 0, 1, first.counts)]
+    seen.clear()
+    assert store.add(first) is False and seen == []
+    writes = [batch(random_counts((1,), 4, rng), key(), hour) for _ in range(6)]
+    assert run_threads([lambda w=w: store.add(w) for w in [*writes, first]]) == [True] * 6 + [False]
+    for target in (key(), hour):  # the groups chain from version 1 to 7, adding up to the six batches
+        steps = [(before, after, counts) for t, before, after, counts in seen if t == target]
+        assert [before for before, _, _ in steps] == [1] + [after for _, after, _ in steps[:-1]]
+        assert steps[-1][1] == 7
+        assert Counts((1,), sum(c.n for _, _, c in steps), sum(c.v for _, _, c in steps)) == Counts(
+            (1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    seen.clear()
+    assert store.add(batch(random_counts((1,), 4, rng), key(), (key(window="1h", bucket=0), 1)))  # expired
+    assert seen[0][1:3] == (7, 8) and seen[1] == (key(window="1h", bucket=0), None, None, None)
+    waiting = stores(wait_replicas=1, wait_timeout_ms=20)
+    waiting.observe_applied(lambda target, before, after, counts: seen.append((target, before, after, counts)))
+    seen.clear()
+    with pytest.raises(StoreUnavailable):
+        waiting.add(batch(random_counts((1,), 4, rng), key()))
+    assert seen == [(key(), None, None, None)] and store.versions([key()]) == [9]

@@ -3,6 +3,15 @@
 Each bucket's counts carry a version (the number of batches added to it, kept by the store),
 so one cheap round trip tells which cached estimates are stale; only those are read and
 recomputed. Several aggregator processes may share a store: the versions see their writes too.
+
+Where the store says what this process's writes did (observe_applied: bucket, version before,
+version after, counts added), the counts of each (metric, window) last read are kept with the
+version they were read at (versioned_read: one atomic read) and carried forward by each write
+that starts from exactly that version. A stale estimate whose bucket's version, read now, is
+the one kept is computed from the kept counts, without reading them: the very counts the
+store holds at that version. Anything else (a write by another process, a failed write, a
+missed or out-of-order notice, a new bucket) leaves the versions unequal or the entry
+forgotten, and the counts are read.
 """
 
 from __future__ import annotations
@@ -135,7 +144,27 @@ class LiveEstimates:
         self._clock = clock
         self._cache: dict[tuple[str, str], WindowEstimate] = {}
         self._changing: set[tuple[str, str]] = set()  # (metric, window) found changed by the last call
+        # (metric, window) -> (key, version, counts): the bucket's counts at that version, from
+        # an atomic read or carried forward by applied(). Never mutated: served estimates may
+        # share the arrays. Guarded by _lock.
+        self._known: dict[tuple[str, str], tuple[CountsKey, int, Counts]] = {}
         self._lock = threading.Lock()
+
+    def applied(self, key: CountsKey, before: int | None, after: int | None, counts: Counts | None) -> None:
+        """A write of this process took bucket `key` from version `before` to `after` by adding
+        `counts`, atomically (a store's observe_applied hook calls this). The known counts of
+        that bucket at exactly `before` become those at `after`; any other known counts of the
+        (metric, window) are forgotten, as they are when before is None (a failed write)."""
+        name = (key.metric, key.window)
+        with self._lock:
+            held = self._known.pop(name, None)  # forgotten unless carried forward below
+            if held is None or before is None or after is None or counts is None:
+                return
+            held_key, version, known = held
+            if held_key != key or version != before or known.weights != counts.weights or known.k != counts.k:
+                return
+            self._known[name] = (key, after, Counts(known.weights, known.n + counts.n, known.v + counts.v))
+            self._changing.discard(name)  # followed: its counts need not be read along with the versions
 
     def select(self, metric: str | None = None, window: str | None = None) -> list[tuple[MetricConfig, Window]]:
         """The (metric, window) pairs a request names; empty names mean all."""
@@ -163,6 +192,9 @@ class LiveEstimates:
         now = self._clock()
         buckets = [w.bucket(now) for _, w in pairs]
         keys = [CountsKey(m.name, m.spec.fingerprint, w.name, start) for (m, w), (start, _) in zip(pairs, buckets)]
+        versioned = getattr(self._store, "versioned_read", None)
+        if versioned is not None:
+            return self._current_versioned(versioned, pairs, buckets, keys)
         guess = [i for i, (m, w) in enumerate(pairs) if (m.name, w.name) in self._changing]
         fused = getattr(self._store, "versions_and_read", None)
         if guess and fused is not None:
@@ -194,6 +226,61 @@ class LiveEstimates:
                     self._changing.add((m.name, w.name))
                 else:
                     self._changing.discard((m.name, w.name))
+        return results  # type: ignore[return-value]
+
+    def _current_versioned(self, versioned: Callable, pairs: list[tuple[MetricConfig, Window]],
+                           buckets: list[tuple[int, int]], keys: list[CountsKey]) -> list[WindowEstimate]:
+        """current() on a store with versioned_read: every estimate computed here is of counts
+        read together with their version, or of known counts at the version just read."""
+        names = [(m.name, w.name) for m, w in pairs]
+        with self._lock:
+            known = [self._known.get(name) for name in names]
+        # Read along with the versions: the buckets whose counts had to be read last time, and
+        # not followed since (applied() takes them out): written by another process, say.
+        guess = [i for i, name in enumerate(names) if name in self._changing]
+        versions, guessed = versioned(keys, [self._request(pairs[i][0], keys[i]) for i in guess])
+        read: dict[int, tuple[int, Counts]] = dict(zip(guess, guessed))
+        results: list[WindowEstimate | None] = []
+        stale = []
+        for i, ((m, w), (start, _), version) in enumerate(zip(pairs, buckets, versions)):
+            cached = self._cache.get(names[i])
+            if cached is None or cached.start != start or cached.version != version:
+                stale.append(i)
+                cached = None
+            results.append(cached)
+        source: dict[int, tuple[int, Counts]] = {}
+        unread = []
+        changed = set()  # changed, and had to be read
+        for i in stale:
+            held = known[i]
+            if held is not None and held[0] == keys[i] and held[1] == versions[i]:
+                source[i] = (held[1], held[2])  # the counts at the version the store has now
+                continue
+            changed.add(names[i])
+            if i in read:
+                source[i] = read[i]
+            else:
+                unread.append(i)
+        if unread:
+            _, more = versioned((), [self._request(pairs[i][0], keys[i]) for i in unread])
+            read.update(zip(unread, more))
+            source.update(zip(unread, more))
+        with self._lock:
+            for i, (version, counts) in read.items():
+                self._known[names[i]] = (keys[i], version, counts)
+        for i in stale:
+            (m, w), (start, end) = pairs[i], buckets[i]
+            version, counts = source[i]
+            fresh = self._compute(m, w, start, end, version, counts)
+            with self._lock:
+                self._cache[names[i]] = fresh
+            results[i] = fresh
+        with self._lock:
+            for name in names:
+                if name in changed:
+                    self._changing.add(name)
+                else:
+                    self._changing.discard(name)
         return results  # type: ignore[return-value]
 
     @staticmethod

@@ -40,7 +40,22 @@ class BatchWrite:
 
 
 class Store(abc.ABC):
-    """Counters for every metric, window and bucket. Implementations: MemoryStore, RedisStore."""
+    """Counters for every metric, window and bucket. Implementations: MemoryStore, RedisStore.
+
+    Optional methods, found by getattr (LiveEstimates and the daemon use them where present):
+
+    - ``read_many(requests)``, ``versions_and_read(keys, requests)``: several reads at once.
+    - ``versioned_read(keys, requests) -> (versions, [(version, counts)])``: as
+      versions_and_read, but each bucket's counts come with the version ("batches added") they
+      are at, read in the same atomic step (MemoryStore, RedisStore).
+    - ``observe_flushes(observer)``: observer(batches, seconds, failed) per write call (RedisStore).
+    - ``observe_applied(observer)``: observer(key, version_before, version_after, counts) for
+      every bucket this process's writes took from version_before to version_after by adding
+      counts, atomically, called once the write succeeded and before ``add`` returns;
+      observer(key, None, None, None) when a write failed and the bucket may have changed in
+      a way not known. Writes by other processes are not observed (their versions show them).
+      RedisStore only: the memory store's reads are in-process copies, not worth skipping.
+    """
 
     @abc.abstractmethod
     def add(self, write: BatchWrite) -> bool:

@@ -121,6 +121,14 @@ class MemoryStore(Store):
             self._purge(self._clock())
             return self._versions(keys), [self._read(key, tuple(weights), k) for key, weights, k in requests]
 
+    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+        """versions_and_read(keys, requests), each bucket's counts with their version, all at one moment."""
+        with self._lock:
+            self._purge(self._clock())
+            read = [self._read(key, tuple(weights), k) for key, weights, k in requests]
+            return self._versions(keys), list(zip(self._versions([key for key, _, _ in requests]), read))
+
     def ping(self) -> None:
         """Always reachable."""
 

@@ -40,7 +40,7 @@ Durability is Redis's own:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from urllib.parse import quote, urlsplit
@@ -63,7 +63,13 @@ from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 from ._checks import check_write
 from ._coalesce import Coalescer, FlushObserver
 
-__all__ = ["RedisStore", "counts_key", "dedupe_key"]
+__all__ = ["AppliedObserver", "RedisStore", "counts_key", "dedupe_key"]
+
+# Called after every script call with observer(target, version_before, version_after, counts):
+# the group's summed counts took the target from version_before to version_after (its
+# "batches") in one atomic step. (target, None, None, None) when the target changed in a way
+# not known here (the call failed, or the hash is already gone): forget what is known of it.
+AppliedObserver = Callable[[CountsKey, "int | None", "int | None", "Counts | None"], None]
 
 _ADD_BATCH = resources.files(__package__).joinpath("add_batch.lua").read_text(encoding="utf-8")
 
@@ -143,6 +149,7 @@ class RedisStore(Store):
         self._coalescer: Coalescer[BatchWrite, bool] | None = (
             Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None)
         self._flush_observers: list[FlushObserver] = []
+        self._applied_observers: list[AppliedObserver] = []
         self._keys: dict[CountsKey, str] = {}  # counts_key() of recent targets
 
     def observe_flushes(self, observer: FlushObserver) -> None:
@@ -150,6 +157,25 @@ class RedisStore(Store):
         self._flush_observers.append(observer)
         if self._coalescer is not None:
             self._coalescer.observe(observer)
+
+    def observe_applied(self, observer: AppliedObserver) -> None:
+        """Call observer(target, version_before, version_after, counts) for every target of a
+        group this process applied, once the call succeeded (WAIT included), before any of its
+        batches' ``add`` returns; observer(target, None, None, None) for every target of a call
+        that failed. See AppliedObserver. Writes of other processes are never observed here."""
+        self._applied_observers.append(observer)
+
+    def _notify(self, targets: Sequence[CountsKey], after: Sequence[int] | None, g: int,
+                counts: Counts | None) -> None:
+        for i, target in enumerate(targets):
+            for observer in self._applied_observers:
+                try:
+                    if after is None or after[i] < g:
+                        observer(target, None, None, None)
+                    else:
+                        observer(target, after[i] - g, after[i], counts)
+                except Exception:  # noqa: BLE001 (an observer must never fail a write)
+                    pass
 
     def add(self, write: BatchWrite) -> bool:
         """True when this call applied the batch. A retry after an attempt that was applied but
@@ -195,9 +221,16 @@ class RedisStore(Store):
                 args.append(increments)
             else:
                 args += increments
-            seen = self._run_script(keys, args, len(ids))
+            try:
+                seen, after = self._run_script(keys, args, len(ids))
+            except BaseException:
+                if self._applied_observers:
+                    self._notify([key for key, _ in first.targets], None, len(ids), None)
+                raise
             if not seen:
                 applied.update(ids)
+                if self._applied_observers:
+                    self._notify([key for key, _ in first.targets], after, len(ids), counts)
                 break
             for position in seen:
                 del pending[ids[int(position) - 1]]
@@ -207,8 +240,10 @@ class RedisStore(Store):
             applied.discard(write.batch_id)  # the later copies of a repeated id: duplicates
         return results
 
-    def _run_script(self, keys: list[object], args: list[object], batches: int) -> list[int]:
-        """One add_batch.lua call (with WAIT when asked): the positions it found already applied."""
+    def _run_script(self, keys: list[object], args: list[object], batches: int) -> tuple[list[int], list[int]]:
+        """One add_batch.lua call (with WAIT when asked): the positions it found already applied
+        (none when it applied the group), and when it applied the group each target's version
+        after it (-1: the hash is gone)."""
         with self._boundary("add"):
             if not self._wait_replicas:
                 answer = self._add_batch(keys, args)
@@ -225,7 +260,10 @@ class RedisStore(Store):
                         f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at "
                         "most once"
                     )
-        return [] if answer == 0 else list(answer)
+        answer = [int(a) for a in answer]
+        if answer and answer[0] == 0:  # applied: {0, version of each target}
+            return [], answer[1:]
+        return answer, []
 
     def _counts_key(self, key: CountsKey) -> str:
         name = self._keys.get(key)
@@ -255,6 +293,15 @@ class RedisStore(Store):
         """versions(keys) and read_many(requests) in one pipeline, so one round trip (two as in
         read_many). Redis runs the version reads first: the counts read hold at least the
         batches a version of the same bucket counts (maybe more, added in between)."""
+        versions, read = self.versioned_read(keys, requests)
+        return versions, [counts for _, counts in read]
+
+    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+        """versions_and_read(keys, requests), but each bucket read comes with the version its
+        counts are at: both from one command (HMGET with "batches" among the fields, or
+        HGETALL), so they belong to the same moment. That version may be later than the one
+        versions(keys) gave for the same bucket."""
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
             pipe.hget(self._counts_key(key), "batches")
@@ -262,7 +309,7 @@ class RedisStore(Store):
         for key, weights, k in requests:
             weights = tuple(weights)
             name = self._counts_key(key)
-            fields = _field_resp(weights, k) if self._packed else None
+            fields = _field_resp(weights, k, True) if self._packed else None
             if fields is None:
                 pipe.hgetall(name)
             else:
@@ -272,29 +319,31 @@ class RedisStore(Store):
         with self._boundary("read" if requests else "versions"):
             found = iter(pipe.execute())
         versions = [int(next(found) or 0) for _ in keys]
-        counts: list[Counts | None] = []
+        counts: list[tuple[int, Counts] | None] = []
         again = []
         for i, (name, weights, k, by_field) in enumerate(plans):
             if not by_field:
-                counts.append(_checked_counts(name, next(found), weights, k))
+                counts.append(_checked_versioned(name, next(found), weights, k))
                 continue
             size, values = next(found), next(found)
             try:
-                flat, present = _integers(values)
+                flat, present = _integers(values[:-1])
+                version = _version(values[-1])
             except (ValueError, OverflowError) as error:
                 raise _not_counts(name, weights, k, error) from None
             if size != (present + 1 if present else 0):  # "batches" besides the counts, or nothing
                 counts.append(None)
                 again.append(i)
                 continue
-            counts.append(Counts(weights, flat[: len(weights)], flat[len(weights):].reshape(len(weights), k)))
+            counts.append((version, Counts(weights, flat[: len(weights)],
+                                           flat[len(weights):].reshape(len(weights), k))))
         if again:
             pipe = self._redis.pipeline(transaction=False)
             for i in again:
                 pipe.hgetall(plans[i][0])
             with self._boundary("read"):
                 for i, fields in zip(again, pipe.execute(), strict=True):
-                    counts[i] = _checked_counts(plans[i][0], fields, plans[i][1], plans[i][2])
+                    counts[i] = _checked_versioned(plans[i][0], fields, plans[i][1], plans[i][2])
         return versions, counts  # type: ignore[return-value]
 
     def ping(self) -> None:
@@ -433,20 +482,22 @@ def _increments_resp(counts: Counts) -> _Resp:
     return _Resp(out.size, b"".join(out.tolist()))
 
 
-_FIELD_RESPS: dict[tuple[tuple[int, ...], int], _Resp] = {}
+_FIELD_RESPS: dict[tuple[tuple[int, ...], int, bool], _Resp] = {}
 
 
-def _field_resp(weights: tuple[int, ...], k: int) -> _Resp | None:
-    """Every field name of the design, RESP-encoded (HMGET's arguments); None as for _field_names."""
-    resp = _FIELD_RESPS.get((weights, k))
+def _field_resp(weights: tuple[int, ...], k: int, batches: bool = False) -> _Resp | None:
+    """Every field name of the design, RESP-encoded (HMGET's arguments), then "batches" when
+    asked; None as for _field_names."""
+    resp = _FIELD_RESPS.get((weights, k, batches))
     if resp is None:
         names = _field_names(weights, k)
         if names is None:
             return None
-        resp = _Resp(len(names), b"".join(_bulk(name) for name in names.tolist()))
+        listed = names.tolist() + ([b"batches"] if batches else [])
+        resp = _Resp(len(listed), b"".join(_bulk(name) for name in listed))
         if len(_FIELD_RESPS) >= 64:
             _FIELD_RESPS.clear()
-        _FIELD_RESPS[weights, k] = resp
+        _FIELD_RESPS[weights, k, batches] = resp
     return resp
 
 
@@ -476,6 +527,25 @@ def _checked_counts(name: str, found: dict[bytes, bytes], weights: tuple[int, ..
         return _counts_of(found, weights, k)
     except (ValueError, OverflowError) as error:  # OverflowError: a value int64 cannot hold
         raise _not_counts(name, weights, k, error) from None
+
+
+def _checked_versioned(name: str, found: dict[bytes, bytes], weights: tuple[int, ...], k: int
+                       ) -> tuple[int, Counts]:
+    """The version ("batches") and the counts in HGETALL's fields; StoreError as _checked_counts."""
+    try:
+        version = _version(found.get(b"batches"))
+    except (ValueError, OverflowError) as error:
+        raise _not_counts(name, weights, k, error) from None
+    return version, _checked_counts(name, found, weights, k)
+
+
+def _version(value: bytes | None) -> int:
+    """A hash's "batches" field: 0 when not set; ValueError when not a whole number."""
+    if value is None:
+        return 0
+    if not value.isdigit():
+        raise ValueError(f"batches is {value!r}, not a count")
+    return int(value)
 
 
 def _not_counts(name: str, weights: tuple[int, ...], k: int, error: Exception) -> StoreError:

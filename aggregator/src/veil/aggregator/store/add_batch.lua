@@ -10,9 +10,10 @@
 --             keep it.
 -- then        field, increment pairs: the sum of the g batches' counts, the same for every
 --             target.
--- Returns 0 when the group was applied now (every target's "batches" grows by g); otherwise
--- the (1-based) positions of the ids that had already been applied, and nothing was added:
--- the caller leaves those out and sends the rest again, with their counts summed again.
+-- Returns {0, b1, b2, ...} when the group was applied now: every target's "batches" grew by g,
+-- and bt is target t's "batches" after it (-1 when the hash is gone: an expiry already past).
+-- Otherwise the (1-based, so >= 1) positions of the ids that had already been applied, and
+-- nothing was added: the caller leaves those out and sends the rest again, summed again.
 --
 -- Every id is checked before anything is written, and the dedupe SETs are the first writes:
 -- if Redis refuses the first one (OOM, read-only replica) nothing else happens, and once it
@@ -39,13 +40,14 @@ for i = 1, g do
 end
 local targets = #KEYS - g
 local first = 3 + targets
+local batches = {0}
 for t = 1, targets do
   local key, expires_at = KEYS[g + t], ARGV[2 + t]
   local fresh = redis.call('EXISTS', key) == 0
   for a = first, #ARGV, 2 do
     redis.call('HINCRBY', key, ARGV[a], ARGV[a + 1])
   end
-  redis.call('HINCRBY', key, 'batches', g)
+  local now = redis.call('HINCRBY', key, 'batches', g)
   if expires_at ~= '' then
     -- A new hash takes the expiry; an existing one only ever keeps the later one (GT), and a
     -- hash without expiry (a total window) keeps none.
@@ -54,6 +56,10 @@ for t = 1, targets do
     else
       redis.call('EXPIREAT', key, expires_at, 'GT')
     end
+    if redis.call('EXISTS', key) == 0 then
+      now = -1
+    end
   end
+  batches[t + 1] = now
 end
-return 0
+return batches
