@@ -1,5 +1,6 @@
-"""Fixtures of the reliability tests: Redis servers, aggregator processes, SDK devices and Redis
-proxies (see reliability_kit), all stopped after the test whatever its outcome."""
+"""Fixtures of the reliability tests: aggregator processes, SDK devices and Redis proxies (see
+reliability_kit), all stopped after the test whatever its outcome. Redis servers come from
+tests/conftest.py (make_redis_server)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from redis_server import RedisServer
 from reliability_kit import AggregatorProcess, Device, ReplyDelayProxy
-
-
-@pytest.fixture
-def make_redis() -> Iterator[Callable[..., RedisServer]]:
-    """make_redis(**options) -> a started RedisServer (options as RedisServer's:
-    appendonly, appendfsync, replicaof, args); killed and its directory removed after the test.
-    Use it rather than tests/conftest.py's fixtures: these tests restart Redis while gRPC runs."""
-    made: list[RedisServer] = []
-
-    def make(**options: object) -> RedisServer:
-        server = RedisServer(**options)
-        made.append(server)
-        return server.start()
-
-    yield make
-    for server in made:
-        server.cleanup()
 
 
 @pytest.fixture

@@ -35,9 +35,9 @@ REPLY_DELAY = 0.025  # seconds Redis's replies are held by the proxy ("delayed" 
     pytest.param(100, "delayed", marks=pytest.mark.slow),
     pytest.param(100, "direct", marks=pytest.mark.slow),
 ])
-def test_sigkill_cycles_under_load_end_with_exact_counts(cycles, route, make_redis, make_proxy, make_aggregator,
+def test_sigkill_cycles_under_load_end_with_exact_counts(cycles, route, make_redis_server, make_proxy, make_aggregator,
                                                          make_device, tmp_path):
-    redis = make_redis()
+    redis = make_redis_server()
     store_url = make_proxy(redis.port, REPLY_DELAY).url if route == "delayed" else redis.url
     serve = make_aggregator(store_url).start()
     devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed % 2 else None)

@@ -106,20 +106,20 @@ def _http(port: int, path: str, token: str | None) -> tuple[int, bytes]:
 
 
 @pytest.mark.parametrize("auth", ["off", "tokens"])
-def test_nothing_private_in_logs_redis_errors_or_sdk_files(auth, make_redis, make_aggregator, make_device, tmp_path,
-                                                            caplog):
+def test_nothing_private_in_logs_redis_errors_or_sdk_files(auth, make_redis_server, make_aggregator, make_device,
+                                                            tmp_path, caplog):
     if auth == "tokens" and not _auth_supported():
         pytest.skip("this aggregator has no [auth] yet")
     caplog.set_level("DEBUG", logger="veil.client")
     previous_umask = os.umask(0)  # the SDK must make its files owner-only itself
     try:
-        _full_run_and_scrape(auth, make_redis, make_aggregator, make_device, tmp_path, caplog)
+        _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, tmp_path, caplog)
     finally:
         os.umask(previous_umask)
 
 
-def _full_run_and_scrape(auth, make_redis, make_aggregator, make_device, tmp_path, caplog):
-    redis = make_redis(appendonly=True, appendfsync="always")
+def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, tmp_path, caplog):
+    redis = make_redis_server(appendonly=True, appendfsync="always")
     options = {"auth": {"tokens_file": str(_tokens_file(tmp_path))}} if auth == "tokens" else {}
     serve = make_aggregator(redis.url, log_level="debug", server={"min_n": MIN_N}, **options).start()
     read_metadata = (("authorization", f"Bearer {READ_TOKEN}"),) if auth == "tokens" else None

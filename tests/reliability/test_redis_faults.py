@@ -41,7 +41,7 @@ from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 MIB = 1024 * 1024
 
 
-def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(make_redis, make_proxy,
+def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(make_redis_server, make_proxy,
                                                                           make_aggregator, make_device, tmp_path):
     """Redis SIGKILLed and restarted (same AOF) four times under load: nothing acknowledged is
     lost and nothing is counted twice.
@@ -50,7 +50,7 @@ def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(make_
     finds scripts that Redis has run, and written to its fsynced AOF, but whose replies never
     reached the aggregator: those batches come back from the SDK and must be recognized as
     duplicates from the dedupe keys restored from the AOF (asserted: duplicates > 0)."""
-    redis = make_redis(appendonly=True, appendfsync="always")
+    redis = make_redis_server(appendonly=True, appendfsync="always")
     proxy = make_proxy(redis.port, 0.05)
     serve = make_aggregator(proxy.url, store={"timeout": 1.0}).start()
     devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
@@ -72,11 +72,11 @@ def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(make_
     print(f"\nRedis SIGKILLed 4 times (appendfsync always): {summary}")
 
 
-def test_redis_stall_past_the_client_deadline_counts_late_batches_once(make_redis, make_aggregator, make_device):
+def test_redis_stall_past_the_client_deadline_counts_late_batches_once(make_redis_server, make_aggregator, make_device):
     """Redis frozen (SIGSTOP) for 1.5 s, longer than the devices' 1 s upload deadline but within
     the aggregator's 2 s store timeout: the devices give up on uploads that Redis then applies
     when it resumes; their retries carry the same batch ids and are counted once."""
-    redis = make_redis()
+    redis = make_redis_server()
     serve = make_aggregator(redis.url, store={"timeout": 2.0}).start()
     devices = [make_device(serve.endpoint, seed) for seed in range(3)]
     with Load(devices, rate=400):
@@ -95,14 +95,14 @@ def test_redis_stall_past_the_client_deadline_counts_late_batches_once(make_redi
     print(f"\nRedis stalled twice for 1.5 s: {summary}")
 
 
-def test_failover_to_a_replica_with_wait_loses_no_acknowledged_batch(make_redis, make_aggregator, make_device):
+def test_failover_to_a_replica_with_wait_loses_no_acknowledged_batch(make_redis_server, make_aggregator, make_device):
     """The primary (no persistence at all) SIGKILLed under load, its replica promoted (with a
     new replica of its own, as Sentinel would arrange) and the aggregator restarted on it: with
     ``wait_replicas = 1`` the aggregator acknowledged a batch only once a replica had it, so the
     promoted replica holds every acknowledged batch, and the dedupe keys of batches whose WAIT
     failed, so their retries are counted once."""
-    primary = make_redis()
-    replica = make_redis(replicaof=primary)
+    primary = make_redis_server()
+    replica = make_redis_server(replicaof=primary)
     assert wait_until(lambda: b"master_link_status:up" in replica.command("INFO", "replication"), 10)
     serve = make_aggregator(primary.url, store={"timeout": 1.0, "wait_replicas": 1, "wait_timeout_ms": 500}).start()
     devices = [make_device(serve.endpoint, seed) for seed in range(3)]
@@ -116,7 +116,7 @@ def test_failover_to_a_replica_with_wait_loses_no_acknowledged_batch(make_redis,
         serve.start()
         # No replica could acknowledge a write: the store is unavailable until one connects.
         assert serve.health() == "NOT_SERVING"
-        second = make_redis(replicaof=replica)
+        second = make_redis_server(replicaof=replica)
         assert wait_until(lambda: b"master_link_status:up" in second.command("INFO", "replication"), 10)
         assert wait_until(lambda: serve.health() == "SERVING", 5)
         time.sleep(1.0)
@@ -199,7 +199,7 @@ def _warm_up(hammer: Hammer, uploads: int) -> None:
 
 @pytest.mark.parametrize("outage", [5.0, pytest.param(30.0, marks=pytest.mark.slow)])
 def test_redis_outage_fails_fast_and_not_serving_then_backlog_drains_exactly(
-        outage, make_redis, make_aggregator, make_device, tmp_path):
+        outage, make_redis_server, make_aggregator, make_device, tmp_path):
     """Redis stopped for ``outage`` seconds while devices keep reporting and two threads keep
     uploading 1.25 MiB batches:
 
@@ -212,7 +212,7 @@ def test_redis_outage_fails_fast_and_not_serving_then_backlog_drains_exactly(
       drain, and the counts are exact.
     (Memory during an outage: test_aggregator_memory_stays_flat_while_redis_is_down.)
     """
-    redis = make_redis(appendonly=True, appendfsync="always")  # stop() and start() keep the counts
+    redis = make_redis_server(appendonly=True, appendfsync="always")  # stop() and start() keep the counts
     serve = make_aggregator(redis.url, server={"max_batch": 40_000}, store={"timeout": 1.0}).start()
     devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
                for seed in range(3)]
@@ -275,12 +275,12 @@ MEMORY_BOUND_MIB = 96
 TREND_BOUND_MIB = 48
 
 
-def test_aggregator_memory_stays_flat_while_redis_is_down(make_redis, make_aggregator, make_device):
+def test_aggregator_memory_stays_flat_while_redis_is_down(make_redis_server, make_aggregator, make_device):
     """Redis down while eight threads upload 1.25 MiB batches as fast as they are refused, some
     400 MiB in 12 s: the aggregator buffers nothing, so its resident memory (VmRSS) rises by at
     most 96 MiB over its warmed-up level and does not keep rising: the peak of the last third of
     the outage is within 48 MiB of the first third's."""
-    redis = make_redis()
+    redis = make_redis_server()
     serve = make_aggregator(redis.url, server={"max_batch": 40_000}, store={"timeout": 1.0}).start()
     device = make_device(serve.endpoint, 0)
     assert device.reporter.wait_for_specs(30)
@@ -311,14 +311,14 @@ def test_aggregator_memory_stays_flat_while_redis_is_down(make_redis, make_aggre
     assert trend < TREND_BOUND_MIB, report
 
 
-def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_redis):
+def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_redis_server):
     """With the cyclic garbage collector off, uploads refused while Redis is down (health
     already NOT_SERVING) leave no request object behind: they are freed by reference counting
     as soon as they are answered, so an outage costs no memory however long it lasts, whatever
     the collector's thresholds (which grow with the heap). In-process, to count the objects.
     (They are refused without a Redis call: redis-py 8.1.0's failed connect keeps its caller's
     frames, request included, in an exception <-> frame cycle until the cyclic GC runs.)"""
-    redis = make_redis()
+    redis = make_redis_server()
     config = parse_config({"server": {"grpc": "127.0.0.1:0", "http": ""}, "store": {"url": redis.url, "timeout": 1.0},
                            "metrics": METRICS})
     aggregator = Aggregator(config)
