@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter
@@ -56,6 +57,17 @@ _SPECS = "/veil.wire.v1.Collector/GetMetricSpecs"
 _UPLOAD = "/veil.wire.v1.Collector/Upload"
 _READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch"})
 _BEARER = "bearer "
+_END = object()  # the end of a stream's responses
+
+
+@contextmanager
+def _calling_as(name: str) -> Iterator[None]:
+    """Inside, caller() is `name`: the servicer's code runs as the token that called."""
+    reset = _CALLER.set(name)
+    try:
+        yield
+    finally:
+        _CALLER.reset(reset)
 
 
 def caller() -> str | None:
@@ -197,54 +209,46 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
     # -- on the worker thread, before the servicer ---------------------------------------------
 
+    def _deny(self, context, method: str, code: grpc.StatusCode, message: str) -> None:
+        """Count the refusal and end the call with it (context.abort raises)."""
+        self._refused.labels(method, code.name).inc()
+        context.abort(code, message)
+
     @staticmethod
     def _as(behavior, identity: TokenConfig):
         def call(request, context):
-            reset = _CALLER.set(identity.name)
-            try:
+            with _calling_as(identity.name):
                 return behavior(request, context)
-            finally:
-                _CALLER.reset(reset)
         return call
 
     def _upload(self, behavior, identity: TokenConfig):
         def upload(request, context):
             if isinstance(request, bytes):
-                self._refused.labels(_UPLOAD, "INVALID_ARGUMENT").inc()
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
+                self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
             if identity.role == "upload" and request.metric not in identity.metrics:
-                self._refused.labels(_UPLOAD, "PERMISSION_DENIED").inc()
-                context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                              f"Token {identity.name!r} may not report metric {request.metric!r}.")
+                self._deny(context, _UPLOAD, grpc.StatusCode.PERMISSION_DENIED,
+                           f"Token {identity.name!r} may not report metric {request.metric!r}.")
             if not context.is_active():
                 # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
-                self._refused.labels(_UPLOAD, "CANCELLED").inc()
-                context.abort(grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
+                self._deny(context, _UPLOAD, grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
             wait = self._limiter.take(identity.name, request.count)
             if wait > 0:
                 self._limited.labels(identity.name).inc(request.count)
-                self._refused.labels(_UPLOAD, "RESOURCE_EXHAUSTED").inc()
                 milliseconds = max(1, math.ceil(wait * 1000))
                 rate, burst = self._limiter.limit(identity.name)
                 context.set_trailing_metadata(((RETRY_AFTER_KEY, str(milliseconds)),))
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"Rate limit of token {identity.name!r}: {rate:g} reports per second, bursts of "
-                              f"{burst:g}; retry after {milliseconds} ms with the same batch id. Nothing was counted.")
+                self._deny(context, _UPLOAD, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"Rate limit of token {identity.name!r}: {rate:g} reports per second, bursts of "
+                           f"{burst:g}; retry after {milliseconds} ms with the same batch id. Nothing was counted.")
             self._admitted.labels(identity.name).inc(request.count)
-            reset = _CALLER.set(identity.name)
-            try:
+            with _calling_as(identity.name):
                 return behavior(request, context)
-            finally:
-                _CALLER.reset(reset)
         return upload
 
     def _scoped_specs(self, behavior, identity: TokenConfig):
         def specs(request, context):
-            reset = _CALLER.set(identity.name)
-            try:
+            with _calling_as(identity.name):
                 response = behavior(request, context)
-            finally:
-                _CALLER.reset(reset)
             return veil_pb2.GetMetricSpecsResponse(specs=[s for s in response.specs if s.name in identity.metrics],
                                                    max_batch=response.max_batch)
         return specs
@@ -262,24 +266,17 @@ class AccessInterceptor(grpc.ServerInterceptor):
         response to the end (of the stream, by an error, or by a cancel: gRPC then drops the
         iterator, which closes it). A stream never started never took a slot."""
         if not self._streams.acquire(blocking=False):
-            self._refused.labels("(stream)", "RESOURCE_EXHAUSTED").inc()
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"Too many streams at once (at most {self._max_streams}, server.max_streams); "
-                          f"retry later or poll instead.")
+            self._deny(context, "(stream)", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"Too many streams at once (at most {self._max_streams}, server.max_streams); "
+                       f"retry later or poll instead.")
         try:
-            reset = _CALLER.set(name)
-            try:
+            with _calling_as(name):
                 iterator = iter(behavior(request, context))
-            finally:
-                _CALLER.reset(reset)
             while True:
-                reset = _CALLER.set(name)
-                try:
-                    item = next(iterator)
-                except StopIteration:
+                with _calling_as(name):
+                    item = next(iterator, _END)
+                if item is _END:
                     return
-                finally:
-                    _CALLER.reset(reset)
                 yield item
         finally:
             self._streams.release()
