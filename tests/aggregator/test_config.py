@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from veil.aggregator._errors import ConfigError
-from veil.aggregator.config import ENV_CONFIG, ENV_STORE_URL, Window, load_config, parse_config, parse_duration
+from veil.aggregator.config import (ENV_CONFIG, ENV_STORE_URL, Window, is_loopback, load_config, parse_config,
+                                    parse_duration)
 
 METRIC = {"name": "browser", "labels": ["a", "b", "c"], "epsilon": 1.0}
 
@@ -85,3 +86,12 @@ def test_store_options_reach_the_redis_store(monkeypatch):
     monkeypatch.delenv(ENV_STORE_URL, raising=False)
     config = parse_config({"metrics": [METRIC], "store": {"url": "redis://h:1/0", "timeout": 0.5, "wait_replicas": 1}})
     assert config.store_options == {"socket_timeout": 0.5, "socket_connect_timeout": 0.5, "wait_replicas": 1}
+
+
+@pytest.mark.parametrize("address, local", [
+    ("127.0.0.1:50051", True), ("[::1]:50051", True), ("localhost:8080", True), ("localhost", True),
+    ("127.0.0.2", True), ("0.0.0.0:50051", False), (":50051", False), ("[::]:50051", False),
+    ("10.0.0.7:50051", False), ("aggregator.example:443", False),
+])
+def test_loopback_addresses_are_told_from_reachable_ones(address, local):
+    assert is_loopback(address) is local

@@ -54,6 +54,7 @@ argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults below.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 import os
 import re
@@ -68,7 +69,8 @@ from veil.mechanism import DEFAULT_MECHANISM, MECHANISMS, MechanismError, Metric
 from ._errors import ConfigError
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
-           "parse_config", "parse_duration", "check_private_file", "token_digest", "ENV_CONFIG", "ENV_STORE_URL"]
+           "parse_config", "parse_duration", "check_private_file", "token_digest", "is_loopback", "ENV_CONFIG",
+           "ENV_STORE_URL"]
 
 ENV_CONFIG = "VEIL_CONFIG"
 ENV_STORE_URL = "VEIL_STORE_URL"
@@ -499,6 +501,18 @@ def _address(value: object, key: str, *, allow_empty: bool) -> str:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{key}: expected host:port (e.g. \"127.0.0.1:50051\"), got {value!r}.")
     return text
+
+
+def is_loopback(address: str) -> bool:
+    """True when host:port (or a bare host) names this machine only; a name other than
+    localhost, "" or 0.0.0.0 may be reachable from elsewhere."""
+    host = address.rpartition(":")[0].strip("[]") or address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _whole(value: object, key: str, *, low: int) -> int:

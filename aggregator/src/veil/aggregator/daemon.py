@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import ipaddress
 import logging
 import os
 import threading
@@ -46,7 +45,7 @@ from ._auth import AccessInterceptor, rate_limiter
 from ._errors import ConfigError
 from ._ratelimit import RateLimiter
 from ._tls import ServerTls
-from .config import AggregatorConfig, AuthConfig
+from .config import AggregatorConfig, AuthConfig, is_loopback
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
@@ -91,16 +90,6 @@ def open_configured_store(config: AggregatorConfig) -> Store:
         return open_store(config.store_url, **config.store_options)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"store: {err}") from None
-
-
-def _loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name, or "" / 0.0.0.0: reachable from elsewhere
 
 
 def _worker_limiter(auth: AuthConfig, processes: int) -> RateLimiter:
@@ -204,7 +193,7 @@ class Aggregator:
         """Say how the listeners are protected; loudly when they are not."""
         config = self.config
         if self.tls is None:
-            exposed = [a for a in (config.grpc_address, config.http_address) if a and not _loopback(a)]
+            exposed = [a for a in (config.grpc_address, config.http_address) if a and not is_loopback(a)]
             log.log(logging.WARNING if exposed else logging.INFO,
                     "TLS is OFF: gRPC and HTTP are plaintext" + (
                         " on a non-loopback address: reports and tokens travel in clear; configure [tls] unless "

@@ -14,9 +14,10 @@ token is sent as `authorization: Bearer <token>` and never printed.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
+
+from ..config import is_loopback
 
 _DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_ENDPOINT = "VEIL_ENDPOINT"  # the SDK's variables: the same aggregator, the same credentials
@@ -116,20 +117,10 @@ def channel(args: argparse.Namespace, *, target: str | None = None, options: lis
     secure = credentials(args)
     if secure is None:
         if getattr(args, "token", None) is not None or (hasattr(args, "token") and os.environ.get(ENV_TOKEN)):
-            if not _loopback(target):
+            if not is_loopback(target):
                 print(f"veil: warning: the token travels without TLS to {target}; use --tls.", file=sys.stderr)
         return grpc.insecure_channel(target, options=list(options))
     return grpc.secure_channel(target, secure, options=list(options))
-
-
-def _loopback(target: str) -> bool:
-    host = target.rpartition(":")[0].strip("[]") or target
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def call(args: argparse.Namespace, method, request):
