@@ -11,9 +11,9 @@ per-report checks rather than the parser.
 
 Findings, each raised as an exception, which libFuzzer reports as a crash with the input:
 - any exception from decode_upload other than InvalidBatch;
-- a verdict that differs from a reference written here from the wire contract (veil.proto):
-  accepted where the reference rejects, rejected where it accepts, another report named;
-- accepted counts that differ from the reference's plain sums, or a total other than count;
+- a verdict that differs from the wire contract's (upload_contract, written from veil.proto):
+  accepted where the contract rejects, rejected where it accepts, another report named;
+- accepted counts that differ from the contract's plain sums, or a total other than count;
 - a request changed by decoding (it must be read in place and never written).
 """
 
@@ -27,13 +27,15 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 # Imported before instrumentation: numpy, protobuf, the numba kernels (numba compiles Python
-# bytecode, which must stay as written) and the mechanisms. Only the decoder is instrumented.
+# bytecode, which must stay as written) and the mechanisms.
 from veil.aggregator._errors import InvalidBatch
 from veil.aggregator.simulate import FastKeystream, simulate_reports
 from veil.mechanism import AdmissibleRapporSpec, KrrSpec, MetricSpec, RapporSpec, SubsetSpec, WarnerSpec
 from veil.wire.v1 import veil_pb2
 
-with atheris.instrument_imports(include=["veil.aggregator.decode"]):
+# The contract's oracle is instrumented too: its branches guide the fuzzer (a differential harness).
+with atheris.instrument_imports(include=["veil.aggregator.decode", "upload_contract"]):
+    from upload_contract import bitmap_width, members
     from veil.aggregator.decode import decode_upload
 
 MAX_REPORTS = 64
@@ -54,48 +56,11 @@ class Finding(AssertionError):
     pass
 
 
-@atheris.instrument_func  # its branches guide the fuzzer too (a differential harness)
-def reference(spec, request: veil_pb2.UploadRequest) -> np.ndarray | str | int:
-    """(count, k) report membership, "batch" for a batch fault, or the first bad report."""
-    count = request.count
-    if len(request.batch_id) != 16 or count == 0 or count > MAX_REPORTS:
-        return "batch"
-    payload = request.WhichOneof("reports")
-    if payload == "index_sets":
-        q = spec.q
-        if q is None or request.index_sets.set_size != q or len(request.index_sets.indices) != 4 * q * count:
-            return "batch"
-        rows = np.frombuffer(request.index_sets.indices, "<u4").reshape(count, q).astype(np.int64)
-        for i, row in enumerate(rows.tolist()):
-            if max(row) >= spec.k or any(a >= b for a, b in zip(row, row[1:])):
-                return i
-        members = np.zeros((count, spec.k), bool)
-        members[np.arange(count)[:, None], rows] = True
-        return members
-    if payload == "bitmaps":
-        width = (spec.k + 7) // 8
-        if len(request.bitmaps.bits) != count * width:
-            return "batch"
-        bits = np.unpackbits(np.frombuffer(request.bitmaps.bits, np.uint8).reshape(count, width), axis=1,
-                             bitorder="little")
-        if spec.q is not None:
-            allowed = {spec.q}
-        elif isinstance(spec, AdmissibleRapporSpec):
-            allowed = set(range(1, spec.k))
-        else:
-            allowed = set(range(spec.k + 1))
-        for i, row in enumerate(bits):
-            if row[spec.k:].any() or int(row.sum()) not in allowed:
-                return i
-        return bits[:, : spec.k].astype(bool)
-    return "batch"
-
-
 @atheris.instrument_func
 def check(metric: MetricSpec, request: veil_pb2.UploadRequest) -> None:
     spec = metric.mechanism
     before = request.SerializeToString(deterministic=True)
-    expected = reference(spec, request)
+    expected = members(spec, request, MAX_REPORTS)
     try:
         counts = decode_upload(request, metric, max_reports=MAX_REPORTS)
     except InvalidBatch as error:
@@ -158,7 +123,7 @@ def seeds() -> list[bytes]:
                 request.index_sets.set_size = spec.q
                 request.index_sets.indices = reports.astype("<u4").tobytes()
                 out.append(b"\x00" + request.SerializeToString())
-                bits = np.zeros((n, 8 * ((spec.k + 7) // 8)), np.uint8)
+                bits = np.zeros((n, 8 * bitmap_width(spec)), np.uint8)
                 np.put_along_axis(bits, reports.astype(np.intp), 1, axis=1)
                 request.bitmaps.bits = np.packbits(bits, axis=1, bitorder="little").tobytes()
             else:

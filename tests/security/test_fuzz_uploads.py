@@ -32,13 +32,14 @@ import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from running import METRICS, config_dict
+from upload_contract import bitmap_width, members
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import max_message_bytes
 from veil.aggregator.simulate import FastKeystream, simulate_reports
 from veil.aggregator.store import CountsKey
 from veil.client._encoding import encode_batch
-from veil.mechanism import AdmissibleRapporSpec, MetricSpec, SeededRandomSource
+from veil.mechanism import MetricSpec, SeededRandomSource
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -61,45 +62,11 @@ LIMIT = max_message_bytes(parse_config(config_dict("memory")))
 # --- the oracle: the wire contract, independently of decode.py ----------------------------
 
 
-def _width(spec: MetricSpec) -> int:
-    return (spec.k + 7) // 8
-
-
 def _members(spec: MetricSpec, request: veil_pb2.UploadRequest) -> np.ndarray | str:
     """(count, k) membership of a batch's reports, or "batch" / "report i" for the first
-    fault, as veil.proto states the rules."""
-    mechanism, count = spec.mechanism, request.count
-    if len(request.batch_id) != 16 or count == 0 or count > MAX_BATCH:
-        return "batch"
-    payload = request.WhichOneof("reports")
-    if payload == "index_sets":
-        q = mechanism.q
-        if q is None or request.index_sets.set_size != q or len(request.index_sets.indices) != 4 * q * count:
-            return "batch"
-        rows = np.frombuffer(request.index_sets.indices, "<u4").reshape(count, q).astype(np.int64)
-        for i, row in enumerate(rows):
-            if any(j >= spec.k for j in row) or any(a >= b for a, b in zip(row, row[1:])):
-                return f"report {i}"
-        members = np.zeros((count, spec.k), bool)
-        members[np.arange(count)[:, None], rows] = True
-        return members
-    if payload == "bitmaps":
-        width = _width(spec)
-        if len(request.bitmaps.bits) != count * width:
-            return "batch"
-        bits = np.unpackbits(np.frombuffer(request.bitmaps.bits, np.uint8).reshape(count, width), axis=1,
-                             bitorder="little")
-        if mechanism.q is not None:
-            allowed = {mechanism.q}
-        elif isinstance(mechanism, AdmissibleRapporSpec):
-            allowed = set(range(1, spec.k))
-        else:
-            allowed = set(range(spec.k + 1))
-        for i, row in enumerate(bits):
-            if row[spec.k:].any() or int(row.sum()) not in allowed:
-                return f"report {i}"
-        return bits[:, : spec.k].astype(bool)
-    return "batch"
+    fault, as veil.proto states the rules (upload_contract)."""
+    found = members(spec.mechanism, request, MAX_BATCH)
+    return f"report {found}" if isinstance(found, int) else found
 
 
 class Oracle:
@@ -353,7 +320,7 @@ def spoiled_requests(draw) -> bytes:
             rows[4 * q * i: 4 * q * (i + 1)] = np.array(row, "<u4").tobytes()
             request.index_sets.indices = bytes(rows)
         else:
-            width = _width(spec)
+            width = bitmap_width(spec.mechanism)
             bits = bytearray(request.bitmaps.bits)
             fault = draw(st.sampled_from(["flip", "padding", "zeros", "ones"]))
             if fault == "flip":
