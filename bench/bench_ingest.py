@@ -56,7 +56,7 @@ import numpy as np
 # bench/ is sys.path[0] when this file runs as a script.
 from benchlib import RESULTS_DIR, machine_info, median, progress, write_results
 
-TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"  # redis_server.py lives there
+TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"  # redis_server.py and config_toml.py live there
 
 KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)
@@ -130,25 +130,6 @@ def config_dict(ks: list[int], epsilons: list[float], store_url: str, processes:
     }
 
 
-def toml_text(data: dict[str, Any]) -> str:
-    """Just enough TOML for config_dict's shape."""
-    def value(v: Any) -> str:
-        if isinstance(v, str):
-            return json.dumps(v)  # a JSON string is a TOML basic string for these characters
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-
-    lines = []
-    for table in ("server", "store"):
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {value(v)}" for k, v in data[table].items()]
-    for metric in data["metrics"]:
-        lines.append("[[metrics]]")
-        lines += [f"{k} = {value(v)}" for k, v in metric.items()]
-    return "\n".join(lines) + "\n"
-
-
 def store_counts(config: Any, store: Any, since: float, metrics: list[str] | None = None) -> dict[str, Any]:
     """{metric: {window: {"n": [...], "v": [[...]]}}}: the counts of every window, summed over its
     buckets from the one holding ``since`` to the current one (an hour may turn during a run)."""
@@ -212,13 +193,14 @@ class AggregatorProcess:
     itself, a supervisor of worker processes) and how to reach it."""
 
     def __init__(self, store: str, store_url: str, config: dict[str, Any], directory: Path) -> None:
+        from config_toml import config_toml  # in TESTS_DIR, which main() puts on sys.path
         from veil.aggregator.config import parse_config
 
         self.store = store
         self.store_url = store_url
         self.config = parse_config(config)
         self.path = directory / f"veil-{store}.toml"
-        self.path.write_text(toml_text(config), encoding="utf-8")
+        self.path.write_text(config_toml(config), encoding="utf-8")
         self.log = directory / f"serve-{store}.log"
         self.since = time.time()
         command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.path)]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from config_toml import config_toml
 from redis_server import free_port
 
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
@@ -46,7 +47,7 @@ class ServeProcess:
         self.grpc_port = free_port()
         self.config = directory / "veil.toml"
         self.log = directory / "serve.log"
-        self.config.write_text(_toml({**config_dict(store_url, self.grpc_port, **(server or {})),
+        self.config.write_text(config_toml({**config_dict(store_url, self.grpc_port, **(server or {})),
                                       **(sections or {})}))
         self.credentials = credentials
         self.process: subprocess.Popen | None = None
@@ -75,35 +76,6 @@ class ServeProcess:
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.signal(signal.SIGKILL)
-
-
-def _toml(data: dict) -> str:
-    """Just enough TOML for config_dict's shape."""
-    def value(v: object) -> str:
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-
-    def tables(v: object) -> bool:
-        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
-
-    lines = []
-    for table in [t for t in data if t != "metrics"]:
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {value(v)}" for k, v in data[table].items() if not tables(v)]
-        for k, v in data[table].items():
-            if tables(v):
-                for entry in v:
-                    lines.append(f"[[{table}.{k}]]")
-                    lines += [f"{kk} = {value(vv)}" for kk, vv in entry.items()]
-    for metric in data["metrics"]:
-        lines.append("[[metrics]]")
-        lines += [f"{k} = {value(v)}" for k, v in metric.items()]
-    return "\n".join(lines) + "\n"
 
 
 def collector(endpoint: str) -> veil_pb2_grpc.CollectorStub:

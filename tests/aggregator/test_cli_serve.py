@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from running import _toml, config_dict
+from config_toml import config_toml
+from running import config_dict
 
 
 def check(path, *extra: str) -> subprocess.CompletedProcess:
@@ -15,7 +16,7 @@ def check(path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_a_good_config_passes_and_reaches_its_store(tmp_path, redis_server):
     path = tmp_path / "veil.toml"
-    path.write_text(_toml(config_dict(redis_server.url)))
+    path.write_text(config_toml(config_dict(redis_server.url)))
     out = check(path)
     assert out.returncode == 0 and "OK (5 metrics; store redis://127.0.0.1:" in out.stdout, out.stderr
     assert ": reachable)" in out.stdout
@@ -23,11 +24,11 @@ def test_a_good_config_passes_and_reaches_its_store(tmp_path, redis_server):
 
 def test_bad_configs_fail_with_one_line(tmp_path):
     path = tmp_path / "veil.toml"
-    path.write_text(_toml(config_dict()).replace("epsilon = 1.0", "epsilon = -1.0", 1))
+    path.write_text(config_toml(config_dict()).replace("epsilon = 1.0", "epsilon = -1.0", 1))
     out = check(path)
     assert out.returncode == 2 and out.stderr.strip().startswith("veil serve: metrics[0]: epsilon must be")
     assert len(out.stderr.strip().splitlines()) == 1
-    path.write_text(_toml(config_dict()))
+    path.write_text(config_toml(config_dict()))
     out = check(path, "--store", "redis://127.0.0.1:1/0")  # a good config whose store is down here
     assert out.returncode == 0 and "not reachable from here" in out.stdout
     out = check(path, "--store", "redis://127.0.0.1:notaport/0")

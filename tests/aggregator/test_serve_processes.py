@@ -17,7 +17,8 @@ import urllib.request
 
 import grpc
 from redis_server import free_port
-from running import _toml, config_dict, estimates, finish_reporters, make_upload, wait_until
+from config_toml import config_toml
+from running import config_dict, estimates, finish_reporters, make_upload, wait_until
 
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
@@ -178,7 +179,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, ser
 
 def serve_once(tmp_path, data: dict, *args: str) -> subprocess.CompletedProcess:
     path = tmp_path / "veil.toml"
-    path.write_text(_toml(data))
+    path.write_text(config_toml(data))
     return subprocess.run([sys.executable, "-m", "veil.aggregator", "--config", str(path), *args],
                           capture_output=True, text=True, timeout=60)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from config_toml import config_toml
 from redis_server import free_port
 
 from veil.aggregator.counts import Counts
@@ -72,27 +73,6 @@ FAST_SDK = {
 }
 
 
-def _toml(data: dict) -> str:
-    def value(v: object) -> str:
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-
-    lines = []
-    for table in ("server", "store", "auth"):
-        if table in data:
-            lines.append(f"[{table}]")
-            lines += [f"{k} = {value(v)}" for k, v in data[table].items()]
-    for metric in data["metrics"]:
-        lines.append("[[metrics]]")
-        lines += [f"{k} = {value(v)}" for k, v in metric.items()]
-    return "\n".join(lines) + "\n"
-
-
 class AggregatorProcess:
     """`python -m veil.aggregator --config FILE` on a fixed gRPC port, killable and restartable;
     its JSON log accumulates in ``self.log`` across restarts."""
@@ -116,7 +96,7 @@ class AggregatorProcess:
         if auth is not None:
             config["auth"] = auth
         self._config_data = config
-        self.config.write_text(_toml(config))
+        self.config.write_text(config_toml(config))
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self._channel: grpc.Channel | None = None
@@ -128,7 +108,7 @@ class AggregatorProcess:
     def set_store_url(self, url: str) -> None:
         """Point the config at another store (a failover); takes effect at the next start()."""
         self._config_data["store"]["url"] = url
-        self.config.write_text(_toml(self._config_data))
+        self.config.write_text(config_toml(self._config_data))
 
     @property
     def pid(self) -> int:
