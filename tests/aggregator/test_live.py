@@ -122,7 +122,7 @@ class Spy:
         self.requests = 0  # buckets whose counts LiveEstimates asked for
         self.round_trips = 0
         self.depth = 0
-        for name in ("versions", "read", "read_many", "versions_and_read", "versioned_read"):
+        for name in ("versions", "read", "read_many", "versioned_read"):
             method = getattr(store, name)
             setattr(store, name, self._wrap(name, method))
         if isinstance(store, RedisStore):
@@ -145,7 +145,7 @@ class Spy:
         def call(*args, **kwargs):
             if self.depth == 0:  # LiveEstimates' calls, not those the store makes of itself
                 self.calls.append(name)
-                if name in ("read_many", "versions_and_read", "versioned_read"):
+                if name in ("read_many", "versioned_read"):
                     self.requests += len(args[-1])
                 elif name == "read":
                     self.requests += 1

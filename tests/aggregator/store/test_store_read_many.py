@@ -27,31 +27,20 @@ def test_read_many_with_another_design_is_an_error(store, rng):
         store.read_many([(key(window="1h"), (3,), 5), (key(), (4,), 5)])
 
 
-def test_versions_and_read_is_versions_and_read_many(store, rng):
-    places = [key(), key(window="1h", bucket=3600), key(metric="other")]
-    designs = [((2,), 16), ((2,), 16), ((5,), 1024)]
-    assert store.add(batch(random_counts((2,), 16, rng), places[0], places[1]))
-    assert store.add(batch(random_counts((2,), 16, rng), places[0]))
-    requests = [(place, weights, k) for place, (weights, k) in zip(places, designs)]
-    for keys, wanted in [(places, requests), (places, requests[1:]), (places[2:], []), ([], requests[:1]), ([], [])]:
-        assert store.versions_and_read(keys, wanted) == (store.versions(keys), store.read_many(wanted))
-    assert store.versions(places) == [2, 1, 0]
-    with pytest.raises(StoreError, match="design"):
-        store.versions_and_read(places, [(key(), (4,), 16)])
-
-
 def test_versioned_read_gives_each_bucket_with_its_version(store, rng):
-    """versioned_read: versions_and_read, each bucket's counts paired with the version they are at
-    (on Redis from the same command as the counts; a hash without "batches" is at version 0)."""
+    """versioned_read: versions and read_many at once, each bucket's counts paired with the
+    version they are at (on Redis from the same command as the counts; a hash without "batches"
+    is at version 0)."""
     places = [key(), key(window="1h", bucket=3600), key(metric="other")]
     designs = [((2,), 16), ((2,), 16), ((0, 1, 2, 3), 3)]
     assert store.add(batch(random_counts((2,), 16, rng), places[0], places[1]))
     assert store.add(batch(random_counts((2,), 16, rng), places[0]))
     requests = [(place, weights, k) for place, (weights, k) in zip(places, designs)]
-    for keys, wanted in [(places, requests), (places[:1], requests[1:]), ([], requests[::-1]), ([], [])]:
+    for keys, wanted in [(places, requests), (places[:1], requests[1:]), (places, []), ([], requests[::-1]), ([], [])]:
         versions, read = store.versioned_read(keys, wanted)
         assert versions == store.versions(keys)
         assert read == list(zip(store.versions([p for p, _, _ in wanted]), store.read_many(wanted)))
     assert [version for version, _ in store.versioned_read([], requests)[1]] == [2, 1, 0]
+    assert store.versions(places) == [2, 1, 0]
     with pytest.raises(StoreError, match="design"):
         store.versioned_read(places, [(key(), (4,), 16)])

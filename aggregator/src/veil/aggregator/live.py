@@ -183,62 +183,20 @@ class LiveEstimates:
         """The estimates now, in config order. Raises UnknownMetric for names not declared and
         StoreUnavailable when the store cannot be read.
 
-        A bucket whose counts changed since the previous call is likely to change again (reports
-        keep coming): where the store can (versions_and_read), its counts are read along with
-        every version, in the same round trip, instead of in a second one once the versions
-        are known. Counts read for nothing (the version had not changed after all) are
-        dropped; a bucket found changed unexpectedly is read in a second round trip."""
+        Every estimate computed here is of counts read together with their version, or of
+        known counts (carried forward by applied()) at the version the store has now. A bucket
+        whose counts had to be read last time, and were not followed since, is likely to change
+        again (written by another process, say): its counts are read along with every version,
+        in the same round trip, instead of in a second one once the versions are known."""
         pairs = self.select(metric, window)
         now = self._clock()
         buckets = [w.bucket(now) for _, w in pairs]
         keys = [CountsKey(m.name, m.spec.fingerprint, w.name, start) for (m, w), (start, _) in zip(pairs, buckets)]
-        versioned = getattr(self._store, "versioned_read", None)
-        if versioned is not None:
-            return self._current_versioned(versioned, pairs, buckets, keys)
-        guess = [i for i, (m, w) in enumerate(pairs) if (m.name, w.name) in self._changing]
-        fused = getattr(self._store, "versions_and_read", None)
-        if guess and fused is not None:
-            versions, read = fused(keys, [self._request(pairs[i][0], keys[i]) for i in guess])
-            counts: dict[int, Counts] = dict(zip(guess, read))
-        else:
-            versions, counts = self._store.versions(keys), {}
-        results: list[WindowEstimate | None] = []
-        stale = []
-        for i, ((m, w), (start, _), version) in enumerate(zip(pairs, buckets, versions)):
-            cached = self._cache.get((m.name, w.name))
-            if cached is None or cached.start != start or cached.version != version:
-                stale.append(i)
-                cached = None
-            results.append(cached)
-        unread = [i for i in stale if i not in counts]
-        if unread:
-            counts.update(zip(unread, self._read([self._request(pairs[i][0], keys[i]) for i in unread])))
-        for i in stale:
-            (m, w), (start, end) = pairs[i], buckets[i]
-            fresh = self._compute(m, w, start, end, versions[i], counts[i])
-            with self._lock:
-                self._cache[(m.name, w.name)] = fresh
-            results[i] = fresh
-        changed = {(pairs[i][0].name, pairs[i][1].name) for i in stale}
-        with self._lock:
-            for m, w in pairs:
-                if (m.name, w.name) in changed:
-                    self._changing.add((m.name, w.name))
-                else:
-                    self._changing.discard((m.name, w.name))
-        return results  # type: ignore[return-value]
-
-    def _current_versioned(self, versioned: Callable, pairs: list[tuple[MetricConfig, Window]],
-                           buckets: list[tuple[int, int]], keys: list[CountsKey]) -> list[WindowEstimate]:
-        """current() on a store with versioned_read: every estimate computed here is of counts
-        read together with their version, or of known counts at the version just read."""
         names = [(m.name, w.name) for m, w in pairs]
         with self._lock:
             known = [self._known.get(name) for name in names]
-        # Read along with the versions: the buckets whose counts had to be read last time, and
-        # not followed since (applied() takes them out): written by another process, say.
         guess = [i for i, name in enumerate(names) if name in self._changing]
-        versions, guessed = versioned(keys, [self._request(pairs[i][0], keys[i]) for i in guess])
+        versions, guessed = self._store.versioned_read(keys, [self._request(pairs[i][0], keys[i]) for i in guess])
         read: dict[int, tuple[int, Counts]] = dict(zip(guess, guessed))
         results: list[WindowEstimate | None] = []
         stale = []
@@ -262,7 +220,7 @@ class LiveEstimates:
             else:
                 unread.append(i)
         if unread:
-            _, more = versioned((), [self._request(pairs[i][0], keys[i]) for i in unread])
+            _, more = self._store.versioned_read((), [self._request(pairs[i][0], keys[i]) for i in unread])
             read.update(zip(unread, more))
             source.update(zip(unread, more))
         with self._lock:
@@ -287,13 +245,6 @@ class LiveEstimates:
     def _request(metric: MetricConfig, key: CountsKey) -> tuple[CountsKey, tuple[int, ...], int]:
         spec = metric.spec.mechanism
         return key, spec.weight_law().weights, spec.k
-
-    def _read(self, requests: list[tuple[CountsKey, tuple[int, ...], int]]) -> list[Counts]:
-        """The counts of these buckets, in one round trip where the store can."""
-        read_many = getattr(self._store, "read_many", None)
-        if read_many is not None and len(requests) > 1:
-            return read_many(requests)
-        return [self._store.read(*request) for request in requests]
 
     def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: int,
                  counts: Counts) -> WindowEstimate:

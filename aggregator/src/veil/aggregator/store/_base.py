@@ -44,10 +44,7 @@ class Store(abc.ABC):
 
     Optional methods, found by getattr (LiveEstimates and the daemon use them where present):
 
-    - ``read_many(requests)``, ``versions_and_read(keys, requests)``: several reads at once.
-    - ``versioned_read(keys, requests) -> (versions, [(version, counts)])``: as
-      versions_and_read, but each bucket's counts come with the version ("batches added") they
-      are at, read in the same atomic step (MemoryStore, RedisStore).
+    - ``read_many(requests)``: several reads at once.
     - ``observe_flushes(observer)``: observer(batches, seconds, failed) per write call (RedisStore).
     - ``observe_applied(observer)``: observer(key, version_before, version_after, counts) for
       every bucket this process's writes took from version_before to version_after by adding
@@ -71,6 +68,13 @@ class Store(abc.ABC):
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         """For each bucket, how many batches have been added to it: a cheap way to tell
         whether cached estimates are stale."""
+
+    @abc.abstractmethod
+    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+        """versions(keys), and for each (key, weights, k) request its counts with the version
+        ("batches added") they are at, read in one atomic step: LiveEstimates may carry such
+        counts forward by the writes it observes, so they must be exactly those of that version."""
 
     @abc.abstractmethod
     def ping(self) -> None:

@@ -114,16 +114,10 @@ class MemoryStore(Store):
     def _versions(self, keys: Sequence[CountsKey]) -> list[int]:
         return [bucket.batches if (bucket := self._buckets.get(key)) else 0 for key in keys]
 
-    def versions_and_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                          ) -> tuple[list[int], list[Counts]]:
-        """versions(keys) and read_many(requests), all at one moment."""
-        with self._lock:
-            self._purge(self._clock())
-            return self._versions(keys), [self._read(key, tuple(weights), k) for key, weights, k in requests]
-
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
                        ) -> tuple[list[int], list[tuple[int, Counts]]]:
-        """versions_and_read(keys, requests), each bucket's counts with their version, all at one moment."""
+        """versions(keys) and read_many(requests), each bucket's counts with their version, all at
+        one moment."""
         with self._lock:
             self._purge(self._clock())
             read = [self._read(key, tuple(weights), k) for key, weights, k in requests]

@@ -283,24 +283,17 @@ class RedisStore(Store):
         A design with its field names cached (a q-subset design) is read with HMGET of exactly
         its fields, and HLEN: half the reply of HGETALL, which also sends the names. When HLEN
         says the hash has other fields too (or changed in between), HGETALL reads it again."""
-        return self.versions_and_read((), requests)[1]
+        return [counts for _, counts in self.versioned_read((), requests)[1]]
 
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
-        return self.versions_and_read(keys, ())[0]
-
-    def versions_and_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                          ) -> tuple[list[int], list[Counts]]:
-        """versions(keys) and read_many(requests) in one pipeline, so one round trip (two as in
-        read_many). Redis runs the version reads first: the counts read hold at least the
-        batches a version of the same bucket counts (maybe more, added in between)."""
-        versions, read = self.versioned_read(keys, requests)
-        return versions, [counts for _, counts in read]
+        return self.versioned_read(keys, ())[0]
 
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
                        ) -> tuple[list[int], list[tuple[int, Counts]]]:
-        """versions_and_read(keys, requests), but each bucket read comes with the version its
-        counts are at: both from one command (HMGET with "batches" among the fields, or
-        HGETALL), so they belong to the same moment. That version may be later than the one
+        """versions(keys) and read_many(requests) in one pipeline, so one round trip (two as in
+        read_many), each bucket read with the version its counts are at: both from one command
+        (HMGET with "batches" among the fields, or HGETALL), so they belong to the same moment.
+        Redis runs the version reads first, so that version may be later than the one
         versions(keys) gave for the same bucket."""
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
