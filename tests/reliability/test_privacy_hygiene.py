@@ -10,8 +10,8 @@ invalid batch, a stale spec, a wrong token, reads without a token). Then everyth
   and Redis's may appear);
 - the error details the aggregator returned: none of those either;
 - Redis, every key of every database (SCAN, TYPE, TTL, HGETALL, DUMP) and its AOF files: only
-  `veil:{metric}:c:<fingerprint>:<window>:<bucket>` hashes of integer fields n:<t>, v:<t>:<j>
-  and batches, and `veil:{metric}:b:<batch id hex>` = "1" with a TTL, exactly one per
+  `veil:{metric}:c:<fingerprint>:<window>:<bucket>` hashes of integer fields n:<t>, v:<t>:<j>,
+  batches and version (a random number each write draws), and `veil:{metric}:b:<batch id hex>` = "1" with a TTL, exactly one per
   acknowledged batch; no token, secret, label, payload or address bytes anywhere;
 - the estimates: withheld below min_n (gRPC and HTTP), shown above it;
 - the SDK's queue directory: 0700 (even when it existed as 0755, and under umask 0), the device
@@ -48,7 +48,7 @@ DEDUPE_TTL = 48 * 3600
 
 COUNTS_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:c:(?P<fp>[0-9A-Za-z%_.-]+):(?P<window>total|1h):(?P<bucket>\d+)$")
 DEDUPE_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:b:(?P<id>[0-9a-f]{32})$")
-COUNTS_FIELD = re.compile(rb"^(n:\d+|v:\d+:\d+|batches)$")
+COUNTS_FIELD = re.compile(rb"^(n:\d+|v:\d+:\d+|batches|version)$")
 ADDRESS = re.compile(r"127\.0\.0\.1:(\d+)|\[::(?:ffff:127\.0\.0\.1|1)\]:(\d+)|ipv[46]:")
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import redis
-from store_cases import batch, doubled, key, random_counts
+from store_cases import batch, batches_added, doubled, key, random_counts
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable
@@ -257,7 +257,7 @@ def test_concurrent_batches_go_in_one_script_call_and_count_exactly(stores, rng)
     total = Counts((2,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
     assert store.read(key(), (2,), 40) == total
     assert store.read(hour[0], (2,), 40) == total
-    assert store.versions([key(), hour[0]]) == [30, 30]
+    assert batches_added(store, [key(), hour[0]]) == [30, 30]
     assert all(store.add(w) is False for w in writes)  # every id was remembered
 
 
@@ -277,7 +277,7 @@ def test_a_repeated_id_in_a_group_and_an_id_applied_before_count_once(stores, rn
     counted = [done_before, writes[0], *fresh]
     total = Counts((1,), sum(w.counts.n for w in counted), sum(w.counts.v for w in counted))
     assert store.read(key(), (1,), 8) == total
-    assert store.versions([key()]) == [len(counted)]
+    assert batches_added(store, [key()]) == [len(counted)]
     assert raw.exists(dedupe_key("m", done_before.batch_id)) == 1
 
 
@@ -287,7 +287,7 @@ def test_the_same_batch_from_many_callers_at_once_counts_once(stores, rng):
     results = run_threads([lambda: store.add(write)] * 16)
     assert sorted(results) == [False] * 15 + [True]
     assert store.read(key(), (3,), 16) == write.counts
-    assert store.versions([key(), key(window="1h", bucket=3600)]) == [1, 1]
+    assert batches_added(store, [key(), key(window="1h", bucket=3600)]) == [1, 1]
 
 
 def test_many_callers_many_batches_count_exactly(stores, rng):
@@ -301,7 +301,7 @@ def test_many_callers_many_batches_count_exactly(stores, rng):
     assert sum(r is True for r in results) == 200 and sum(r is False for r in results) == 200
     total = Counts((5,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
     assert store.read(key(), (5,), 64) == total
-    assert store.versions([key()]) == [200]
+    assert batches_added(store, [key()]) == [200]
     assert sum(flushes) >= 200  # every script call that added batches was observed
 
 
@@ -335,7 +335,7 @@ def test_redis_down_under_a_group_fails_every_caller_and_retries_count_once(redi
     assert run_threads([lambda w=w: store.add(w) for w in writes]) == [False] * 8
     total = Counts((1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
     assert store.read(key(), (1,), 6) == total
-    assert store.versions([key()]) == [8]
+    assert batches_added(store, [key()]) == [8]
 
 
 def test_a_group_applied_but_not_acknowledged_counts_once_on_retry(redis_server, stores, rng):
@@ -391,7 +391,7 @@ def test_a_group_applied_but_not_acknowledged_counts_once_on_retry(redis_server,
     assert all(a in (True, False) for a in answers), answers
     total = Counts((1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
     assert store.read(key(), (1,), 4) == total
-    assert store.versions([key()]) == [6]
+    assert batches_added(store, [key()]) == [6]
     assert run_threads([lambda w=w: store.add(w) for w in writes]) == [False] * 6
 
 
@@ -403,7 +403,7 @@ def test_wait_without_replicas_fails_a_group_that_counts_once(stores, rng):
         assert all(isinstance(o, StoreUnavailable) and "replicas acknowledged" in str(o) for o in outcomes)
     total = Counts((1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
     assert store.read(key(), (1,), 3) == total
-    assert store.versions([key()]) == [5]
+    assert batches_added(store, [key()]) == [5]
 
 
 def test_batches_for_other_buckets_or_designs_never_share_a_call(stores, rng):
@@ -413,7 +413,7 @@ def test_batches_for_other_buckets_or_designs_never_share_a_call(stores, rng):
               batch(random_counts((1,), 4, rng), key(), hour), batch(random_counts((2,), 4, rng), key(window="1d")),
               batch(random_counts((1,), 4, rng), key(), ttl=60)]
     assert run_threads([lambda w=w: store.add(w) for w in writes]) == [True] * 5
-    assert store.versions([key(), hour, key(window="1d")]) == [3, 2, 1]
+    assert batches_added(store, [key(), hour, key(window="1d")]) == [3, 2, 1]
     assert store.read(key(window="1d"), (2,), 4) == writes[3].counts
 
 
@@ -433,19 +433,21 @@ def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
     script = raw.register_script(_ADD_BATCH)
     target = counts_key(key())
     ids = [dedupe_key("m", os.urandom(16)) for _ in range(3)]
-    assert script([ids[1], target], [1, 60, "", "n:1", 4, "v:1:0", 3]) == [0, 1]  # applied: each target's version
+    first = 2**63 - 1  # versions go through as strings: a Lua number (a double) would round this one
+    assert script([ids[1], target], [1, 60, first, "", "n:1", 4, "v:1:0", 3]) == [0, 0]  # applied: versions before
     before = raw.hgetall(target)
-    assert script([*ids, target], [3, 60, "", "n:1", 9, "v:1:0", 9]) == [2]
-    assert raw.hgetall(target) == before == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1"}
+    assert script([*ids, target], [3, 60, 5, "", "n:1", 9, "v:1:0", 9]) == [2]
+    assert raw.hgetall(target) == before == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1",
+                                             b"version": str(first).encode()}
     assert raw.exists(ids[0], ids[2]) == 0
-    assert script([ids[0], ids[2], target], [2, 60, "", "n:1", 9, "v:1:0", 9]) == [0, 3]
-    assert raw.hgetall(target) == {b"n:1": b"13", b"v:1:0": b"12", b"batches": b"3"}
+    assert script([ids[0], ids[2], target], [2, 60, 77, "", "n:1", 9, "v:1:0", 9]) == [0, str(first).encode()]
+    assert raw.hgetall(target) == {b"n:1": b"13", b"v:1:0": b"12", b"batches": b"3", b"version": b"77"}
     assert all(55 <= raw.ttl(i) <= 60 for i in ids)
-    # Several targets: each one's version after the group; -1 for one whose expiry has passed (gone).
+    # Several targets: each one's version before the group; -1 for one whose expiry has passed (gone).
     hour, old = counts_key(key(window="1h", bucket=3600)), counts_key(key(window="1h", bucket=0))
     more = [dedupe_key("m", os.urandom(16)) for _ in range(2)]
-    assert script([*more, target, hour, old], [2, 60, "", 4102444800, 1, "n:1", 1]) == [0, 5, 2, -1]
-    assert raw.exists(old) == 0 and raw.hget(hour, "batches") == b"2"
+    assert script([*more, target, hour, old], [2, 60, 78, "", 4102444800, 1, "n:1", 1]) == [0, b"77", 0, -1]
+    assert raw.exists(old) == 0 and raw.hmget(hour, "batches", "version") == [b"2", b"78"]
 
 
 def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):
@@ -479,7 +481,7 @@ def test_pre_encoded_increments_are_the_bytes_redis_py_sends(rng, weights, k, ro
 
 def test_reads_by_field_notice_fields_of_another_design(stores, raw, rng):
     """Reads of a q-subset design ask for its own fields only (HMGET); a field besides them, or
-    a hash without its "batches" count, is still noticed and named."""
+    a hash without its "batches" count and "version", is still noticed and named."""
     store = stores()
     counts = random_counts((3,), 8, rng)
     assert store.add(batch(counts, key()))
@@ -490,13 +492,13 @@ def test_reads_by_field_notice_fields_of_another_design(stores, raw, rng):
     with pytest.raises(StoreError, match="does not hold counts of this design"):
         store.read_many([(key(window="1h"), (3,), 8), (key(), (3,), 8)])
     raw.hdel(counts_key(key()), "v:4:1")
-    raw.hset(counts_key(key(window="x")), mapping={"v:3:1": 2, "batches": 7})  # no n: HLEN differs, HGETALL
+    raw.hset(counts_key(key(window="x")), mapping={"v:3:1": 2, "batches": 7, "version": 9})  # no n: HGETALL
     assert store.versioned_read([], [(key(), (3,), 8), (key(window="x"), (3,), 8)])[1] == [
-        (1, counts), (7, Counts((3,), [0], [[0, 2, 0, 0, 0, 0, 0, 0]]))]
-    raw.hdel(counts_key(key()), "batches")  # written by something else than add_batch.lua
+        (store.versions([key()])[0], counts), (9, Counts((3,), [0], [[0, 2, 0, 0, 0, 0, 0, 0]]))]
+    raw.hdel(counts_key(key()), "batches", "version")  # written by something else than add_batch.lua
     assert store.read(key(), (3,), 8) == counts
     assert store.versioned_read([], [(key(), (3,), 8)])[1] == [(0, counts)]
-    raw.hset(counts_key(key(window="x")), "batches", "x")
+    raw.hset(counts_key(key(window="x")), "version", "x")
     with pytest.raises(StoreError, match="does not hold counts of this design"):
         store.versioned_read([], [(key(window="x"), (3,), 8)])
     raw.hset(counts_key(key()), "v:3:2", "x")
@@ -555,23 +557,28 @@ def test_applied_groups_are_observed_with_each_targets_versions(stores, raw, rng
     hour = key(window="1h", bucket=3600)
     first = batch(random_counts((1,), 4, rng), key(), hour)
     assert store.add(first)
-    assert seen == [(key(), 0, 1, first.counts), (hour, 0, 1, first.counts)]
+    version = store.versions([key()])[0]
+    assert version != 0 and store.versions([hour]) == [version]  # one version per call, for every target
+    assert seen == [(key(), 0, version, first.counts), (hour, 0, version, first.counts)]
     seen.clear()
     assert store.add(first) is False and seen == []
     writes = [batch(random_counts((1,), 4, rng), key(), hour) for _ in range(6)]
     assert run_threads([lambda w=w: store.add(w) for w in [*writes, first]]) == [True] * 6 + [False]
-    for target in (key(), hour):  # the groups chain from version 1 to 7, adding up to the six batches
+    for target in (key(), hour):  # the groups chain from the first version to the stored one
         steps = [(before, after, counts) for t, before, after, counts in seen if t == target]
-        assert [before for before, _, _ in steps] == [1] + [after for _, after, _ in steps[:-1]]
-        assert steps[-1][1] == 7
+        assert [before for before, _, _ in steps] == [version] + [after for _, after, _ in steps[:-1]]
+        assert steps[-1][1] == store.versions([target])[0]
+        assert len({after for _, after, _ in steps} | {version}) == len(steps) + 1  # never a version twice
         assert Counts((1,), sum(c.n for _, _, c in steps), sum(c.v for _, _, c in steps)) == Counts(
             (1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    version = store.versions([key()])[0]
     seen.clear()
     assert store.add(batch(random_counts((1,), 4, rng), key(), (key(window="1h", bucket=0), 1)))  # expired
-    assert seen[0][1:3] == (7, 8) and seen[1] == (key(window="1h", bucket=0), None, None, None)
+    assert seen[0][1:3] == (version, store.versions([key()])[0])
+    assert seen[1] == (key(window="1h", bucket=0), None, None, None)
     waiting = stores(wait_replicas=1, wait_timeout_ms=20)
     waiting.observe_applied(lambda target, before, after, counts: seen.append((target, before, after, counts)))
     seen.clear()
     with pytest.raises(StoreUnavailable):
         waiting.add(batch(random_counts((1,), 4, rng), key()))
-    assert seen == [(key(), None, None, None)] and store.versions([key()]) == [9]
+    assert seen == [(key(), None, None, None)] and batches_added(store, [key()]) == [9]

@@ -29,7 +29,7 @@ def test_read_many_with_another_design_is_an_error(store, rng):
 
 def test_versioned_read_gives_each_bucket_with_its_version(store, rng):
     """versioned_read: versions and read_many at once, each bucket's counts paired with the
-    version they are at (on Redis from the same command as the counts; a hash without "batches"
+    version they are at (on Redis from the same command as the counts; a hash without "version"
     is at version 0)."""
     places = [key(), key(window="1h", bucket=3600), key(metric="other")]
     designs = [((2,), 16), ((2,), 16), ((0, 1, 2, 3), 3)]
@@ -40,7 +40,8 @@ def test_versioned_read_gives_each_bucket_with_its_version(store, rng):
         versions, read = store.versioned_read(keys, wanted)
         assert versions == store.versions(keys)
         assert read == list(zip(store.versions([p for p, _, _ in wanted]), store.read_many(wanted)))
-    assert [version for version, _ in store.versioned_read([], requests)[1]] == [2, 1, 0]
-    assert store.versions(places) == [2, 1, 0]
+    versions = store.versions(places)
+    assert [version for version, _ in store.versioned_read([], requests)[1]] == versions
+    assert versions[2] == 0 and len(set(versions)) == 3
     with pytest.raises(StoreError, match="design"):
         store.versioned_read(places, [(key(), (4,), 16)])

@@ -1,6 +1,6 @@
 """The current estimates of every metric and window, recomputed only when their counts change.
 
-Each bucket's counts carry a version (the number of batches added to it, kept by the store),
+Each bucket's counts carry a version (kept by the store, new with every write, never reused),
 so one cheap round trip tells which cached estimates are stale; only those are read and
 recomputed. Several aggregator processes may share a store: the versions see their writes too.
 
@@ -48,7 +48,7 @@ class WindowEstimate:
     window: Window
     start: int  # the bucket's start and end, Unix seconds (0, 0 for total)
     end: int
-    version: int  # batches counted in the bucket
+    version: int  # the store's version of the bucket's counts (Store.versions)
     n: int
     estimate: Estimate | None  # None when withheld
     reason: str  # why it is withheld; "" otherwise

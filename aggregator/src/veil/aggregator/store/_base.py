@@ -66,14 +66,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
-        """For each bucket, how many batches have been added to it: a cheap way to tell
-        whether cached estimates are stale."""
+        """For each bucket, its version: 0 before anything was added, then a number that changes
+        with every write and never comes back for the bucket (MemoryStore: the batches added;
+        RedisStore: drawn at random by each write, as a lost write could bring a count back). A
+        cheap way to tell whether cached estimates are stale."""
 
     @abc.abstractmethod
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
                        ) -> tuple[list[int], list[tuple[int, Counts]]]:
         """versions(keys), and for each (key, weights, k) request its counts with the version
-        ("batches added") they are at, read in one atomic step: LiveEstimates may carry such
+        they are at, read in one atomic step: LiveEstimates may carry such
         counts forward by the writes it observes, so they must be exactly those of that version."""
 
     @abc.abstractmethod

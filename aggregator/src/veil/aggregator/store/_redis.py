@@ -5,10 +5,16 @@ in one slot; metric, fingerprint and window are percent-encoded, so no name can 
 grammar, escape the tag or collide with another):
 
     veil:{<metric>}:c:<fingerprint>:<window>:<bucket>  hash of integers: n:<t> and v:<t>:<j>
-                                                       (non-zero only), batches (batches added)
+                                                       (non-zero only), batches (batches added),
+                                                       version (drawn at random by each write)
     veil:{<metric>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
 
 Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua).
+
+A bucket's version, which caches compare, is a random 63-bit number each script call writes
+along with its counts, not the number of batches: after a failover or a restore lost writes,
+"batches" can climb back to a number it had before, with other counts behind it, while a
+drawn version does not come back (the chance is 2^-63 per write).
 
 Group commit: concurrent ``add`` calls for the same buckets (same metric, targets, dedupe TTL
 and design) are written together by one script call (see _coalesce): the script checks every
@@ -39,6 +45,7 @@ Durability is Redis's own:
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -66,11 +73,12 @@ from ._coalesce import Coalescer, FlushObserver
 __all__ = ["AppliedObserver", "RedisStore", "counts_key", "dedupe_key"]
 
 # Called after every script call with observer(target, version_before, version_after, counts):
-# the group's summed counts took the target from version_before to version_after (its
-# "batches") in one atomic step. (target, None, None, None) when the target changed in a way
+# the group's summed counts took the target from version_before to version_after in one
+# atomic step. (target, None, None, None) when the target changed in a way
 # not known here (the call failed, or the hash is already gone): forget what is known of it.
 AppliedObserver = Callable[[CountsKey, "int | None", "int | None", "Counts | None"], None]
 
+_VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1: Redis integers, never 0
 _ADD_BATCH = resources.files(__package__).joinpath("add_batch.lua").read_text(encoding="utf-8")
 
 # Errors after which the same call may succeed later: Redis down, slow, loading its data, a
@@ -165,15 +173,15 @@ class RedisStore(Store):
         that failed. See AppliedObserver. Writes of other processes are never observed here."""
         self._applied_observers.append(observer)
 
-    def _notify(self, targets: Sequence[CountsKey], after: Sequence[int] | None, g: int,
+    def _notify(self, targets: Sequence[CountsKey], before: Sequence[int] | None, after: int,
                 counts: Counts | None) -> None:
         for i, target in enumerate(targets):
             for observer in self._applied_observers:
                 try:
-                    if after is None or after[i] < g:
+                    if before is None or before[i] < 0:
                         observer(target, None, None, None)
                     else:
-                        observer(target, after[i] - g, after[i], counts)
+                        observer(target, before[i], after, counts)
                 except Exception:  # noqa: BLE001 (an observer must never fail a write)
                     pass
 
@@ -216,21 +224,22 @@ class RedisStore(Store):
                                 sum(pending[i].counts.v for i in ids))
             keys = [*(dedupe_key(first.metric, i) for i in ids), *targets]
             increments = _increments_resp(counts) if self._packed else _increments(counts)
-            args = [len(ids), int(first.dedupe_ttl), *expiries]
+            version = 1 + secrets.randbelow(_VERSIONS)  # never 0, which stands for "no version"
+            args = [len(ids), int(first.dedupe_ttl), version, *expiries]
             if self._packed:
                 args.append(increments)
             else:
                 args += increments
             try:
-                seen, after = self._run_script(keys, args, len(ids))
+                seen, before = self._run_script(keys, args, len(ids))
             except BaseException:
                 if self._applied_observers:
-                    self._notify([key for key, _ in first.targets], None, len(ids), None)
+                    self._notify([key for key, _ in first.targets], None, version, None)
                 raise
             if not seen:
                 applied.update(ids)
                 if self._applied_observers:
-                    self._notify([key for key, _ in first.targets], after, len(ids), counts)
+                    self._notify([key for key, _ in first.targets], before, version, counts)
                 break
             for position in seen:
                 del pending[ids[int(position) - 1]]
@@ -243,7 +252,7 @@ class RedisStore(Store):
     def _run_script(self, keys: list[object], args: list[object], batches: int) -> tuple[list[int], list[int]]:
         """One add_batch.lua call (with WAIT when asked): the positions it found already applied
         (none when it applied the group), and when it applied the group each target's version
-        after it (-1: the hash is gone)."""
+        before it (0: none; -1: the hash is gone)."""
         with self._boundary("add"):
             if not self._wait_replicas:
                 answer = self._add_batch(keys, args)
@@ -261,7 +270,7 @@ class RedisStore(Store):
                         "most once"
                     )
         answer = [int(a) for a in answer]
-        if answer and answer[0] == 0:  # applied: {0, version of each target}
+        if answer and answer[0] == 0:  # applied: {0, each target's version before}
             return [], answer[1:]
         return answer, []
 
@@ -292,12 +301,12 @@ class RedisStore(Store):
                        ) -> tuple[list[int], list[tuple[int, Counts]]]:
         """versions(keys) and read_many(requests) in one pipeline, so one round trip (two as in
         read_many), each bucket read with the version its counts are at: both from one command
-        (HMGET with "batches" among the fields, or HGETALL), so they belong to the same moment.
+        (HMGET with "version" among the fields, or HGETALL), so they belong to the same moment.
         Redis runs the version reads first, so that version may be later than the one
         versions(keys) gave for the same bucket."""
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
-            pipe.hget(self._counts_key(key), "batches")
+            pipe.hget(self._counts_key(key), "version")
         plans = []
         for key, weights, k in requests:
             weights = tuple(weights)
@@ -324,7 +333,7 @@ class RedisStore(Store):
                 version = _version(values[-1])
             except (ValueError, OverflowError) as error:
                 raise _not_counts(name, weights, k, error) from None
-            if size != (present + 1 if present else 0):  # "batches" besides the counts, or nothing
+            if size != (present + 2 if present else 0):  # "batches" and "version" besides the counts, or nothing
                 counts.append(None)
                 again.append(i)
                 continue
@@ -478,19 +487,19 @@ def _increments_resp(counts: Counts) -> _Resp:
 _FIELD_RESPS: dict[tuple[tuple[int, ...], int, bool], _Resp] = {}
 
 
-def _field_resp(weights: tuple[int, ...], k: int, batches: bool = False) -> _Resp | None:
-    """Every field name of the design, RESP-encoded (HMGET's arguments), then "batches" when
+def _field_resp(weights: tuple[int, ...], k: int, version: bool = False) -> _Resp | None:
+    """Every field name of the design, RESP-encoded (HMGET's arguments), then "version" when
     asked; None as for _field_names."""
-    resp = _FIELD_RESPS.get((weights, k, batches))
+    resp = _FIELD_RESPS.get((weights, k, version))
     if resp is None:
         names = _field_names(weights, k)
         if names is None:
             return None
-        listed = names.tolist() + ([b"batches"] if batches else [])
+        listed = names.tolist() + ([b"version"] if version else [])
         resp = _Resp(len(listed), b"".join(_bulk(name) for name in listed))
         if len(_FIELD_RESPS) >= 64:
             _FIELD_RESPS.clear()
-        _FIELD_RESPS[weights, k, batches] = resp
+        _FIELD_RESPS[weights, k, version] = resp
     return resp
 
 
@@ -524,20 +533,20 @@ def _checked_counts(name: str, found: dict[bytes, bytes], weights: tuple[int, ..
 
 def _checked_versioned(name: str, found: dict[bytes, bytes], weights: tuple[int, ...], k: int
                        ) -> tuple[int, Counts]:
-    """The version ("batches") and the counts in HGETALL's fields; StoreError as _checked_counts."""
+    """The version and the counts in HGETALL's fields; StoreError as _checked_counts."""
     try:
-        version = _version(found.get(b"batches"))
+        version = _version(found.get(b"version"))
     except (ValueError, OverflowError) as error:
         raise _not_counts(name, weights, k, error) from None
     return version, _checked_counts(name, found, weights, k)
 
 
 def _version(value: bytes | None) -> int:
-    """A hash's "batches" field: 0 when not set; ValueError when not a whole number."""
+    """A hash's "version" field: 0 when not set; ValueError when not a whole number."""
     if value is None:
         return 0
     if not value.isdigit():
-        raise ValueError(f"batches is {value!r}, not a count")
+        raise ValueError(f"version is {value!r}, not a whole number")
     return int(value)
 
 
@@ -578,6 +587,7 @@ def _counts_of(fields: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> 
     """Parse a hash's fields into Counts; ValueError when a field does not fit the design."""
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
     fields.pop(b"batches", None)
+    fields.pop(b"version", None)
     if not fields:
         return counts
     positions = _field_positions(weights, k)

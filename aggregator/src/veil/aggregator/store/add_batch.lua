@@ -6,12 +6,15 @@
 --             the metric's slot).
 -- ARGV[1]     g, the number of batch ids.
 -- ARGV[2]     seconds to remember a batch id.
--- ARGV[3..]   for each target hash, in order: the Unix time after which it may go, or "" to
+-- ARGV[3]     the targets' new version: a random number the caller drew for this call, so a
+--             version is never seen twice, even after Redis lost writes and counts grew back.
+-- ARGV[4..]   for each target hash, in order: the Unix time after which it may go, or "" to
 --             keep it.
 -- then        field, increment pairs: the sum of the g batches' counts, the same for every
 --             target.
--- Returns {0, b1, b2, ...} when the group was applied now: every target's "batches" grew by g,
--- and bt is target t's "batches" after it (-1 when the hash is gone: an expiry already past).
+-- Returns {0, v1, v2, ...} when the group was applied now: every target's "batches" grew by g,
+-- its "version" became ARGV[3], and vt is target t's version before (0: none; -1 when the hash
+-- is gone: an expiry already past). Versions stay strings: Lua numbers are doubles.
 -- Otherwise the (1-based, so >= 1) positions of the ids that had already been applied, and
 -- nothing was added: the caller leaves those out and sends the rest again, summed again.
 --
@@ -39,15 +42,17 @@ for i = 1, g do
   redis.call('SET', KEYS[i], '1', 'EX', ARGV[2])
 end
 local targets = #KEYS - g
-local first = 3 + targets
-local batches = {0}
+local first = 4 + targets
+local before = {0}
 for t = 1, targets do
-  local key, expires_at = KEYS[g + t], ARGV[2 + t]
+  local key, expires_at = KEYS[g + t], ARGV[3 + t]
   local fresh = redis.call('EXISTS', key) == 0
+  local was = redis.call('HGET', key, 'version') or 0
   for a = first, #ARGV, 2 do
     redis.call('HINCRBY', key, ARGV[a], ARGV[a + 1])
   end
-  local now = redis.call('HINCRBY', key, 'batches', g)
+  redis.call('HINCRBY', key, 'batches', g)
+  redis.call('HSET', key, 'version', ARGV[3])
   if expires_at ~= '' then
     -- A new hash takes the expiry; an existing one only ever keeps the later one (GT), and a
     -- hash without expiry (a total window) keeps none.
@@ -57,9 +62,9 @@ for t = 1, targets do
       redis.call('EXPIREAT', key, expires_at, 'GT')
     end
     if redis.call('EXISTS', key) == 0 then
-      now = -1
+      was = -1
     end
   end
-  batches[t + 1] = now
+  before[t + 1] = was
 end
-return batches
+return before
