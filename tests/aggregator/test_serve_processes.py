@@ -222,13 +222,14 @@ def test_each_worker_enforces_its_share_of_a_rate_limit():
     from running import auth_section
 
     from veil.aggregator.config import parse_config
-    from veil.aggregator.daemon import _worker_limiter
+    from veil.aggregator._ratelimit import RateLimiter
+    from veil.aggregator.daemon import _worker_limits
 
     data = config_dict("redis://127.0.0.1:1/0", 50051)
     data["auth"] = auth_section(rate_limit=40000, rate_burst=80000)
     auth = parse_config(data).auth
-    assert _worker_limiter(auth, 1).limit("app-a") == (40000, 80000)
-    halves = _worker_limiter(auth, 2)
+    assert _worker_limits(auth, 1)["app-a"] == (40000, 80000)
+    halves = RateLimiter(_worker_limits(auth, 2))
     assert halves.limit("app-a") == (20000, 40000) and halves.limit("app-b") == (20000, 40000)
     assert halves.take("app-a", 40000) == 0.0 and halves.take("app-a", 10) > 0  # half the burst is all it has
 

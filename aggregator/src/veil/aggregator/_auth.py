@@ -21,6 +21,10 @@ the per-token rate limit, drop uploads whose caller already gave up, bound concu
 streams, and set `caller()` (the token's name) for the servicer.
 
 With no tokens configured, authentication is off: every call is `anonymous`.
+
+Tokens can be replaced while serving (`AccessInterceptor.reload`, on SIGHUP in `veil serve`): a
+call is checked against the tokens of the moment it arrives. Turning authentication on or off
+takes a restart, so that no reload can open a server by leaving its tokens out.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from veil.wire.v1 import veil_pb2
 
+from ._errors import ConfigError
 from .config import AuthConfig, TokenConfig, token_digest
 from ._ratelimit import RateLimiter
 from .decode import UNPARSEABLE, parse_upload
 
-__all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "RETRY_AFTER_KEY", "caller", "rate_limiter"]
+__all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "RETRY_AFTER_KEY", "caller", "rate_limiter",
+           "token_limits"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -86,6 +92,16 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._tokens)
 
+    def replace(self, auth: AuthConfig) -> None:
+        """Know auth's tokens from now on, instead of the ones before (one assignment: a check
+        sees either set whole). ConfigError, and nothing changes, when that would turn
+        authentication on or off."""
+        if auth.enabled != self.enabled:
+            state = "on" if self.enabled else "off"
+            raise ConfigError(f"auth: authentication is {state} and a reload cannot turn it "
+                              f"{'off' if self.enabled else 'on'}; restart the aggregator for that.")
+        self._tokens = tuple(auth.tokens)
+
     def identify(self, token: str) -> TokenConfig | None:
         digest = token_digest(token)
         found = None
@@ -112,11 +128,16 @@ def _a(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
-def rate_limiter(auth: AuthConfig) -> RateLimiter:
+def token_limits(auth: AuthConfig) -> dict[str, tuple[float, float]]:
+    """Each upload token's (rate, burst) by name; with authentication off, the anonymous one's."""
     limits = {t.name: (t.rate_limit, t.rate_burst) for t in auth.of_role("upload")}
     if not auth.enabled:
         limits[ANONYMOUS.name] = (auth.anonymous_rate_limit, auth.anonymous_rate_burst)
-    return RateLimiter(limits)
+    return limits
+
+
+def rate_limiter(auth: AuthConfig) -> RateLimiter:
+    return RateLimiter(token_limits(auth))
 
 
 def _rebuild(handler: grpc.RpcMethodHandler, wrap: Callable, deserializer: object = ...) -> grpc.RpcMethodHandler:
@@ -152,6 +173,13 @@ class AccessInterceptor(grpc.ServerInterceptor):
     @property
     def authenticator(self) -> Authenticator:
         return self._auth
+
+    def reload(self, auth: AuthConfig, limits: dict[str, tuple[float, float]]) -> None:
+        """Check calls against auth's tokens, and limit them by `limits` (token_limits of this
+        process's share), from the next call on; calls in progress finish as they started.
+        ConfigError, and nothing changes, when that would turn authentication on or off."""
+        self._auth.replace(auth)
+        self._limiter.set_limits(limits)
 
     # -- on the polling thread: decide, wrap, never block ------------------------------------
 

@@ -32,6 +32,17 @@ class RateLimiter:
         self._buckets = {name: _Bucket(rate, burst, now) for name, (rate, burst) in limits.items() if rate > 0}
         self._lock = threading.Lock()
 
+    def set_limits(self, limits: Mapping[str, tuple[float, float]]) -> None:
+        """Limit by these from now on (tokens reloaded): a name whose rate and burst stay the same
+        keeps its bucket as it is, so a reload never hands out a fresh burst; a new or changed
+        limit starts full; a name left out passes from now on."""
+        with self._lock:
+            now = self._clock()
+            old = self._buckets
+            self._buckets = {name: old[name] if name in old and (old[name].rate, old[name].burst) == (rate, burst)
+                             else _Bucket(rate, burst, now)
+                             for name, (rate, burst) in limits.items() if rate > 0}
+
     def limit(self, name: str) -> tuple[float, float] | None:
         bucket = self._buckets.get(name)
         return (bucket.rate, bucket.burst) if bucket else None

@@ -10,7 +10,8 @@ PROMETHEUS_MULTIPROC_DIR the supervisor makes and removes).
 The supervisor never imports gRPC: each worker is a fresh interpreter (`python -m
 veil.aggregator ... --worker-index I`), so no gRPC state is ever forked. It forwards SIGTERM and
 SIGINT to every worker (each drains as a lone daemon does) and exits when all have, 0 when
-all stopped cleanly. A worker that dies on its own is restarted after a backoff; one that dies
+all stopped cleanly; it forwards SIGHUP (reload the tokens), which a worker ignores until it
+can reload (so a worker still starting is not killed by it, and reads the new file anyway). A worker that dies on its own is restarted after a backoff; one that dies
 within its first seconds _MAX_FAST_EXITS times in a row makes the supervisor stop everything and
 exit 1 rather than loop. On Linux a worker gets SIGTERM when the supervisor dies.
 """
@@ -66,6 +67,7 @@ def _die_with(parent: int) -> Callable[[], None]:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def preexec() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the worker's own handler is in place
         prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the supervisor died before prctl took effect
             os.kill(os.getpid(), signal.SIGTERM)
@@ -96,9 +98,10 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
     _check_free(config.grpc_address, "server.grpc")
     if config.http_address and not config.http_address.endswith(":0"):
         _check_free(config.http_address, "server.http")
-    stop = threading.Event()
+    stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: hangup.set())
     metrics_dir = tempfile.mkdtemp(prefix="veil-metrics-")
     # The store URL goes by environment, not argv, so a password in it stays out of `ps`.
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, ENV_STORE_URL: config.store_url}
@@ -109,7 +112,7 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
         print(f"veil: {config.processes} worker processes share gRPC {config.grpc_address}"
               + (f"; worker 0 serves HTTP on {config.http_address}" if config.http_address else ""),
               file=sys.stderr, flush=True)
-        gave_up = _watch(workers, stop, command, env)
+        gave_up = _watch(workers, stop, hangup, command, env)
         clean = _stop_all(workers, config.grace_period)
         log.info("supervisor stopped", extra={"workers": config.processes})
         return 1 if gave_up or not clean else 0
@@ -117,10 +120,17 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _watch(workers: list[_Worker], stop: threading.Event, command: list[str], env: dict[str, str]) -> bool:
+def _watch(workers: list[_Worker], stop: threading.Event, hangup: threading.Event, command: list[str],
+           env: dict[str, str]) -> bool:
     """Restart workers that exit until `stop` is set (False), or until one keeps failing at
-    its start (True)."""
+    its start (True); pass SIGHUP on to every running worker whenever `hangup` is set."""
     while not stop.wait(_POLL):
+        if hangup.is_set():
+            hangup.clear()
+            for worker in workers:
+                if worker.process is not None and worker.process.poll() is None:
+                    worker.process.send_signal(signal.SIGHUP)
+            log.info("SIGHUP passed on to the workers: each reloads its tokens")
         now = time.monotonic()
         for worker in workers:
             if worker.process is None:

@@ -9,7 +9,8 @@ Health follows the store: a background thread pings it every second and reports 
 while it cannot be reached (uploads then fail fast with UNAVAILABLE, never silently dropped).
 
 Access: with [tls] both listeners speak TLS only (mutual TLS with tls.client_ca_file); with
-tokens, an interceptor checks every call before its handler (see _auth). The limits on abuse:
+tokens, an interceptor checks every call before its handler (see _auth); reload_tokens() swaps
+them while serving (`veil serve` on SIGHUP). The limits on abuse:
 gRPC refuses, unread, any message larger than the largest valid upload (max_message_bytes);
 at most server.max_concurrent_rpcs calls are in progress or queued (more get
 RESOURCE_EXHAUSTED at once), at most server.max_streams of them Watch streams (each holds a
@@ -41,7 +42,7 @@ from prometheus_client import CollectorRegistry
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
-from ._auth import AccessInterceptor, rate_limiter
+from ._auth import AccessInterceptor, token_limits
 from ._errors import ConfigError
 from ._ratelimit import RateLimiter
 from ._tls import ServerTls
@@ -92,16 +93,11 @@ def open_configured_store(config: AggregatorConfig) -> Store:
         raise ConfigError(f"store: {err}") from None
 
 
-def _worker_limiter(auth: AuthConfig, processes: int) -> RateLimiter:
+def _worker_limits(auth: AuthConfig, processes: int) -> dict[str, tuple[float, float]]:
     """This process's share of every token's rate and burst. SO_REUSEPORT spreads connections,
     not calls, over the processes, so the N shares add up to the configured limit only while a
     token's connections are spread evenly (a token on one connection gets 1/N of it)."""
-    if processes == 1:
-        return rate_limiter(auth)
-    tokens = tuple(replace(t, rate_limit=t.rate_limit / processes, rate_burst=t.rate_burst / processes)
-                   for t in auth.tokens)
-    return rate_limiter(replace(auth, tokens=tokens, anonymous_rate_limit=auth.anonymous_rate_limit / processes,
-                                anonymous_rate_burst=auth.anonymous_rate_burst / processes))
+    return {name: (rate / processes, burst / processes) for name, (rate, burst) in token_limits(auth).items()}
 
 
 def _exported_registry(config: AggregatorConfig, instruments: Instruments, live: LiveEstimates) -> CollectorRegistry:
@@ -142,7 +138,7 @@ class Aggregator:
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.access = AccessInterceptor(config.auth, max_streams=config.max_streams,
                                         registry=self.instruments.registry,
-                                        limiter=_worker_limiter(config.auth, config.processes))
+                                        limiter=RateLimiter(_worker_limits(config.auth, config.processes)))
         limit = max_message_bytes(config)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
@@ -174,6 +170,28 @@ class Aggregator:
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)
+
+    def reload_tokens(self, load: Callable[[], AggregatorConfig]) -> bool:
+        """Take the tokens (and their metrics and rate limits) of the config `load` returns, from
+        the next call on, for gRPC and HTTP alike; True when they were taken. A config that
+        fails its checks, or would turn authentication on or off, changes nothing: the tokens in
+        use stay, and the error is logged. Anything else that differs takes a restart, which
+        the log says. Counted in veil_token_reloads by outcome."""
+        try:
+            fresh = load()
+            self.access.reload(fresh.auth, _worker_limits(fresh.auth, self.config.processes))
+        except ConfigError as err:
+            self.instruments.token_reloads.labels("failed").inc()
+            log.error("tokens not reloaded; the ones in use stay", extra={"error": str(err)})
+            return False
+        self.instruments.token_reloads.labels("reloaded").inc()
+        uploads, reads = fresh.auth.of_role("upload"), fresh.auth.of_role("read")
+        log.info("tokens reloaded", extra={"upload_tokens": {t.name: sorted(t.metrics) for t in uploads},
+                                           "read_tokens": [t.name for t in reads]})
+        if replace(fresh, auth=self.config.auth) != self.config:
+            log.warning("the config changed besides [auth]; only tokens are reloaded, the rest takes a restart")
+        self.config = replace(self.config, auth=fresh.auth)
+        return True
 
     @property
     def http_port(self) -> int | None:

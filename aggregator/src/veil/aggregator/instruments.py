@@ -43,6 +43,8 @@ class Instruments:
         )
         self.flush_failures = Counter("veil_store_flush_failures", "Store writes that failed (every batch of "
                                       "the group was refused with UNAVAILABLE or INTERNAL).", registry=self.registry)
+        self.token_reloads = Counter("veil_token_reloads", "Reloads of the tokens (SIGHUP), by outcome: reloaded, "
+                                     "or failed (the tokens in use stayed).", ["outcome"], registry=self.registry)
 
     def observe_flush(self, batches: int, seconds: float, failed: bool) -> None:
         """One store write of ``batches`` batches took ``seconds``."""

@@ -26,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # A worker of a `--processes N` supervisor; set by the supervisor only.
     parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     parser.epilog = ("SIGTERM or Ctrl-C stops it gracefully: health turns NOT_SERVING, in-flight uploads get "
-                     "server.grace_period seconds to finish, then it exits 0. With --processes N the supervisor "
-                     "forwards the signal to every worker, restarts a worker that dies, and exits when all have "
-                     "stopped.")
+                     "server.grace_period seconds to finish, then it exits 0. SIGHUP reloads the tokens ([auth] and "
+                     "auth.tokens_file) without a restart; a config that fails its checks keeps the tokens in use "
+                     "and logs why, and other changes take a restart. With --processes N the supervisor forwards "
+                     "both signals to every worker, restarts a worker that dies, and exits when all have stopped.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,12 +38,15 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
     configure_logging(args.log_format, args.log_level)
-    config = load_config(args.config, store_url=args.store, processes=args.processes)
+    def reload():
+        return load_config(args.config, store_url=args.store, processes=args.processes)
+
+    config = reload()
     if args.worker_index is not None:
         from .._workers import label_worker_logs
 
         label_worker_logs(args.worker_index, args.log_format)
-        return _serve(config, args.worker_index)
+        return _serve(config, args.worker_index, reload)
     if config.processes > 1 and not args.check_config:
         from .._workers import supervise  # imports no gRPC: the workers are fresh interpreters
 
@@ -63,19 +67,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")
         print(f"access: {_access(config)}" + (f"; {config.processes} worker processes" if config.processes > 1 else ""))
         return 0
-    return _serve(config, None)
+    return _serve(config, None, reload)
 
 
-def _serve(config, worker: int | None) -> int:
+def _serve(config, worker: int | None, reload) -> int:
     """Serve until SIGTERM or SIGINT, as the one daemon (worker None) or as worker `worker` of a
-    supervisor (only worker 0 runs the HTTP listener: the store holds everything it shows)."""
+    supervisor (only worker 0 runs the HTTP listener: the store holds everything it shows);
+    on SIGHUP take the tokens of the config `reload()` reads."""
     from dataclasses import replace
 
     from ..daemon import Aggregator, freeze_startup_heap
 
-    stop = threading.Event()
+    stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: hangup.set())  # handled below, outside the signal handler
     if worker:
         config = replace(config, http_address="")
     aggregator = Aggregator(config)
@@ -85,8 +91,10 @@ def _serve(config, worker: int | None) -> int:
     print(f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
           + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
           + f" ({_access(config)})", file=sys.stderr, flush=True)
-    while not stop.wait(0.5):
-        pass
+    while not stop.wait(0.2):
+        if hangup.is_set():
+            hangup.clear()
+            aggregator.reload_tokens(reload)
     aggregator.stop()
     return 0
 
