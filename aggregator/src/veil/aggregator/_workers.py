@@ -10,10 +10,11 @@ PROMETHEUS_MULTIPROC_DIR the supervisor makes and removes).
 The supervisor never imports gRPC: each worker is a fresh interpreter (`python -m
 veil.aggregator ... --worker-index I`), so no gRPC state is ever forked. It forwards SIGTERM and
 SIGINT to every worker (each drains as a lone daemon does) and exits when all have, 0 when
-all stopped cleanly; it forwards SIGHUP (reload the tokens), which a worker ignores until it
-can reload (so a worker still starting is not killed by it, and reads the new file anyway). A worker that dies on its own is restarted after a backoff; one that dies
-within its first seconds _MAX_FAST_EXITS times in a row makes the supervisor stop everything and
-exit 1 rather than loop. On Linux a worker gets SIGTERM when the supervisor dies.
+all stopped cleanly. It forwards SIGHUP (reload the tokens) too, which a worker ignores until
+it can reload: one still starting is not killed by it, and reads the new file anyway. A worker
+that dies on its own is restarted after a backoff; one that dies within its first seconds
+_MAX_FAST_EXITS times in a row makes the supervisor stop everything and exit 1 rather than loop.
+On Linux a worker gets SIGTERM when the supervisor dies.
 """
 
 from __future__ import annotations

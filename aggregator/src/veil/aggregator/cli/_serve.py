@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
 
     configure_logging(args.log_format, args.log_level)
-    def reload():
+
+    def reload():  # the config as at the start: the same file, overrides and environment
         return load_config(args.config, store_url=args.store, processes=args.processes)
 
     config = reload()
