@@ -216,13 +216,12 @@ def hold_first_script_call(store: RedisStore) -> tuple[threading.Event, threadin
     return entered, release, sizes
 
 
-def add_concurrently(store: RedisStore, writes, *, hold: bool = True) -> tuple[list[object], list[int]]:
+def add_concurrently(store: RedisStore, writes, *, before_release: Callable[[], object] = lambda: None
+                     ) -> tuple[list[object], list[int]]:
     """One write goes first and is held in its script call until all the others are queued
-    behind it; then they go. Returns each write's outcome and the ids per script call."""
+    behind it; then before_release() runs, and they go. Returns each write's outcome (its result
+    or the exception it raised) and the ids per script call."""
     entered, release, sizes = hold_first_script_call(store)
-    first = threading.Thread(target=store.add, args=(writes[0],))
-    first.start()
-    assert entered.wait(WAIT)
     outcomes: list[object] = [None] * len(writes)
 
     def add(i: int) -> None:
@@ -231,16 +230,17 @@ def add_concurrently(store: RedisStore, writes, *, hold: bool = True) -> tuple[l
         except BaseException as error:  # noqa: BLE001
             outcomes[i] = error
 
-    threads = [threading.Thread(target=add, args=(i,)) for i in range(1, len(writes))]
-    for thread in threads:
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(len(writes))]
+    threads[0].start()
+    assert entered.wait(WAIT)
+    for thread in threads[1:]:
         thread.start()
     coalescer = store._coalescer  # noqa: SLF001
     wait_until(lambda: sum(len(q) for q in coalescer._queues.values()) == len(writes) - 1)  # noqa: SLF001
+    before_release()
     release.set()
-    first.join(WAIT)
     for thread in threads:
         thread.join(WAIT)
-    outcomes[0] = True  # the first write's own outcome is checked by the caller through the counts
     return outcomes, sizes
 
 
@@ -308,25 +308,8 @@ def test_many_callers_many_batches_count_exactly(stores, rng):
 def test_redis_down_under_a_group_fails_every_caller_and_retries_count_once(redis_server, stores, rng):
     store = stores()
     writes = [batch(random_counts((1,), 6, rng), key()) for _ in range(8)]
-    entered, release, sizes = hold_first_script_call(store)
-    outcomes: list[object] = [None] * len(writes)
-
-    def add(i: int) -> None:
-        try:
-            outcomes[i] = store.add(writes[i])
-        except BaseException as error:  # noqa: BLE001
-            outcomes[i] = error
-
-    threads = [threading.Thread(target=add, args=(i,)) for i in range(len(writes))]
-    threads[0].start()
-    assert entered.wait(WAIT)  # writes[0] is in its script call; the other seven queue behind it
-    for thread in threads[1:]:
-        thread.start()
-    wait_until(lambda: sum(len(q) for q in store._coalescer._queues.values()) == 7)  # noqa: SLF001
-    redis_server.stop()
-    release.set()
-    for thread in threads:
-        thread.join(WAIT)
+    # writes[0] is held in its script call, the other seven queue behind it; then Redis stops.
+    outcomes, sizes = add_concurrently(store, writes, before_release=redis_server.stop)
     assert sizes == [1, 7]  # one call for the seven, and it failed
     assert all(isinstance(o, StoreUnavailable) for o in outcomes), outcomes
     assert "\n" not in str(outcomes[1])
