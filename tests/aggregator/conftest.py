@@ -5,27 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from running import Pki, ServeProcess, config_dict
+from running import InProcessAggregators, Pki, ServeProcess
 
-from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 
 
 @pytest.fixture
 def start_aggregator() -> Iterator[Callable[..., Aggregator]]:
-    """start_aggregator(store_url="memory", *, sections=None, **server) -> a started in-process
-    Aggregator; sections adds tables to the config (e.g. {"tls": ..., "auth": ...})."""
-    started: list[Aggregator] = []
-
-    def start(store_url: str = "memory", *, sections: dict | None = None, **server: object) -> Aggregator:
-        aggregator = Aggregator(parse_config({**config_dict(store_url, **server), **(sections or {})}))
-        aggregator.start()
-        started.append(aggregator)
-        return aggregator
-
-    yield start
-    for aggregator in started:
-        aggregator.stop(grace=0)
+    """start_aggregator(store_url="memory", *, sections=None, clock=None, **server) -> a started
+    in-process Aggregator (InProcessAggregators.start), stopped after the test."""
+    aggregators = InProcessAggregators()
+    yield aggregators.start
+    aggregators.stop_all()
 
 
 @pytest.fixture

@@ -78,6 +78,30 @@ class ServeProcess:
             self.signal(signal.SIGKILL)
 
 
+class InProcessAggregators:
+    """Starts in-process Aggregators on configs of config_dict(); stop_all() stops them all."""
+
+    def __init__(self) -> None:
+        self._started: list = []
+
+    def start(self, store_url: str = "memory", *, sections: dict | None = None,
+              clock: Callable[[], float] | None = None, **server: object):
+        """A started Aggregator; sections adds tables to the config (e.g. {"tls": ..., "auth": ...}),
+        clock replaces the wall clock its estimates and windows go by."""
+        from veil.aggregator.config import parse_config
+        from veil.aggregator.daemon import Aggregator
+
+        config = parse_config({**config_dict(store_url, **server), **(sections or {})})
+        aggregator = Aggregator(config) if clock is None else Aggregator(config, clock=clock)
+        aggregator.start()
+        self._started.append(aggregator)
+        return aggregator
+
+    def stop_all(self) -> None:
+        for aggregator in self._started:
+            aggregator.stop(grace=0)
+
+
 def collector(endpoint: str) -> veil_pb2_grpc.CollectorStub:
     return veil_pb2_grpc.CollectorStub(grpc.insecure_channel(endpoint))
 

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-# running.py (METRICS, config_dict) lives beside the daemon tests, which pytest puts on sys.path
+# running.py (InProcessAggregators) lives beside the daemon tests, which pytest puts on sys.path
 # only when it collects them; running tests/security alone needs it too.
 _AGGREGATOR_TESTS = str(Path(__file__).resolve().parents[1] / "aggregator")
 if _AGGREGATOR_TESTS not in sys.path:
     sys.path.append(_AGGREGATOR_TESTS)
 
-from running import config_dict  # noqa: E402
+from running import InProcessAggregators  # noqa: E402
 
-from veil.aggregator.config import parse_config  # noqa: E402
 from veil.aggregator.daemon import Aggregator  # noqa: E402
 
 _TALLY = pytest.StashKey[Counter]()
@@ -30,19 +29,16 @@ def start_frozen_aggregator() -> Iterator[Callable[..., Aggregator]]:
     """start_frozen_aggregator(**server) -> a started in-process Aggregator on the memory store
     whose clock stands still, so that a window's current bucket ("1h") cannot roll over between
     two reads of the counters (the store's own expiry clock is far from any bucket's end)."""
-    started: list[Aggregator] = []
+    aggregators = InProcessAggregators()
     now = time.time()
 
     def start(**server: object) -> Aggregator:
-        aggregator = Aggregator(parse_config(config_dict("memory", **server)), clock=lambda: now)
+        aggregator = aggregators.start("memory", clock=lambda: now, **server)
         aggregator.frozen_now = now  # what the bucket of a window is, for reading the store
-        aggregator.start()
-        started.append(aggregator)
         return aggregator
 
     yield start
-    for aggregator in started:
-        aggregator.stop(grace=0)
+    aggregators.stop_all()
 
 
 @pytest.fixture
