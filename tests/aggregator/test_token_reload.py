@@ -175,6 +175,7 @@ def test_the_supervisor_passes_sighup_to_every_worker(serve_process, tmp_path, r
     serve.process.send_signal(signal.SIGHUP)
     assert wait_until(lambda: {line.get("worker") for line in log_lines(serve)
                                if line["msg"] == "tokens reloaded"} == {0, 1}, 10), serve.log.read_text()
+    assert not [line for line in log_lines(serve) if line["msg"].startswith("the config changed")]  # only tokens did
     # Each of 16 connections lands on one of the two workers: every one knows only the new token.
     for _ in range(16):
         assert upload_code(serve.endpoint, NEW_UPLOAD_TOKEN) == grpc.StatusCode.OK

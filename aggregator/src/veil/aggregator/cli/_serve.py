@@ -84,7 +84,10 @@ def _serve(config, worker: int | None, reload) -> int:
         signal.signal(signum, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: hangup.set())  # handled below, outside the signal handler
     if worker:
-        config = replace(config, http_address="")
+        config, load = replace(config, http_address=""), reload
+
+        def reload():  # a reloaded config is this worker's as well: no HTTP listener
+            return replace(load(), http_address="")
     aggregator = Aggregator(config)
     aggregator.start()
     freeze_startup_heap()
