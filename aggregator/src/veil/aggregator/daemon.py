@@ -100,6 +100,13 @@ def _worker_limits(auth: AuthConfig, processes: int) -> dict[str, tuple[float, f
     return {name: (rate / processes, burst / processes) for name, (rate, burst) in token_limits(auth).items()}
 
 
+def _token_names(auth: AuthConfig) -> dict[str, object]:
+    """The tokens for a log line: upload token names with their metrics, read token names;
+    names, never values."""
+    return {"upload_tokens": {t.name: sorted(t.metrics) for t in auth.of_role("upload")},
+            "read_tokens": [t.name for t in auth.of_role("read")]}
+
+
 def _exported_registry(config: AggregatorConfig, instruments: Instruments, live: LiveEstimates) -> CollectorRegistry:
     """What /metrics serves: this process's instruments, or with several worker processes the sum
     of every worker's (prometheus_client multiprocess mode, files in PROMETHEUS_MULTIPROC_DIR).
@@ -185,9 +192,7 @@ class Aggregator:
             log.error("tokens not reloaded; the ones in use stay", extra={"error": str(err)})
             return False
         self.instruments.token_reloads.labels("reloaded").inc()
-        uploads, reads = fresh.auth.of_role("upload"), fresh.auth.of_role("read")
-        log.info("tokens reloaded", extra={"upload_tokens": {t.name: sorted(t.metrics) for t in uploads},
-                                           "read_tokens": [t.name for t in reads]})
+        log.info("tokens reloaded", extra=_token_names(fresh.auth))
         if replace(fresh, auth=self.config.auth) != self.config:
             log.warning("the config changed besides [auth]; only tokens are reloaded, the rest takes a restart")
         self.config = replace(self.config, auth=fresh.auth)
@@ -225,11 +230,8 @@ class Aggregator:
             log.warning("authentication is OFF: no tokens are configured, so anyone who reaches the listeners can "
                         "upload and read estimates; fine for the embedded demo, not for production ([auth])")
             return
-        uploads, reads = config.auth.of_role("upload"), config.auth.of_role("read")
-        log.info("authentication on", extra={
-            "upload_tokens": {t.name: sorted(t.metrics) for t in uploads},  # names, never values
-            "read_tokens": [t.name for t in reads]})
-        if not reads:
+        log.info("authentication on", extra=_token_names(config.auth))
+        if not config.auth.of_role("read"):
             log.warning("no read tokens: estimates (gRPC Estimates, HTTP /v1/estimates and /metrics) cannot be read")
 
     def _check_store(self) -> None:
