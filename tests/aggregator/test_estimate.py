@@ -128,22 +128,43 @@ def every_report_repeated(spec: MechanismSpec) -> list[tuple[int, ...]]:
     return [report for i, report in enumerate(spec.output_space()) for _ in range(i % 3 + 1)]
 
 
+def design_stderr(spec: MechanismSpec, estimator: str, shares: np.ndarray, n: int, c: int = 1) -> np.ndarray:
+    """sqrt(c Var / n) at each share, through the estimator's variances (checked against the
+    transition matrix above)."""
+    linear = spec.estimators()[estimator]
+    return np.sqrt(np.asarray(linear.variances(spec.weight_law(), list(shares))) * c / n)
+
+
+def in_score_set(spec, estimator, mean: float, pi: np.ndarray, n: int, c: int) -> np.ndarray:
+    """Brute force: which shares pi satisfy (|mean - pi| - delta)_+^2 <= z^2 c Var(pi) / n."""
+    linear = spec.estimators()[estimator]
+    delta = c * abs(linear.alpha[0]) / (2 * n) if len(set(linear.alpha)) == 1 else 0.0
+    variance = np.asarray(linear.variances(spec.weight_law(), list(pi))) * c / n
+    return np.maximum(np.abs(mean - pi) - delta, 0.0) ** 2 <= Z95 * Z95 * variance
+
+
+@pytest.mark.parametrize("c", [1, 7])
 @pytest.mark.parametrize(("spec", "estimator"), spec_estimator_pairs(SMALL_SPECS))
-def test_estimate_equals_the_per_report_mean_and_sample_variance(spec, estimator):
+def test_estimate_is_the_per_report_mean_with_the_design_error_and_score_interval(spec, estimator, c):
     reports = every_report_repeated(spec)
     y = per_report_contributions(spec, estimator, reports)
     n = len(reports)
-    stderr = np.sqrt(y.var(axis=0, ddof=1) / n)
 
-    result = estimate(spec, counts_of(spec, reports), estimator=estimator)
+    result = estimate(spec, counts_of(spec, reports), estimator=estimator, reports_per_device=c)
 
-    assert result.n == n
+    assert result.n == n and result.reports_per_device == c
     assert result.estimator == estimator
     assert result.projection is None
     np.testing.assert_allclose(result.estimate, y.mean(axis=0), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(result.stderr, stderr, rtol=1e-9)
-    np.testing.assert_allclose(result.lower, result.estimate - Z95 * stderr, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(result.upper, result.estimate + Z95 * stderr, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(result.stderr, design_stderr(spec, estimator, np.clip(y.mean(axis=0), 0, 1), n, c),
+                               rtol=1e-9)
+    grid = np.linspace(0.0, 1.0, 20001)
+    for j in range(spec.k):
+        inside = grid[in_score_set(spec, estimator, result.estimate[j], grid, n, c)]
+        # The interval is exactly the set of shares on a fine grid (to its resolution).
+        assert inside.min() == pytest.approx(result.lower[j], abs=1e-4)
+        assert inside.max() == pytest.approx(result.upper[j], abs=1e-4)
+        assert result.lower[j] <= max(result.estimate[j], 0) and result.upper[j] >= min(result.estimate[j], 1)
 
 
 def test_z95_is_the_two_sided_95_percent_normal_quantile():
@@ -160,15 +181,51 @@ def test_no_reports_give_nan_everywhere(spec):
 
 
 @pytest.mark.parametrize("spec", SMALL_SPECS, ids=spec_ids)
-def test_one_report_gives_its_contribution_and_no_error_bar(spec):
-    # One report has no sample variance: the estimate is its Y, the error bar unknown (NaN).
+def test_one_report_gives_its_contribution_and_the_design_error(spec):
+    # One report has no sample spread, but the design's error is known: never a zero width.
     report = next(iter(spec.output_space()))
     result = estimate(spec, counts_of(spec, [report]))
     assert result.n == 1
     contribution = per_report_contributions(spec, "minimax", [report])[0]
     np.testing.assert_allclose(result.estimate, contribution, rtol=1e-12)
-    for field in (result.stderr, result.lower, result.upper):
-        assert np.isnan(field).all()
+    assert (result.stderr > 0).all() and (result.upper > result.lower).all()
+
+
+def test_a_category_in_no_report_keeps_the_design_error():
+    # The field failure: k-RR at k = 1024, epsilon = 1, n = 1000 gave 408 of 1024 categories the
+    # interval [-0.58198, -0.58198]; the smallest true standard error there is 0.589.
+    spec = KrrSpec(1024, 1.0)
+    v = np.zeros(1024, np.int64)
+    v[408:] = np.random.default_rng(5).multinomial(1000, np.ones(616) / 616)
+    result = estimate(spec, Counts((1,), np.array([1000]), v[None, :]))
+    assert result.estimate[0] == pytest.approx(-0.58198, abs=1e-5)
+    floor = design_stderr(spec, "minimax", np.array([0.0]), 1000)[0]
+    assert floor == pytest.approx(0.589, abs=1e-3)
+    assert (result.stderr[:408] == floor).all()
+    assert (result.lower[:408] == 0.0).all() and (result.upper[:408] > 0.5).all()
+
+
+def test_a_category_in_every_report_keeps_the_design_error():
+    spec = WarnerSpec(2, 1.0)
+    result = estimate(spec, Counts((1,), np.array([5]), np.array([[0, 5]])))
+    floor = design_stderr(spec, "minimax", np.array([1.0]), 5)[0]
+    assert result.stderr[1] == floor > 0
+    assert result.upper[1] == 1.0 and result.lower[1] < 1.0
+
+
+def test_more_reports_per_device_widen_by_the_square_root():
+    spec = SubsetSpec(16, 1.0)
+    counts = counts_of(spec, every_report_repeated(spec)[:5000])
+    one, nine = estimate(spec, counts), estimate(spec, counts, reports_per_device=9)
+    np.testing.assert_allclose(nine.stderr, 3 * one.stderr, rtol=1e-12)
+    assert ((nine.upper - nine.lower) > (one.upper - one.lower)).all()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_reports_per_device_must_be_a_positive_whole_number(bad):
+    spec = SubsetSpec(4, 1.0)
+    with pytest.raises(MechanismError, match="reports_per_device"):
+        estimate(spec, Counts.zeros(spec), reports_per_device=bad)
 
 
 # --- misuse ----------------------------------------------------------------------------------

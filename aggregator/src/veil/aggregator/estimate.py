@@ -1,12 +1,38 @@
 """Frequency estimates, with standard errors and intervals, from sufficient statistics.
 
 Every estimator of veil.mechanism is linear per report: category j's estimate is the mean of
-Y_j = alpha_t z_j + beta_t over the n reports, t a report's weight and z_j whether it holds j.
-So the estimate, and the sample variance of the Y_j (hence an unbiased variance estimate of
-the mean), follow exactly from the counts n_t and V_j^(t):
+Y_j = alpha_t z_j + beta_t over the n reports, t a report's weight and z_j whether it holds j:
 
-    sum Y_j   = sum_t alpha_t V_j^(t) + beta_t n_t
-    sum Y_j^2 = sum_t (alpha_t + beta_t)^2 V_j^(t) + beta_t^2 (n_t - V_j^(t))
+    pi_hat_j = (1/n) sum_t (alpha_t V_j^(t) + beta_t n_t)
+
+Its variance is the design's, known exactly as a function of the share pi_j alone
+(veil.mechanism.LinearEstimator.variances): per report, s2(pi) = pi A + (1 - pi) B - pi^2, with
+A and B the second moments of Y_j under X = j and X != j. Two things make the sample spread of
+the Y_j the wrong yardstick in the field, and the design variance the right one:
+
+- Small n: a category in no report (or in all) has zero sample spread, so a sample-based
+  interval has width 0. The design variance never vanishes (B > 0 for every design here).
+- Repeated reports: a device that sends m reports into one bucket, often the same memoized
+  response, contributes a cluster of m correlated Y_j. With clusters of at most c reports,
+  Var(sum Y_j) = sum over devices of Var(cluster sum) <= sum c_i^2 s2 <= c n s2, so
+  c s2 / n bounds the variance of the mean, with equality when every device sends c identical
+  responses (the memoized steady state). c is the bucket's reports_per_device.
+
+The standard error is sqrt(c s2(pi~) / n) at pi~ = pi_hat clipped to [0, 1]. The 95% interval
+is the score interval with a continuity correction: the shares pi whose distance from the
+estimate, less half a step of the estimate's lattice, is at most z standard errors evaluated at
+pi itself, (|pi_hat - pi| - delta)^2 <= z^2 c s2(pi) / n, a quadratic inequality in pi on each
+side (Wilson's interval, for a design's variance). One report moves pi_hat by alpha_t / n, and a
+device's c reports together by c alpha / n, so delta = c |alpha| / (2n) where every report moves
+it by the same alpha (the q-subset designs; RAPPOR's steps differ by weight, and its lattice is
+fine enough to need none). Without it the
+interval keeps the score interval's dips at small counts: where a category's reports number
+about one in expectation (k-RR, k = 1024, n = 1000) coverage fell to 92.3%, the Poisson score
+interval's own dip at a mean of 1. It is clipped to [0, 1] (the truth is a share),
+except when no share in [0, 1] satisfies it: then the data contradict the model and the interval
+is shown as solved, outside [0, 1]. s2 is concave, so its value at any point of the interval is
+at least its value at one of the interval's ends: the standard error is never below the design's
+at a share the data cannot rule out.
 """
 
 from __future__ import annotations
@@ -22,7 +48,7 @@ from .counts import Counts
 
 __all__ = ["Estimate", "estimate", "project_to_simplex", "Z95"]
 
-Z95 = NormalDist().inv_cdf(0.975)  # 1.95996...: the two-sided 95% normal quantile
+Z95 = NormalDist().inv_cdf(0.975)  # 1.959964...: the two-sided 95% normal quantile
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,17 +58,20 @@ class Estimate:
     n: int
     estimator: str  # which linear unbiased estimator ("minimax" unless asked otherwise)
     estimate: np.ndarray  # unbiased; entries may fall outside [0, 1]
-    stderr: np.ndarray  # estimated standard error of each entry
-    lower: np.ndarray  # 95% interval
+    stderr: np.ndarray  # the design's standard error of each entry (see the module docstring)
+    lower: np.ndarray  # 95% score interval
     upper: np.ndarray
     # The Euclidean projection of `estimate` onto the probability simplex: a distribution, but
     # biased. None unless asked for; never to be mistaken for the unbiased estimate.
     projection: np.ndarray | None = None
+    reports_per_device: int = 1  # c: the most reports one device can have in these counts
 
 
-def estimate(spec: MechanismSpec, counts: Counts, *, estimator: str = "minimax",
-             project: bool = False) -> Estimate:
-    """The unbiased estimate of the distribution behind ``counts`` (reports of ``spec``)."""
+def estimate(spec: MechanismSpec, counts: Counts, *, estimator: str = "minimax", project: bool = False,
+             reports_per_device: int = 1) -> Estimate:
+    """The unbiased estimate of the distribution behind ``counts`` (reports of ``spec``), with
+    standard errors and intervals allowing for up to ``reports_per_device`` reports of one
+    device among them (1: independent reports)."""
     try:
         linear = spec.estimators()[estimator]
     except KeyError:
@@ -51,33 +80,80 @@ def estimate(spec: MechanismSpec, counts: Counts, *, estimator: str = "minimax",
         ) from None
     if counts.weights != linear.weights or counts.k != spec.k:
         raise MechanismError(f"These counts were not made by the {spec.name} design with k = {spec.k}.")
+    if isinstance(reports_per_device, bool) or not isinstance(reports_per_device, int) or reports_per_device < 1:
+        raise MechanismError(f"reports_per_device must be a whole number of at least 1, not {reports_per_device!r}.")
     n = counts.total
     if n == 0:
         nan = np.full(spec.k, np.nan)
-        return Estimate(0, estimator, nan, nan, nan, nan, nan.copy() if project else None)
+        return Estimate(0, estimator, nan, nan, nan, nan, nan.copy() if project else None, reports_per_device)
 
     alpha = np.asarray(linear.alpha)
     beta = np.asarray(linear.beta)
-    v = counts.v.astype(np.float64)
-    n_t = counts.n.astype(np.float64)
-    sum_y = alpha @ v + beta @ n_t
-    sum_y2 = ((alpha + beta) ** 2 - beta**2) @ v + (beta**2) @ n_t
-    mean = sum_y / n
-    if n > 1:
-        # Sample variance of the per-report contributions; clipped at 0 against cancellation.
-        variance = np.maximum(sum_y2 - n * mean**2, 0.0) / (n - 1)
-        stderr = np.sqrt(variance / n)
-    else:
-        stderr = np.full(spec.k, np.nan)
+    mean = (alpha @ counts.v.astype(np.float64) + beta @ counts.n.astype(np.float64)) / n
+    _, _, a, b = linear.moments(spec.weight_law())
+    # Variance of the mean at share pi: scale * s2(pi), s2(pi) = b + (a - b) pi - pi^2.
+    scale = reports_per_device / n
+    clipped = np.clip(mean, 0.0, 1.0)
+    stderr = np.sqrt(np.maximum(scale * (b + (a - b) * clipped - clipped * clipped), 0.0))
+    # Half a lattice step where every report moves the estimate by the same step (one weight, or
+    # the same alpha for every weight); with several steps the lattice is fine-grained and a
+    # correction of the largest step would only widen the interval.
+    steps = set(linear.alpha)
+    delta = reports_per_device * abs(linear.alpha[0]) / (2.0 * n) if len(steps) == 1 else 0.0
+    lower, upper = _score_interval(mean, delta, stderr, a, b, scale)
     return Estimate(
         n=n,
         estimator=estimator,
         estimate=mean,
         stderr=stderr,
-        lower=mean - Z95 * stderr,
-        upper=mean + Z95 * stderr,
+        lower=lower,
+        upper=upper,
         projection=project_to_simplex(mean) if project else None,
+        reports_per_device=reports_per_device,
     )
+
+
+def _score_interval(mean: np.ndarray, delta: float, stderr: np.ndarray, a: float, b: float, scale: float
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The shares pi in [0, 1] with (|mean - pi| - delta)_+^2 <= w s2(pi), w = z^2 scale: the
+    union of three pieces, each an interval because its side's function is a convex quadratic:
+    below mean - delta, the roots of (mean - delta - pi)^2 = w s2(pi); between mean - delta and
+    mean + delta, all of it (s2 >= 0 on [0, 1]); above mean + delta, the roots of
+    (mean + delta - pi)^2 = w s2(pi). Where no share qualifies, the data contradict the design,
+    and the interval is the clipped share's standard error either side, unclipped."""
+    w = Z95 * Z95 * scale
+    center_low, center_high = mean - delta, mean + delta
+    r1, r2, ok = _roots(center_low, w, a, b)
+    pieces = [
+        (np.maximum(r1, 0.0), np.minimum(np.minimum(r2, center_low), 1.0), ok),
+        (np.maximum(center_low, 0.0), np.minimum(center_high, 1.0), np.ones_like(ok)),
+    ]
+    r1, r2, ok = _roots(center_high, w, a, b)
+    pieces.append((np.maximum(np.maximum(r1, center_high), 0.0), np.minimum(r2, 1.0), ok))
+    low = np.full(mean.shape, np.inf)
+    high = np.full(mean.shape, -np.inf)
+    for start, end, valid in pieces:
+        valid = valid & (start <= end)
+        low = np.where(valid, np.minimum(low, start), low)
+        high = np.where(valid, np.maximum(high, end), high)
+    empty = low > high
+    return (np.where(empty, center_low - Z95 * stderr, low), np.where(empty, center_high + Z95 * stderr, high))
+
+
+def _roots(center: np.ndarray, w: float, a: float, b: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The roots r1 <= r2 of (center - pi)^2 = w (b + (a - b) pi - pi^2), i.e. of
+    (1 + w) pi^2 - (2 center + w (a - b)) pi + center^2 - w b = 0, and where they exist."""
+    qa = 1.0 + w
+    qb = -(2.0 * center + w * (a - b))
+    qc = center * center - w * b
+    disc = qb * qb - 4.0 * qa * qc
+    root = np.sqrt(np.maximum(disc, 0.0))
+    # By the form that avoids cancellation: q = -(qb + sign(qb) root) / 2, roots q / qa, qc / q.
+    q = -0.5 * (qb + np.copysign(root, qb))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = q / qa
+        second = np.where(q != 0.0, qc / q, first)
+    return np.minimum(first, second), np.maximum(first, second), disc >= 0.0
 
 
 def project_to_simplex(x: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ package; the aggregator's estimators read their coefficients from it.
 
 from ._errors import MechanismError
 from ._law import LinearEstimator, WeightLaw
-from ._metric import DEFAULT_MECHANISM, MECHANISMS, MetricSpec, spec_for
+from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MECHANISMS, MetricSpec, spec_for
 from ._privacy import (
     epsilon_to_gamma,
     gamma_to_epsilon,
@@ -34,6 +34,8 @@ __all__ = [
     "MetricSpec",
     "MECHANISMS",
     "DEFAULT_MECHANISM",
+    "DEFAULT_PERIOD",
+    "MAX_PERIOD",
     "spec_for",
     "minimax_q",
     "subset_objective",

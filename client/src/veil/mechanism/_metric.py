@@ -1,7 +1,20 @@
-"""A metric: a name, its ordered category labels, and the mechanism that randomizes it."""
+"""A metric: a name, its ordered category labels, the mechanism that randomizes it, and the
+device's reporting rule (how often a device may report it, and how much privacy it may spend).
+
+The reporting rule is what turns a per-report guarantee into a per-device one. A device sends at
+most ``reports_per_period`` reports of the metric per reporting period (periods are aligned to the
+Unix epoch in UTC: period i covers [i * period, (i + 1) * period)); the first report() calls of a
+period are the ones sent, at once, and later calls in the same period are dropped on the device.
+Each report that needs a new randomized response spends ``epsilon`` from the device's budget for
+the period and for its lifetime (a memoized response sent again spends nothing new); a report
+that would exceed either budget is dropped. The period and the number of reports per period
+decide what the aggregator's estimates mean, so they are part of the fingerprint; the budgets
+only cap what a device spends, so they are not.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -10,7 +23,11 @@ from ._errors import MechanismError
 from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, fingerprint_of
 
-__all__ = ["MECHANISMS", "DEFAULT_MECHANISM", "spec_for", "MetricSpec"]
+__all__ = ["MECHANISMS", "DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec"]
+
+DEFAULT_PERIOD = 86400  # one report per device per day, as Chrome's RAPPOR sends
+MAX_PERIOD = 366 * 86400
+_MAX_REPORTS_PER_PERIOD = 2**32 - 1  # a uint32 on the wire
 
 _SPECS: dict[str, type[MechanismSpec]] = {
     cls.name: cls for cls in (SubsetSpec, RapporSpec, AdmissibleRapporSpec, KrrSpec, WarnerSpec)
@@ -37,6 +54,12 @@ class MetricSpec:
     name: str
     labels: tuple[str, ...]
     mechanism: MechanismSpec
+    period: int = DEFAULT_PERIOD  # seconds
+    reports_per_period: int = 1
+    # Epsilon a device may spend on this metric per period (None: what reports_per_period fresh
+    # responses spend) and over its lifetime (None: no lifetime cap).
+    period_budget: float | None = None
+    lifetime_budget: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -49,18 +72,53 @@ class MetricSpec:
                 f"Metric {self.name!r} has {len(labels)} labels but its mechanism has k = {self.mechanism.k}."
             )
         object.__setattr__(self, "labels", labels)
+        if not _whole(self.period) or not 1 <= self.period <= MAX_PERIOD:
+            raise MechanismError(f"Metric {self.name!r} needs a reporting period of 1 s to 366 days, "
+                                 f"not {self.period!r}.")
+        if not _whole(self.reports_per_period) or not 1 <= self.reports_per_period <= _MAX_REPORTS_PER_PERIOD:
+            raise MechanismError(f"Metric {self.name!r} needs at least 1 report per period (and at most 2**32 - 1), "
+                                 f"not {self.reports_per_period!r}.")
+        epsilon = self.mechanism.epsilon
+        for key in ("period_budget", "lifetime_budget"):
+            budget = getattr(self, key)
+            if budget is None:
+                continue
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or math.isnan(budget) \
+                    or budget < epsilon:
+                raise MechanismError(f"Metric {self.name!r} needs a {key.replace('_', ' ')} of at least its epsilon "
+                                     f"({epsilon!r}), or none, not {budget!r}: a smaller one allows no report.")
+            object.__setattr__(self, key, float(budget))
 
     @classmethod
     def create(cls, name: str, labels: Sequence[str], mechanism: str = DEFAULT_MECHANISM,
-               epsilon: float = 1.0) -> MetricSpec:
-        return cls(name, tuple(labels), spec_for(mechanism, len(labels), epsilon))
+               epsilon: float = 1.0, *, period: int = DEFAULT_PERIOD, reports_per_period: int = 1,
+               period_budget: float | None = None, lifetime_budget: float | None = None) -> MetricSpec:
+        return cls(name, tuple(labels), spec_for(mechanism, len(labels), epsilon), period, reports_per_period,
+                   period_budget, lifetime_budget)
 
     @property
     def k(self) -> int:
         return self.mechanism.k
 
+    @property
+    def epsilon_per_period(self) -> float:
+        """The epsilon a device may spend on this metric in one period."""
+        if self.period_budget is not None:
+            return self.period_budget
+        return self.reports_per_period * self.mechanism.epsilon
+
+    @property
+    def epsilon_lifetime(self) -> float:
+        """The epsilon a device may spend on this metric in its lifetime (inf: no cap)."""
+        return math.inf if self.lifetime_budget is None else self.lifetime_budget
+
+    def period_index(self, unix_time: float) -> int:
+        """The reporting period containing a time: period i covers [i * period, (i + 1) * period)."""
+        return int(unix_time // self.period)
+
     def canonical(self) -> dict[str, object]:
-        return {"name": self.name, "labels": list(self.labels), **self.mechanism.canonical()}
+        return {"name": self.name, "labels": list(self.labels), **self.mechanism.canonical(),
+                "period": self.period, "reports_per_period": self.reports_per_period}
 
     @cached_property
     def fingerprint(self) -> str:
@@ -74,3 +132,7 @@ class MetricSpec:
             except ValueError:
                 raise MechanismError(f"{value!r} is not a category of metric {self.name!r}.") from None
         return self.mechanism.check_value(value)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

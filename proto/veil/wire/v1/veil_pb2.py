@@ -24,41 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17veil/wire/v1/veil.proto\x12\x0cveil.wire.v1\"\x87\x01\n\nMetricSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\t\x12*\n\tmechanism\x18\x03 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\t\n\x01q\x18\x05 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\"(\n\x15GetMetricSpecsRequest\x12\x0f\n\x07metrics\x18\x01 \x03(\t\"T\n\x16GetMetricSpecsResponse\x12\'\n\x05specs\x18\x01 \x03(\x0b\x32\x18.veil.wire.v1.MetricSpec\x12\x11\n\tmax_batch\x18\x02 \x01(\r\".\n\tIndexSets\x12\x10\n\x08set_size\x18\x01 \x01(\r\x12\x0f\n\x07indices\x18\x02 \x01(\x0c\"\x17\n\x07\x42itmaps\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\"\xbe\x01\n\rUploadRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x0c\x12\x0e\n\x06metric\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12-\n\nindex_sets\x18\x05 \x01(\x0b\x32\x17.veil.wire.v1.IndexSetsH\x00\x12(\n\x07\x62itmaps\x18\x06 \x01(\x0b\x32\x15.veil.wire.v1.BitmapsH\x00\x42\t\n\x07reports\"5\n\x0eUploadResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"2\n\x10\x45stimatesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\"t\n\x10\x43\x61tegoryEstimate\x12\r\n\x05label\x18\x01 \x01(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x0e\n\x06stderr\x18\x03 \x01(\x01\x12\r\n\x05lower\x18\x04 \x01(\x01\x12\r\n\x05upper\x18\x05 \x01(\x01\x12\x11\n\tprojected\x18\x06 \x01(\x01\"\x8e\x02\n\x0eWindowEstimate\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x12\n\nstart_unix\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_unix\x18\x04 \x01(\x03\x12\t\n\x01n\x18\x05 \x01(\x04\x12*\n\tmechanism\x18\x06 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x07 \x01(\x01\x12\x18\n\x10spec_fingerprint\x18\x08 \x01(\t\x12\x10\n\x08withheld\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x32\n\ncategories\x18\x0b \x03(\x0b\x32\x1e.veil.wire.v1.CategoryEstimate\"D\n\x11\x45stimatesResponse\x12/\n\testimates\x18\x01 \x03(\x0b\x32\x1c.veil.wire.v1.WindowEstimate\"L\n\x0cWatchRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x1c\n\x14min_interval_seconds\x18\x03 \x01(\x01*j\n\tMechanism\x12\x19\n\x15MECHANISM_UNSPECIFIED\x10\x00\x12\n\n\x06SUBSET\x10\x01\x12\n\n\x06RAPPOR\x10\x02\x12\x15\n\x11RAPPOR_ADMISSIBLE\x10\x03\x12\x07\n\x03KRR\x10\x04\x12\n\n\x06WARNER\x10\x05\x32\xad\x01\n\tCollector\x12[\n\x0eGetMetricSpecs\x12#.veil.wire.v1.GetMetricSpecsRequest\x1a$.veil.wire.v1.GetMetricSpecsResponse\x12\x43\n\x06Upload\x12\x1b.veil.wire.v1.UploadRequest\x1a\x1c.veil.wire.v1.UploadResponse2\x9b\x01\n\tEstimates\x12\x46\n\x03Get\x12\x1e.veil.wire.v1.EstimatesRequest\x1a\x1f.veil.wire.v1.EstimatesResponse\x12\x46\n\x05Watch\x12\x1a.veil.wire.v1.WatchRequest\x1a\x1f.veil.wire.v1.EstimatesResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17veil/wire/v1/veil.proto\x12\x0cveil.wire.v1\"\xeb\x01\n\nMetricSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\t\x12*\n\tmechanism\x18\x03 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\t\n\x01q\x18\x05 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\x16\n\x0eperiod_seconds\x18\x07 \x01(\r\x12\x1a\n\x12reports_per_period\x18\x08 \x01(\r\x12\x15\n\rperiod_budget\x18\t \x01(\x01\x12\x17\n\x0flifetime_budget\x18\n \x01(\x01\"(\n\x15GetMetricSpecsRequest\x12\x0f\n\x07metrics\x18\x01 \x03(\t\"T\n\x16GetMetricSpecsResponse\x12\'\n\x05specs\x18\x01 \x03(\x0b\x32\x18.veil.wire.v1.MetricSpec\x12\x11\n\tmax_batch\x18\x02 \x01(\r\".\n\tIndexSets\x12\x10\n\x08set_size\x18\x01 \x01(\r\x12\x0f\n\x07indices\x18\x02 \x01(\x0c\"\x17\n\x07\x42itmaps\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\"\xbe\x01\n\rUploadRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x0c\x12\x0e\n\x06metric\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12-\n\nindex_sets\x18\x05 \x01(\x0b\x32\x17.veil.wire.v1.IndexSetsH\x00\x12(\n\x07\x62itmaps\x18\x06 \x01(\x0b\x32\x15.veil.wire.v1.BitmapsH\x00\x42\t\n\x07reports\"5\n\x0eUploadResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"2\n\x10\x45stimatesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\"t\n\x10\x43\x61tegoryEstimate\x12\r\n\x05label\x18\x01 \x01(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x0e\n\x06stderr\x18\x03 \x01(\x01\x12\r\n\x05lower\x18\x04 \x01(\x01\x12\r\n\x05upper\x18\x05 \x01(\x01\x12\x11\n\tprojected\x18\x06 \x01(\x01\"\xd4\x02\n\x0eWindowEstimate\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x12\n\nstart_unix\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_unix\x18\x04 \x01(\x03\x12\t\n\x01n\x18\x05 \x01(\x04\x12*\n\tmechanism\x18\x06 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x07 \x01(\x01\x12\x18\n\x10spec_fingerprint\x18\x08 \x01(\t\x12\x10\n\x08withheld\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x32\n\ncategories\x18\x0b \x03(\x0b\x32\x1e.veil.wire.v1.CategoryEstimate\x12\x10\n\x08\x65stimand\x18\x0c \x01(\t\x12\x1a\n\x12reports_per_device\x18\r \x01(\r\x12\x16\n\x0eperiod_seconds\x18\x0e \x01(\r\"D\n\x11\x45stimatesResponse\x12/\n\testimates\x18\x01 \x03(\x0b\x32\x1c.veil.wire.v1.WindowEstimate\"L\n\x0cWatchRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x1c\n\x14min_interval_seconds\x18\x03 \x01(\x01*j\n\tMechanism\x12\x19\n\x15MECHANISM_UNSPECIFIED\x10\x00\x12\n\n\x06SUBSET\x10\x01\x12\n\n\x06RAPPOR\x10\x02\x12\x15\n\x11RAPPOR_ADMISSIBLE\x10\x03\x12\x07\n\x03KRR\x10\x04\x12\n\n\x06WARNER\x10\x05\x32\xad\x01\n\tCollector\x12[\n\x0eGetMetricSpecs\x12#.veil.wire.v1.GetMetricSpecsRequest\x1a$.veil.wire.v1.GetMetricSpecsResponse\x12\x43\n\x06Upload\x12\x1b.veil.wire.v1.UploadRequest\x1a\x1c.veil.wire.v1.UploadResponse2\x9b\x01\n\tEstimates\x12\x46\n\x03Get\x12\x1e.veil.wire.v1.EstimatesRequest\x1a\x1f.veil.wire.v1.EstimatesResponse\x12\x46\n\x05Watch\x12\x1a.veil.wire.v1.WatchRequest\x1a\x1f.veil.wire.v1.EstimatesResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'veil.wire.v1.veil_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MECHANISM']._serialized_start=1219
-  _globals['_MECHANISM']._serialized_end=1325
+  _globals['_MECHANISM']._serialized_start=1389
+  _globals['_MECHANISM']._serialized_end=1495
   _globals['_METRICSPEC']._serialized_start=42
-  _globals['_METRICSPEC']._serialized_end=177
-  _globals['_GETMETRICSPECSREQUEST']._serialized_start=179
-  _globals['_GETMETRICSPECSREQUEST']._serialized_end=219
-  _globals['_GETMETRICSPECSRESPONSE']._serialized_start=221
-  _globals['_GETMETRICSPECSRESPONSE']._serialized_end=305
-  _globals['_INDEXSETS']._serialized_start=307
-  _globals['_INDEXSETS']._serialized_end=353
-  _globals['_BITMAPS']._serialized_start=355
-  _globals['_BITMAPS']._serialized_end=378
-  _globals['_UPLOADREQUEST']._serialized_start=381
-  _globals['_UPLOADREQUEST']._serialized_end=571
-  _globals['_UPLOADRESPONSE']._serialized_start=573
-  _globals['_UPLOADRESPONSE']._serialized_end=626
-  _globals['_ESTIMATESREQUEST']._serialized_start=628
-  _globals['_ESTIMATESREQUEST']._serialized_end=678
-  _globals['_CATEGORYESTIMATE']._serialized_start=680
-  _globals['_CATEGORYESTIMATE']._serialized_end=796
-  _globals['_WINDOWESTIMATE']._serialized_start=799
-  _globals['_WINDOWESTIMATE']._serialized_end=1069
-  _globals['_ESTIMATESRESPONSE']._serialized_start=1071
-  _globals['_ESTIMATESRESPONSE']._serialized_end=1139
-  _globals['_WATCHREQUEST']._serialized_start=1141
-  _globals['_WATCHREQUEST']._serialized_end=1217
-  _globals['_COLLECTOR']._serialized_start=1328
-  _globals['_COLLECTOR']._serialized_end=1501
-  _globals['_ESTIMATES']._serialized_start=1504
-  _globals['_ESTIMATES']._serialized_end=1659
+  _globals['_METRICSPEC']._serialized_end=277
+  _globals['_GETMETRICSPECSREQUEST']._serialized_start=279
+  _globals['_GETMETRICSPECSREQUEST']._serialized_end=319
+  _globals['_GETMETRICSPECSRESPONSE']._serialized_start=321
+  _globals['_GETMETRICSPECSRESPONSE']._serialized_end=405
+  _globals['_INDEXSETS']._serialized_start=407
+  _globals['_INDEXSETS']._serialized_end=453
+  _globals['_BITMAPS']._serialized_start=455
+  _globals['_BITMAPS']._serialized_end=478
+  _globals['_UPLOADREQUEST']._serialized_start=481
+  _globals['_UPLOADREQUEST']._serialized_end=671
+  _globals['_UPLOADRESPONSE']._serialized_start=673
+  _globals['_UPLOADRESPONSE']._serialized_end=726
+  _globals['_ESTIMATESREQUEST']._serialized_start=728
+  _globals['_ESTIMATESREQUEST']._serialized_end=778
+  _globals['_CATEGORYESTIMATE']._serialized_start=780
+  _globals['_CATEGORYESTIMATE']._serialized_end=896
+  _globals['_WINDOWESTIMATE']._serialized_start=899
+  _globals['_WINDOWESTIMATE']._serialized_end=1239
+  _globals['_ESTIMATESRESPONSE']._serialized_start=1241
+  _globals['_ESTIMATESRESPONSE']._serialized_end=1309
+  _globals['_WATCHREQUEST']._serialized_start=1311
+  _globals['_WATCHREQUEST']._serialized_end=1387
+  _globals['_COLLECTOR']._serialized_start=1498
+  _globals['_COLLECTOR']._serialized_end=1671
+  _globals['_ESTIMATES']._serialized_start=1674
+  _globals['_ESTIMATES']._serialized_end=1829
 # @@protoc_insertion_point(module_scope)

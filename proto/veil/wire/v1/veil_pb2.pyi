@@ -23,20 +23,28 @@ KRR: Mechanism
 WARNER: Mechanism
 
 class MetricSpec(_message.Message):
-    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint")
+    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PER_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    LIFETIME_BUDGET_FIELD_NUMBER: _ClassVar[int]
     name: str
     labels: _containers.RepeatedScalarFieldContainer[str]
     mechanism: Mechanism
     epsilon: float
     q: int
     fingerprint: str
-    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    period_seconds: int
+    reports_per_period: int
+    period_budget: float
+    lifetime_budget: float
+    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ...) -> None: ...
 
 class GetMetricSpecsRequest(_message.Message):
     __slots__ = ("metrics",)
@@ -115,7 +123,7 @@ class CategoryEstimate(_message.Message):
     def __init__(self, label: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ..., projected: _Optional[float] = ...) -> None: ...
 
 class WindowEstimate(_message.Message):
-    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories")
+    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +135,9 @@ class WindowEstimate(_message.Message):
     WITHHELD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CATEGORIES_FIELD_NUMBER: _ClassVar[int]
+    ESTIMAND_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PER_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     metric: str
     window: str
     start_unix: int
@@ -138,7 +149,10 @@ class WindowEstimate(_message.Message):
     withheld: bool
     reason: str
     categories: _containers.RepeatedCompositeFieldContainer[CategoryEstimate]
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ...) -> None: ...
+    estimand: str
+    reports_per_device: int
+    period_seconds: int
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ...) -> None: ...
 
 class EstimatesResponse(_message.Message):
     __slots__ = ("estimates",)
