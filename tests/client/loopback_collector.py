@@ -39,21 +39,29 @@ def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     return True
 
 
+# The delivery tests send many reports from one Reporter: their metrics allow that many per
+# period (the device-level bounds have tests of their own).
+MANY = 10**9
+
+
 def default_specs() -> list[MetricSpec]:
+    many = dict(reports_per_period=MANY)
     return [
-        MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", epsilon=1.0),
-        MetricSpec.create("screen", [f"s{i}" for i in range(8)], "rappor-admissible", epsilon=2.0),
-        MetricSpec.create("theme", ["light", "dark", "auto"], "rappor", epsilon=1.0),
-        MetricSpec.create("country", [f"c{i}" for i in range(6)], "krr", epsilon=2.0),
-        MetricSpec.create("opt_in", ["no", "yes"], "warner", epsilon=1.0),
-        MetricSpec.create("page", [f"p{i}" for i in range(64)], "subset", epsilon=1.0),
+        MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", epsilon=1.0, **many),
+        MetricSpec.create("screen", [f"s{i}" for i in range(8)], "rappor-admissible", epsilon=2.0, **many),
+        MetricSpec.create("theme", ["light", "dark", "auto"], "rappor", epsilon=1.0, **many),
+        MetricSpec.create("country", [f"c{i}" for i in range(6)], "krr", epsilon=2.0, **many),
+        MetricSpec.create("opt_in", ["no", "yes"], "warner", epsilon=1.0, **many),
+        MetricSpec.create("page", [f"p{i}" for i in range(64)], "subset", epsilon=1.0, **many),
     ]
 
 
 def to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     # Written here from the proto's field comments, independently of the SDK's converter.
     return veil_pb2.MetricSpec(name=spec.name, labels=list(spec.labels), mechanism=_MECHANISM[spec.mechanism.name],
-                               epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0, fingerprint=spec.fingerprint)
+                               epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0, fingerprint=spec.fingerprint,
+                               period_seconds=spec.period, reports_per_period=spec.reports_per_period,
+                               period_budget=spec.period_budget or 0, lifetime_budget=spec.lifetime_budget or 0)
 
 
 class Reject(Exception):

@@ -10,7 +10,7 @@ import pytest
 from veil.client import Counters, Reporter, ReporterError, UnknownCategoryError, UnknownMetricError
 from veil.mechanism import MetricSpec
 
-from loopback_collector import eventually
+from loopback_collector import MANY, eventually
 
 
 def test_reports_arrive_as_valid_batches_of_every_design(ready_reporter, state):
@@ -92,7 +92,8 @@ def test_counters_snapshot_is_read_only_and_a_dict(ready_reporter):
     counters = ready_reporter().counters()
     with pytest.raises(AttributeError):
         counters.sent = 3  # type: ignore[misc]
-    assert counters.as_dict() == dict(accepted=0, dropped=0, sent=0, retried=0, failed=0, queued=0)
+    assert counters.as_dict() == dict(accepted=0, dropped=0, sent=0, retried=0, failed=0, queued=0, limited=0,
+                                      over_budget=0)
 
 
 def test_reports_after_shutdown_are_dropped(ready_reporter, state):
@@ -142,7 +143,8 @@ def test_stale_fingerprint_fails_the_batch_and_refetches_specs(ready_reporter, s
     # The aggregator changes the metric's epsilon: the device's batch under the old spec is stale.
     index = next(i for i, s in enumerate(state.specs) if s.name == "browser")
     with state.lock:
-        state.specs[index] = MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", 2.0)
+        state.specs[index] = MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", 2.0,
+                                               reports_per_period=MANY)
     reporter.report("browser", "edge")
     assert reporter.force_flush(10)
     assert reporter.counters() == Counters(accepted=1, failed=1)

@@ -24,6 +24,10 @@
     labels = ["chrome", "safari", "edge", "firefox", "other"]
     mechanism = "subset"          # subset (default), rappor, rappor-admissible, krr, warner
     epsilon = 1.0
+    period = "1d"                 # the reporting period: a device sends at most reports_per_period per period
+    reports_per_period = 1
+    period_budget = 1.0           # epsilon a device may spend per period (default reports_per_period * epsilon)
+    lifetime_budget = 30.0        # epsilon a device may spend in its lifetime (default: no cap)
     windows = ["total", "1h", { span = "1d", retention = "30d" }]
 
     [tls]                         # TLS on both listeners (gRPC and HTTP); absent: plaintext
@@ -64,7 +68,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from veil.mechanism import DEFAULT_MECHANISM, MECHANISMS, MechanismError, MetricSpec
+from veil.mechanism import DEFAULT_MECHANISM, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
 
 from ._errors import ConfigError
 
@@ -438,7 +442,8 @@ def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:
 def _metric(raw: object, key: str) -> MetricConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{key}: expected a table with name, labels, mechanism, epsilon and windows.")
-    _only(raw, {"name", "labels", "mechanism", "epsilon", "windows"}, f"{key}.")
+    _only(raw, {"name", "labels", "mechanism", "epsilon", "windows", "period", "reports_per_period", "period_budget",
+                "lifetime_budget"}, f"{key}.")
     name = _text(raw.get("name"), f"{key}.name")
     labels = raw.get("labels")
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
@@ -449,8 +454,21 @@ def _metric(raw: object, key: str) -> MetricConfig:
     epsilon = raw.get("epsilon")
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
         raise ConfigError(f"{key}.epsilon: expected a number above 0, got {epsilon!r}.")
+    period = parse_duration(raw.get("period", "1d"), f"{key}.period")
+    if period > MAX_PERIOD:
+        raise ConfigError(f"{key}.period: expected at most 366 days, got {raw.get('period')!r}.")
+    reports_per_period = _whole(raw.get("reports_per_period", 1), f"{key}.reports_per_period", low=1)
+    budgets = {}
+    for budget in ("period_budget", "lifetime_budget"):
+        value = raw.get(budget)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < epsilon):
+            raise ConfigError(f"{key}.{budget}: expected an epsilon of at least the metric's ({epsilon!r}), "
+                              f"got {value!r}.")
+        budgets[budget] = None if value is None else float(value)
     try:
-        spec = MetricSpec.create(name, labels, mechanism, float(epsilon))
+        spec = MetricSpec.create(name, labels, mechanism, float(epsilon), period=period,
+                                 reports_per_period=reports_per_period, **budgets)
     except MechanismError as err:
         raise ConfigError(f"{key}: {err}") from None
     raw_windows = raw.get("windows", list(_DEFAULT_WINDOWS))

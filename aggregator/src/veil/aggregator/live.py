@@ -31,7 +31,7 @@ from .counts import Counts
 from .estimate import Estimate, estimate
 from .store import CountsKey, Store
 
-__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "estimates_json"]
+__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "estimates_json", "estimand"]
 
 PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability simplex: a distribution, but biased."
 
@@ -52,6 +52,8 @@ class WindowEstimate:
     n: int
     estimate: Estimate | None  # None when withheld
     reason: str  # why it is withheld; "" otherwise
+    reports_per_device: int = 1  # the most reports one device can have in the bucket so far
+    estimand: str = ""  # what the estimates are shares of, in words
 
     @property
     def withheld(self) -> bool:
@@ -79,6 +81,9 @@ class WindowEstimate:
             "spec_fingerprint": spec.fingerprint,
             "withheld": self.withheld,
             "reason": self.reason,
+            "estimand": self.estimand,
+            "period": spec.period,
+            "reports_per_device": self.reports_per_device,
         }
 
     @functools.cached_property
@@ -148,6 +153,7 @@ class LiveEstimates:
         # an atomic read or carried forward by applied(). Never mutated: served estimates may
         # share the arrays. Guarded by _lock.
         self._known: dict[tuple[str, str], tuple[CountsKey, int, Counts]] = {}
+        self._since: dict[tuple[str, str], int] = {}  # (metric, fingerprint) -> Store.since, once known
         self._lock = threading.Lock()
 
     def applied(self, key: CountsKey, before: int | None, after: int | None, counts: Counts | None) -> None:
@@ -200,9 +206,11 @@ class LiveEstimates:
         read: dict[int, tuple[int, Counts]] = dict(zip(guess, guessed))
         results: list[WindowEstimate | None] = []
         stale = []
-        for i, ((m, w), (start, _), version) in enumerate(zip(pairs, buckets, versions)):
+        for i, ((m, w), (start, end), version) in enumerate(zip(pairs, buckets, versions)):
             cached = self._cache.get(names[i])
-            if cached is None or cached.start != start or cached.version != version:
+            if cached is None or cached.start != start or cached.version != version or (
+                    cached.n and cached.reports_per_device != self._reports_per_device(m, w, start, end, now)):
+                # (the second line: a period began, so one device can have sent more reports)
                 stale.append(i)
                 cached = None
             results.append(cached)
@@ -229,7 +237,7 @@ class LiveEstimates:
         for i in stale:
             (m, w), (start, end) = pairs[i], buckets[i]
             version, counts = source[i]
-            fresh = self._compute(m, w, start, end, version, counts)
+            fresh = self._compute(m, w, start, end, version, counts, now)
             with self._lock:
                 self._cache[names[i]] = fresh
             results[i] = fresh
@@ -246,13 +254,62 @@ class LiveEstimates:
         spec = metric.spec.mechanism
         return key, spec.weight_law().weights, spec.k
 
+    def _reports_per_device(self, metric: MetricConfig, window: Window, start: int, end: int, now: float) -> int:
+        """The most reports one device can have sent into a bucket so far: reports_per_period for
+        every reporting period that the bucket's data can span, from its start (or from when
+        counting began, if later; for the all-time window, from then) to its end or now."""
+        spec = metric.spec
+        since = self._since_of(metric, now)
+        first = max(start, since) if window.span is not None else since
+        last = min(end, now) if window.span is not None else now
+        periods = max(1, spec.period_index(max(last - 1, first)) - spec.period_index(first) + 1)
+        return spec.reports_per_period * periods
+
+    def _since_of(self, metric: MetricConfig, now: float) -> int:
+        name = (metric.name, metric.spec.fingerprint)
+        since = self._since.get(name)
+        if since is None:
+            # Recorded by the first write of any aggregator (CollectorService); recorded here only
+            # when counts exist without it (a store that lost it): then from now, and the
+            # all-time window's intervals allow for fewer periods than they might span.
+            since = self._since[name] = self._store.since(metric.name, metric.spec.fingerprint, int(now))
+        return since
+
     def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: int,
-                 counts: Counts) -> WindowEstimate:
+                 counts: Counts, now: float) -> WindowEstimate:
         spec = metric.spec.mechanism
         n = counts.total
-        least = max(self._config.min_n, 2)  # a standard error needs two reports
+        per_device = self._reports_per_device(metric, window, start, end, now) if n else metric.spec.reports_per_period
+        what = estimand(metric, window, per_device)
+        least = max(self._config.min_n, 2)
         if n < least:
             reason = (f"{n} reports so far; estimates are shown from {least} reports on, so that "
                       "no small group is singled out and the error bars mean something.")
-            return WindowEstimate(metric, window, start, end, version, n, None, reason)
-        return WindowEstimate(metric, window, start, end, version, n, estimate(spec, counts, project=True), "")
+            return WindowEstimate(metric, window, start, end, version, n, None, reason, per_device, what)
+        return WindowEstimate(metric, window, start, end, version, n,
+                              estimate(spec, counts, project=True, reports_per_device=per_device), "", per_device, what)
+
+
+def estimand(metric: MetricConfig, window: Window, reports_per_device: int) -> str:
+    """What a bucket's estimates are shares of, in words, under the SDK's reporting rule: a device
+    sends the first reports_per_period report() calls of each period, at once."""
+    spec = metric.spec
+    period, m = duration_text(spec.period), spec.reports_per_period
+    if m == 1:
+        text = f"share of devices by the value each reported first in its {period} period"
+    else:
+        text = f"share of reports, each device sending its first {m} values of each {period} period"
+    periods = reports_per_device // m
+    if periods > 1:
+        scope = "since counting began" if window.span is None else "in this bucket"
+        text += (f", pooled over the {periods} periods {scope} (a device counts once per period; the intervals "
+                 f"allow for one device's {reports_per_device} reports being alike)")
+    return text
+
+
+def duration_text(seconds: int) -> str:
+    """86400 -> "1-day", 3600 -> "1-hour", 90 -> "90-second"."""
+    for unit, size in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}-{unit}"
+    return f"{seconds}-second"

@@ -51,6 +51,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                                                       max_batch=config.max_batch)
         self._metrics = {m.name: m for m in config.metrics}
         self._targets: dict[str, tuple[float, float, tuple[tuple[CountsKey, int | None], ...]]] = {}
+        self._since_recorded: set[str] = set()
         self._children: dict[tuple[str, ...], tuple] = {}  # Prometheus children per (metric, outcome)
         observe = getattr(store, "observe_flushes", None)
         if observe is not None:
@@ -81,7 +82,13 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                 # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
                 outcome = "cancelled"
                 context.abort(grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
-            targets = self._targets_at(metric, self._clock())
+            now = self._clock()
+            if metric.name not in self._since_recorded:
+                # Before the first write of this process: the all-time window's intervals count
+                # the periods since counting began (Store.since), never from after a report.
+                self._store.since(metric.name, metric.spec.fingerprint, int(now))
+                self._since_recorded.add(metric.name)
+            targets = self._targets_at(metric, now)
             applied = self._store.add(BatchWrite(metric.name, request.batch_id, counts, targets, self._config.dedupe_ttl))
             outcome = "accepted" if applied else "duplicate"
             if applied:
@@ -256,11 +263,14 @@ def encode_window(e: WindowEstimate) -> bytes:
         mechanism=veil_pb2.Mechanism.Value(spec.mechanism.name.upper().replace("-", "_")),
         epsilon=spec.mechanism.epsilon, spec_fingerprint=spec.fingerprint, withheld=e.withheld, reason=e.reason,
     ).SerializeToString()
+    tail = veil_pb2.WindowEstimate(estimand=e.estimand, reports_per_device=e.reports_per_device,
+                                   period_seconds=spec.period).SerializeToString()
     if e.estimate is None:
-        return head
+        return head + tail
     est = e.estimate
-    # Field 11 is the last field: appended to the others it is where SerializeToString puts it.
-    return head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection))
+    # Fields go in number order: 1..10, then 11 (the categories), then 12.. .
+    return head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) \
+        + tail
 
 
 class ResponseCache:
@@ -271,11 +281,11 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[int, int, bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[int, int, int, bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
-        marker = tuple((e.metric.name, e.window.name, e.start, e.version) for e in estimates)
+        marker = tuple((e.metric.name, e.window.name, e.start, e.version, e.reports_per_device) for e in estimates)
         held = self._responses.get(shape)
         if held is not None and held[0] == marker:
             return held[1]
@@ -286,8 +296,8 @@ class ResponseCache:
     def _window(self, e: WindowEstimate) -> bytes:
         key = (e.metric.name, e.window.name)
         held = self._windows.get(key)
-        if held is not None and held[0] == e.start and held[1] == e.version:
-            return held[2]
+        if held is not None and held[:3] == (e.start, e.version, e.reports_per_device):
+            return held[3]
         encoded = _field(_ESTIMATES_TAG, encode_window(e))
-        self._windows[key] = (e.start, e.version, encoded)
+        self._windows[key] = (e.start, e.version, e.reports_per_device, encoded)
         return encoded

@@ -12,12 +12,14 @@ Settings fall back to the environment variables of ``veil.client.environment_var
 from ._config import RETRY_HORIZON_SECONDS
 from ._counters import Counters
 from ._errors import ConfigError, ReporterError, UnknownCategoryError, UnknownMetricError
+from ._ledger import PrivacySpent
 from ._reporter import Reporter
 from ._specs import spec_from_proto, spec_to_proto
 
 __all__ = [
     "Reporter",
     "Counters",
+    "PrivacySpent",
     "ReporterError",
     "ConfigError",
     "UnknownMetricError",

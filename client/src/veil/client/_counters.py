@@ -22,6 +22,11 @@ class Counters:
               that stayed unacknowledged past the retry horizon.
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
               (batches left by an earlier process included).
+    limited:  report() calls not sent because this period's reports of the metric were sent
+              already (the metric's reports_per_period): the device-level bound at work, not a
+              failure, and not counted as dropped.
+    over_budget: report() calls not sent because they would have spent more epsilon than the
+              metric's period or lifetime budget allows (see Reporter.privacy_spent()).
     """
 
     accepted: int = 0
@@ -30,6 +35,8 @@ class Counters:
     retried: int = 0
     failed: int = 0
     queued: int = 0
+    limited: int = 0
+    over_budget: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from ._log import logger
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -83,3 +88,19 @@ def create_once(path: Path, data: bytes) -> bool:
         return True
     finally:
         _remove(tmp)
+
+
+class FileLock:
+    """An exclusive flock on an open file for the duration of a with-block (POSIX only; elsewhere
+    one process per queue directory)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        if fcntl is not None and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if fcntl is not None and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -26,13 +26,8 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from ._fs import FILE_MODE, create_once, write_atomic
+from ._fs import FILE_MODE, FileLock, create_once, write_atomic
 from ._log import LogOnce
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: one process per queue directory
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["MemoStore", "SECRET_BYTES"]
 
@@ -98,9 +93,16 @@ class MemoStore:
         message = b"".join((_DOMAIN, _HEAD.pack(len(name)), name, _HEAD.pack(len(print_)), print_, _HEAD.pack(index)))
         return hmac.new(self._secret, message, hashlib.sha256).digest()
 
+    def known(self, key: bytes) -> bool:
+        """Whether a response is memoized under ``key`` (in this process's view)."""
+        return key in self._memo
+
     def response(self, metric: str, fingerprint: str, index: int, randomize: Callable[[], Report]) -> Report:
         """The memoized response for the value, drawing it with ``randomize`` the first time."""
-        key = self.key(metric, fingerprint, index)
+        return self.response_for(self.key(metric, fingerprint, index), randomize)
+
+    def response_for(self, key: bytes, randomize: Callable[[], Report]) -> Report:
+        """The response memoized under ``key`` (see ``key``), drawn the first time."""
         found = self._memo.get(key)
         if found is not None:
             return found
@@ -168,8 +170,8 @@ class MemoStore:
         assert self._path is not None
         return os.open(self._path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
 
-    def _file_lock(self) -> _FileLock:
-        return _FileLock(self._fd)
+    def _file_lock(self) -> FileLock:
+        return FileLock(self._fd)
 
     def _append(self, key: bytes, report: Report) -> None:
         body = key + _HEAD.pack(len(report)) + struct.pack(f"<{len(report)}I", *report)
@@ -207,18 +209,3 @@ class MemoStore:
         if position < len(data):
             self._log.warning("memo:torn", "Cutting a torn record off the Veil memo log.")
             os.ftruncate(self._fd, self._offset)
-
-
-class _FileLock:
-    """An exclusive flock on the memo log for the duration of a with-block (POSIX only)."""
-
-    def __init__(self, fd: int | None) -> None:
-        self._fd = fd
-
-    def __enter__(self) -> None:
-        if fcntl is not None and self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        if fcntl is not None and self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)

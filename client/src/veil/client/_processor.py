@@ -22,6 +22,7 @@ from veil.mechanism import MetricSpec
 from ._config import Config
 from ._counters import Counters
 from ._log import LogOnce, logger
+from ._ledger import BUDGET, PERIOD, Ledger
 from ._memo import MemoStore
 from ._outbox import Outbox, Spool
 from ._specs import SpecCache
@@ -56,10 +57,11 @@ class FlushRequest:
 
 
 class BatchProcessor:
-    def __init__(self, config: Config, specs: SpecCache, memo: MemoStore, log: LogOnce) -> None:
+    def __init__(self, config: Config, specs: SpecCache, memo: MemoStore, ledger: Ledger, log: LogOnce) -> None:
         self.config = config
         self.specs = specs
         self.memo = memo
+        self.ledger = ledger
         self.log = log
         self.transport = Transport(config)
         spool = None
@@ -85,6 +87,7 @@ class BatchProcessor:
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
+        self.limited = self.over_budget = 0
 
     def _start(self, load: bool) -> None:
         from ._worker import Worker
@@ -112,6 +115,17 @@ class BatchProcessor:
                 return
         self.drop_logged(reason, count=False)
 
+    def refuse(self, reason: str) -> None:
+        """Count a report the privacy ledger refused (not a failure: the bound at work)."""
+        with self.lock:
+            if reason == PERIOD:
+                self.limited += 1
+            else:
+                self.over_budget += 1
+        if reason == BUDGET:
+            self.log.warning("refuse:budget", "A Veil metric's privacy budget is spent for now; its reports are "
+                             "dropped until it allows more (see Reporter.privacy_spent()).")
+
     def drop_logged(self, reason: str, count: bool = True) -> None:
         if count:
             with self.lock:
@@ -121,7 +135,7 @@ class BatchProcessor:
     def counters(self) -> Counters:
         with self.lock:
             return Counters(self.accepted, self.dropped, self.sent, self.retried, self.failed,
-                            len(self.pending) + self.outbox_reports)
+                            len(self.pending) + self.outbox_reports, self.limited, self.over_budget)
 
     def force_flush(self, timeout: float | None) -> bool:
         if self.stopped or threading.current_thread() is self.thread:
@@ -158,5 +172,6 @@ class BatchProcessor:
         self.transport.forget()
         self.log.after_fork()
         self.memo.after_fork()
+        self.ledger.after_fork()
         if not self.stopped:
             self._start(load=False)

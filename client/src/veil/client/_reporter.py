@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import atexit
+import math
 import operator
 import os
+import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from ._config import resolve_config
 from ._counters import Counters
 from ._errors import ConfigError, UnknownCategoryError, UnknownMetricError
 from ._fs import private_dir
+from ._ledger import PERIOD, Ledger, PrivacySpent
 from ._log import LogOnce, logger
 from ._memo import MemoStore
 from ._processor import BatchProcessor
@@ -43,8 +46,16 @@ class Reporter:
     choose per metric (unlisted metrics memoize). Fresh responses compose: each spends the
     metric's epsilon.
 
-    ``random_source`` is for simulation and tests only: reports are private only with the
-    default, the operating system's CSPRNG.
+    Each metric's spec carries its reporting rule, which the Reporter enforces: at most
+    ``reports_per_period`` reports of the metric leave the device per reporting period (the
+    first report() calls of the period are sent, at once; later ones are not, and are counted as
+    ``limited``), and a report that would spend more epsilon than the metric's budget for the
+    period or the lifetime is not sent either (counted as ``over_budget``). ``privacy_spent()``
+    shows what was spent. ``period_budget`` and ``lifetime_budget`` (epsilon, or a mapping of
+    metric name to epsilon) lower the aggregator's budgets for this app; they never raise them.
+
+    ``random_source`` and ``clock`` are for simulation and tests only: reports are private only
+    with the default source, the operating system's CSPRNG, and periods follow the wall clock.
     """
 
     def __init__(
@@ -66,7 +77,10 @@ class Reporter:
         retry_initial_backoff_ms: int | None = None,
         retry_max_backoff_ms: int | None = None,
         memoize: bool | Mapping[str, bool] = True,
+        period_budget: float | Mapping[str, float] | None = None,
+        lifetime_budget: float | Mapping[str, float] | None = None,
         random_source: RandomSource | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         config = resolve_config(
             endpoint=endpoint, token=token, tls=tls, ca_file=ca_file, client_cert=client_cert,
@@ -81,9 +95,12 @@ class Reporter:
             self._memoize_default, self._memoize = True, dict(memoize)
         else:
             raise ConfigError("memoize must be True, False or a mapping of metric name to True or False.")
+        self._period_budget = _app_budget(period_budget, "period_budget")
+        self._lifetime_budget = _app_budget(lifetime_budget, "lifetime_budget")
         if random_source is not None:
             logger.warning("This Veil Reporter uses an injected random source: for simulation and tests only.")
         self._source = random_source
+        self._clock = clock or time.time
         log = LogOnce()
         directory = self._queue_dir(config.queue_dir, log)
         if not config.tls and config.token and not config.loopback:
@@ -91,7 +108,9 @@ class Reporter:
         self._specs = SpecCache(directory, log)
         self._specs.load()
         self._memo = MemoStore(directory, log)
-        self._processor = BatchProcessor(replace(config, queue_dir=directory), self._specs, self._memo, log)
+        self._ledger = Ledger(directory, log)
+        self._processor = BatchProcessor(replace(config, queue_dir=directory), self._specs, self._memo, self._ledger,
+                                         log)
         ref = weakref.ref(self)
         self._exit_hook = lambda: (reporter := ref()) is not None and reporter.shutdown(_DEFAULT_SHUTDOWN_TIMEOUT_S)
         atexit.register(self._exit_hook)
@@ -128,21 +147,36 @@ class Reporter:
         if index is None:
             index = _index(spec, value)
         try:
+            period = spec.period_index(self._clock())
+            if self._ledger.full(spec.name, period, spec.reports_per_period):
+                return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
                 return self._processor.drop_logged("closed" if self._processor.stopped else "full")
-            self._processor.submit(spec, self._randomize(spec, index))
+            memo_key = self._memo.key(spec.name, spec.fingerprint, index) if self._memoizes(spec) else None
+            # A new randomized response spends epsilon; one memoized before, nothing new.
+            cost = 0.0 if memo_key is not None and self._memo.known(memo_key) else spec.mechanism.epsilon
+            refused = self._ledger.admit(spec, period, cost, *self._budgets(spec))
+            if refused is not None:
+                return self._processor.refuse(refused)
+            self._processor.submit(spec, self._randomize(spec, index, memo_key))
         except Exception:
             self._processor.drop_logged("error")
 
-    def _randomize(self, spec: MetricSpec, index: int) -> tuple[int, ...]:
+    def _memoizes(self, spec: MetricSpec) -> bool:
+        return self._memoize.get(spec.name, self._memoize_default)
+
+    def _budgets(self, spec: MetricSpec) -> tuple[float, float]:
+        """The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower."""
+        return (min(spec.epsilon_per_period, self._period_budget(spec.name)),
+                min(spec.epsilon_lifetime, self._lifetime_budget(spec.name)))
+
+    def _randomize(self, spec: MetricSpec, index: int, memo_key: bytes | None) -> tuple[int, ...]:
         mechanism, source = spec.mechanism, self._source
 
         def draw() -> tuple[int, ...]:
             return mechanism.randomize(index) if source is None else mechanism.randomize(index, source)
 
-        if self._memoize.get(spec.name, self._memoize_default):
-            return self._memo.response(spec.name, spec.fingerprint, index, draw)
-        return draw()
+        return draw() if memo_key is None else self._memo.response_for(memo_key, draw)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -176,6 +210,14 @@ class Reporter:
         optional: report() never waits. True when they are."""
         return self._specs.ready.wait(timeout)
 
+    def privacy_spent(self) -> dict[str, PrivacySpent]:
+        """Per metric known to this device: the reports sent and the epsilon spent in the current
+        reporting period and over the device's lifetime, beside the budgets in force. Lifetime
+        means as long as this device's ledger lives: under ``queue_dir``, until its files are
+        deleted; without one, this process."""
+        now = self._clock()
+        return {name: self._ledger.spent(spec, now, *self._budgets(spec)) for name, spec in self._specs.specs.items()}
+
     @property
     def metrics(self) -> Mapping[str, MetricSpec]:
         """The metric specs in use, by name (empty until specs are known)."""
@@ -194,3 +236,19 @@ def _index(spec: MetricSpec, value: object) -> int:
         raise UnknownCategoryError(
             f"The value is neither a category label nor an index from 0 to {spec.k - 1} of metric {spec.name!r}."
         ) from None
+
+
+def _app_budget(value: float | Mapping[str, float] | None, name: str) -> Callable[[str], float]:
+    """An app's budget setting (an epsilon for every metric, or one per metric) as metric -> epsilon."""
+    def checked(budget: object) -> float:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+            raise ConfigError(f"{name} must be an epsilon above 0, or a mapping of metric name to one.")
+        return float(budget)
+
+    if value is None:
+        return lambda metric: math.inf
+    if isinstance(value, Mapping):
+        budgets = {str(metric): checked(budget) for metric, budget in value.items()}
+        return lambda metric: budgets.get(metric, math.inf)
+    budget = checked(value)
+    return lambda metric: budget

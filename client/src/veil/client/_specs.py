@@ -1,7 +1,7 @@
 """Metric specs from the aggregator: rebuilt, checked against their fingerprint, cached.
 
 Every spec the aggregator sends is rebuilt as a ``veil.mechanism.MetricSpec`` from its name,
-labels, mechanism and epsilon; its recomputed fingerprint (and q) must equal the aggregator's,
+labels, mechanism, epsilon, reporting period, reports per period and budgets; its recomputed fingerprint (and q) must equal the aggregator's,
 or the spec is refused (a device never randomizes under a spec it cannot reproduce). With a
 queue directory the last response is kept on disk, so a restart without the network still
 knows its specs; a cached spec past its TTL is still used while fetching fails.
@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from veil.mechanism import MechanismError, MetricSpec, spec_for
+from veil.mechanism import DEFAULT_PERIOD, MechanismError, MetricSpec, spec_for
 from veil.wire.v1 import veil_pb2
 
 from ._fs import write_atomic
@@ -32,7 +32,9 @@ def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
     mechanism = _NAMES.get(message.mechanism)
     if mechanism is None:
         raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.")
-    spec = MetricSpec(message.name, tuple(message.labels), spec_for(mechanism, len(message.labels), message.epsilon))
+    spec = MetricSpec(message.name, tuple(message.labels), spec_for(mechanism, len(message.labels), message.epsilon),
+                      message.period_seconds or DEFAULT_PERIOD, message.reports_per_period or 1,
+                      message.period_budget or None, message.lifetime_budget or None)
     if spec.fingerprint != message.fingerprint or (spec.mechanism.q or 0) != message.q:
         raise MechanismError(f"Metric {message.name!r} has a fingerprint this device does not reproduce.")
     return spec
@@ -42,7 +44,9 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     """The proto of a spec, as the aggregator serves it."""
     return veil_pb2.MetricSpec(name=spec.name, labels=spec.labels, mechanism=_VALUES[spec.mechanism.name],
                                epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0,
-                               fingerprint=spec.fingerprint)
+                               fingerprint=spec.fingerprint, period_seconds=spec.period,
+                               reports_per_period=spec.reports_per_period, period_budget=spec.period_budget or 0.0,
+                               lifetime_budget=spec.lifetime_budget or 0.0)
 
 
 class SpecCache:

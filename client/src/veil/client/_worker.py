@@ -164,6 +164,7 @@ class Worker:
         """Turn queued reports into batches in the outbox (spooled when there is a spool)."""
         p = self.p
         p.memo.sync()  # a memoized response is durable before any report of it leaves
+        p.ledger.sync()  # and so is the spending that admitted it
         groups: dict[str, tuple[MetricSpec, list[tuple[int, ...]]]] = {}
         for spec, report in reports:
             groups.setdefault(spec.fingerprint, (spec, []))[1].append(report)
@@ -317,7 +318,7 @@ class Worker:
             p.outbox_reports = p.outbox.reports
         if lost:
             logger.warning("Veil dropped %d unsent report(s) at shutdown (no queue directory keeps them).", lost)
-        for close in (p.memo.close, p.transport.close):
+        for close in (p.memo.close, p.ledger.close, p.transport.close):
             try:
                 close()
             except Exception:

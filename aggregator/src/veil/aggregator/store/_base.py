@@ -79,6 +79,13 @@ class Store(abc.ABC):
         counts forward by the writes it observes, so they must be exactly those of that version."""
 
     @abc.abstractmethod
+    def since(self, metric: str, fingerprint: str, now: int) -> int:
+        """When counting of a metric's spec began (Unix seconds): the first ``now`` this was
+        asked with, recorded then and kept as long as the store keeps counts. The aggregator
+        asks before its first write of a spec, so the time is never after the first report's;
+        the intervals of the all-time window allow for one report per device and period since."""
+
+    @abc.abstractmethod
     def ping(self) -> None:
         """Return when the store is reachable; raise StoreUnavailable otherwise."""
 

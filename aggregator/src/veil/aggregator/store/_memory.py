@@ -58,6 +58,7 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
         self._buckets: dict[CountsKey, Bucket] = {}
         self._seen: Seen = {}
+        self._since: dict[tuple[str, str], int] = {}
         self._bucket_expiries: _Expiries[CountsKey] = _Expiries()
         self._seen_expiries: _Expiries[tuple[str, bytes]] = _Expiries()
         loaded = None if self._path is None else load_snapshot(self._path)
@@ -122,6 +123,10 @@ class MemoryStore(Store):
             self._purge(self._clock())
             read = [self._read(key, tuple(weights), k) for key, weights, k in requests]
             return self._versions(keys), list(zip(self._versions([key for key, _, _ in requests]), read))
+
+    def since(self, metric: str, fingerprint: str, now: int) -> int:
+        with self._lock:
+            return self._since.setdefault((metric, fingerprint), int(now))
 
     def ping(self) -> None:
         """Always reachable."""

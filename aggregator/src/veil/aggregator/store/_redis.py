@@ -100,6 +100,11 @@ def counts_key(key: CountsKey) -> str:
     return f"veil:{{{_tag(key.metric)}}}:c:{fingerprint}:{window}:{int(key.bucket)}"
 
 
+def since_key(metric: str, fingerprint: str) -> str:
+    """The Redis string holding when counting of a metric's spec began."""
+    return f"veil:{{{_tag(metric)}}}:s:{quote(fingerprint, safe='')}"
+
+
 def dedupe_key(metric: str, batch_id: bytes) -> str:
     """The Redis key remembering that a batch id of a metric has been applied."""
     return f"veil:{{{_tag(metric)}}}:b:{batch_id.hex()}"
@@ -347,6 +352,12 @@ class RedisStore(Store):
                 for i, fields in zip(again, pipe.execute(), strict=True):
                     counts[i] = _checked_versioned(plans[i][0], fields, plans[i][1], plans[i][2])
         return versions, counts  # type: ignore[return-value]
+
+    def since(self, metric: str, fingerprint: str, now: int) -> int:
+        """SET NX GET: one round trip records the time unless one is there, and returns the old."""
+        with self._boundary("since"):
+            found = self._redis.set(since_key(metric, fingerprint), int(now), nx=True, get=True)
+        return int(now) if found is None else int(found)
 
     def ping(self) -> None:
         """Redis answers, and with wait_replicas=N at least N replicas are connected: fewer could
