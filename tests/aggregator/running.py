@@ -14,16 +14,24 @@ import grpc
 from config_toml import config_toml
 from redis_server import free_port
 
+from veil.aggregator.config import parse_config
+from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
+# These tests load the aggregator through few Reporters that stand for many devices, so their
+# metrics let one device send up to LOAD reports a day (the intervals then allow for that many
+# alike; the device-level bounds have their own tests, and the population test the defaults).
+LOAD = 10**6
 METRICS = [
     {"name": "browser", "labels": ["chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other"],
-     "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"]},
+     "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"], "reports_per_period": LOAD},
     {"name": "os", "labels": ["android", "ios", "windows", "macos", "linux", "other"], "mechanism": "krr",
-     "epsilon": 2.0},
-    {"name": "opted_in", "labels": ["no", "yes"], "mechanism": "warner", "epsilon": 1.0},
-    {"name": "crash_screen", "labels": [f"screen-{i}" for i in range(8)], "mechanism": "rappor", "epsilon": 2.0},
-    {"name": "feature", "labels": [f"f{i}" for i in range(8)], "mechanism": "rappor-admissible", "epsilon": 2.0},
+     "epsilon": 2.0, "reports_per_period": LOAD},
+    {"name": "opted_in", "labels": ["no", "yes"], "mechanism": "warner", "epsilon": 1.0, "reports_per_period": LOAD},
+    {"name": "crash_screen", "labels": [f"screen-{i}" for i in range(8)], "mechanism": "rappor", "epsilon": 2.0,
+     "reports_per_period": LOAD},
+    {"name": "feature", "labels": [f"f{i}" for i in range(8)], "mechanism": "rappor-admissible", "epsilon": 2.0,
+     "reports_per_period": LOAD},
 ]
 
 
@@ -267,15 +275,21 @@ class Pki:
         return context
 
 
+def specs_of(metrics: list[dict]) -> dict[str, MetricSpec]:
+    """The MetricSpecs an aggregator serves for these [[metrics]] tables, through its own config
+    parser (so period, reports_per_period and budgets are read as it reads them)."""
+    config = parse_config({"metrics": metrics})
+    return {m.name: m.spec for m in config.metrics}
+
+
 def make_upload(metric: str, n: int, *, batch_id: bytes | None = None, seed: int = 1) -> veil_pb2.UploadRequest:
     """A valid batch of n randomized reports of `metric` (one of METRICS), as the SDK encodes it."""
     import random
 
     from veil.client._encoding import encode_batch
-    from veil.mechanism import MetricSpec, SeededRandomSource
+    from veil.mechanism import SeededRandomSource
 
-    (m,) = [m for m in METRICS if m["name"] == metric]
-    spec = MetricSpec.create(m["name"], m["labels"], m.get("mechanism", "subset"), m["epsilon"])
+    spec = specs_of(METRICS)[metric]
     source = SeededRandomSource(seed)
     reports = [spec.mechanism.randomize(i % spec.k, source) for i in range(n)]
     return veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, batch_id or random.randbytes(16)))

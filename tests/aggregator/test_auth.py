@@ -247,14 +247,14 @@ def test_the_cli_sends_its_token_and_never_prints_it(secured, capsys, monkeypatc
                  "--token", UPLOAD_TOKEN]) == 0
     assert json.loads(capsys.readouterr().out)["acknowledged"] == 1000
     monkeypatch.setenv("VEIL_TOKEN", UPLOAD_TOKEN)
-    assert main(["simulate", "os", "--address", address, "--reports", "500", "--mode", "sdk", "--devices", "2",
+    assert main(["simulate", "os", "--address", address, "--reports", "50", "--mode", "sdk", "--devices", "5",
                  "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["acknowledged"] == 500
+    assert json.loads(capsys.readouterr().out)["acknowledged"] == 50
     assert main(["simulate", "crash_screen", "--address", address, "--reports", "100"]) == 2  # app-a's scope
     out, err = capsys.readouterr()
     assert "declares no metric 'crash_screen'" in err  # its specs hold browser and os only
     assert main(["estimates", "os", "--address", address, "--json", "--token", READ_TOKEN]) == 0
-    assert json.loads(capsys.readouterr().out)["estimates"][0]["n"] == 500
+    assert json.loads(capsys.readouterr().out)["estimates"][0]["n"] == 50
     assert main(["estimates", "os", "--address", address, "--token", WRONG_TOKEN]) == 2
     out, err = capsys.readouterr()
     assert "UNAUTHENTICATED" in err and WRONG_TOKEN not in out + err and UPLOAD_TOKEN not in out + err

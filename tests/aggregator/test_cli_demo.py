@@ -18,7 +18,7 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
     last = out.stdout.rsplit("estimates over all reports so far", 1)[1]
     for name in ("browser", "country", "crash_screen"):
         n = int(re.search(rf"{name} .*n = ([\d,]+)", last).group(1).replace(",", ""))
-        assert n > 5000, (name, n)
+        assert n >= 500, (name, n)  # each of the 500 devices reported at least once
     inside, total = map(int, re.search(r"final: (\d+) of (\d+) categories", out.stdout).groups())
     assert total == 126 and inside >= 0.85 * total
 
@@ -26,5 +26,7 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
 def test_demo_refuses_bad_arguments(capsys):
     from veil.aggregator.cli import main
 
-    assert main(["demo", "--rate", "0"]) == 2
-    assert "--rate and --interval must be above 0" in capsys.readouterr().err
+    assert main(["demo", "--calls", "0"]) == 2
+    assert "--calls and --interval must be above 0" in capsys.readouterr().err
+    assert main(["demo", "--period", "soon"]) == 2
+    assert "--period: expected a duration" in capsys.readouterr().err

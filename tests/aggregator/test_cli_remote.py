@@ -21,8 +21,10 @@ def run_json(capsys, *args: str) -> dict:
 def test_simulate_yields_the_expected_n(start_aggregator, capsys, mode, metric, reports):
     aggregator = start_aggregator()
     address = f"127.0.0.1:{aggregator.grpc_port}"
+    # In sdk mode every device reports 10 times, all of which its metric's period allows.
+    devices = ["--devices", str(reports // 10)] if mode == "sdk" else []
     summary = run_json(capsys, "simulate", metric, "--address", address, "--reports", str(reports),
-                       "--mode", mode, "--seed", "4", "--batch-size", "500")
+                       "--mode", mode, "--seed", "4", "--batch-size", "500", *devices)
     assert summary["acknowledged"] == reports and summary["failed"] == 0
     estimates = run_json(capsys, "estimates", metric, "--address", address, "--window", "total")
     (window,) = estimates["estimates"]

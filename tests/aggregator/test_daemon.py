@@ -13,14 +13,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from running import METRICS, collector, estimates, wait_until
+from running import LOAD, METRICS, collector, estimates, specs_of, wait_until
 
 from veil.client import Reporter
 from veil.client._encoding import encode_batch
 from veil.mechanism import MetricSpec, SeededRandomSource
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-SPECS = {m["name"]: MetricSpec.create(m["name"], m["labels"], m["mechanism"], m["epsilon"]) for m in METRICS}
+SPECS = specs_of(METRICS)
 
 
 def truth_of(k: int) -> list[float]:
@@ -69,10 +69,14 @@ def test_sdk_reports_become_estimates_within_four_standard_errors(start_aggregat
     response = estimates(endpoint, metric, "total")
     (window,) = response.estimates
     assert window.n == n and not window.withheld and len(window.categories) == spec.k
+    # The reports are independent here, so the estimates lie within 4 true standard errors; the
+    # served ones allow for reports_per_device alike reports of one device (the metric allows
+    # LOAD a day), so they are sqrt(reports_per_device) times wider.
+    assert window.reports_per_device == LOAD
     theory = [math.sqrt(v / n) for v in spec.mechanism.variances(truth)]
     for category, pi, se in zip(window.categories, truth, theory):
-        assert abs(category.estimate - pi) < 4 * category.stderr, (category.label, category.estimate, pi)
-        assert category.stderr == pytest.approx(se, rel=0.10)
+        assert abs(category.estimate - pi) < 4 * se, (category.label, category.estimate, pi)
+        assert category.stderr == pytest.approx(se * math.sqrt(LOAD), rel=0.10)
         assert category.lower < category.estimate < category.upper
     assert sum(c.projected for c in window.categories) == pytest.approx(1.0)
 

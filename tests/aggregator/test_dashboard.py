@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 from chromium import Browser, BrowserError, ensure_chromium
-from running import METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict, make_upload
+from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict, make_upload,
+                     specs_of)
 
 from veil.aggregator import dashboard
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 from veil.aggregator.store import MemoryStore, StoreUnavailable
 from veil.client._encoding import encode_batch
-from veil.mechanism import MetricSpec, SeededRandomSource
+from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2
 
 # Labels are configured strings: the page must show them as text, never run them as markup.
@@ -27,7 +28,7 @@ HOSTILE = {"name": "<b>labels</b> & names", "mechanism": "krr", "epsilon": 3.0, 
     '<img src=x onerror="document.body.dataset.pwned=1">', "a & b", "\"quoted\" 'single'",
     "a-rather-long-category-label-that-the-chart-shortens"]}
 ALL_METRICS = [*METRICS, HOSTILE]
-SPECS = {m["name"]: MetricSpec.create(m["name"], m["labels"], m["mechanism"], m["epsilon"]) for m in ALL_METRICS}
+SPECS = specs_of(ALL_METRICS)
 PANELS = [(m["name"], w) for m in ALL_METRICS for w in m.get("windows", ["total"])]
 
 

@@ -31,6 +31,7 @@ def reference_window(e: WindowEstimate) -> veil_pb2.WindowEstimate:
         withheld=e.withheld, reason=e.reason,
         categories=[veil_pb2.CategoryEstimate(**{k: nan if v is None else v for k, v in c.items()})
                     for c in body["categories"]],
+        estimand=body["estimand"], reports_per_device=body["reports_per_device"], period_seconds=body["period"],
     )
 
 
@@ -44,7 +45,9 @@ def reference_json(e: WindowEstimate) -> dict:
 
     body = {"metric": spec.name, "window": e.window.name, "start": e.start, "end": e.end, "n": e.n,
             "mechanism": spec.mechanism.name, "epsilon": spec.mechanism.epsilon,
-            "spec_fingerprint": spec.fingerprint, "withheld": e.withheld, "reason": e.reason, "categories": []}
+            "spec_fingerprint": spec.fingerprint, "withheld": e.withheld, "reason": e.reason,
+            "estimand": e.estimand, "period": spec.period, "reports_per_device": e.reports_per_device,
+            "categories": []}
     if e.estimate is not None:
         est = e.estimate
         body["categories"] = [{"label": label, "estimate": finite(est.estimate[j]), "stderr": finite(est.stderr[j]),
@@ -63,8 +66,9 @@ def window_estimate(labels, mechanism="subset", epsilon=1.0, *, seed=0, special=
     spec = MetricSpec.create("metric-é", labels, mechanism, epsilon)
     metric = MetricConfig(spec, (TOTAL, HOUR))
     start, end = window.bucket(1_700_000_123)
+    what = f"share of devices ({seed})"
     if withheld:
-        return WindowEstimate(metric, window, start, end, version, n, None, f"{n} reports so far")
+        return WindowEstimate(metric, window, start, end, version, n, None, f"{n} reports so far", 1 + seed, what)
     rng = np.random.default_rng(seed)
     k = len(labels)
     columns = []
@@ -73,8 +77,8 @@ def window_estimate(labels, mechanism="subset", epsilon=1.0, *, seed=0, special=
         pick = rng.random(k) < special
         column[pick] = rng.choice(SPECIAL, pick.sum())
         columns.append(column)
-    estimate = Estimate(n, "minimax", *columns[:4], projection=columns[4])
-    return WindowEstimate(metric, window, start, end, version, n, estimate, "")
+    estimate = Estimate(n, "minimax", *columns[:4], projection=columns[4], reports_per_device=1 + seed)
+    return WindowEstimate(metric, window, start, end, version, n, estimate, "", 1 + seed, what)
 
 
 CASES = {
@@ -111,7 +115,7 @@ def test_a_response_of_several_windows_is_the_reference_response():
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_to_json_is_the_old_shape_and_json_text_its_dump(case):
+def test_to_json_is_the_documented_shape_and_json_text_its_dump(case):
     e = window_estimate(**CASES[case], seed=5)
     body = e.to_json()
     assert json.dumps(body, allow_nan=False) == json.dumps(reference_json(e), allow_nan=False)
@@ -152,3 +156,8 @@ def test_the_response_cache_serves_the_same_bytes_until_a_version_or_bucket_chan
                            newer[0].n, newer[0].estimate, "")
     later = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [moved, first[1]]))
     assert later.estimates[0].start_unix == newer[0].start + 3600
+    # The same counts once a reporting period began: one device may have sent more, so new bytes.
+    wider = WindowEstimate(moved.metric, moved.window, moved.start, moved.end, 4, moved.n, moved.estimate, "",
+                           moved.reports_per_device + 1, moved.estimand)
+    again = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [wider, first[1]]))
+    assert again.estimates[0].reports_per_device == moved.reports_per_device + 1

@@ -163,10 +163,10 @@ def test_the_cli_over_tls(start_aggregator, pki, capsys):
     assert main(["health", "--address", address, "--timeout", "2", "--ca-file", str(pki.ca)]) == 1  # no client cert
     assert capsys.readouterr().out.strip() == "UNREACHABLE"
     for mode in ("batch", "sdk"):
-        assert main(["simulate", "os", "--address", address, *tls, "--token", UPLOAD_TOKEN, "--reports", "600",
-                     "--mode", mode, "--devices", "2", "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["acknowledged"] == 600
-    assert counted(aggregator, "os") == 1200
+        assert main(["simulate", "os", "--address", address, *tls, "--token", UPLOAD_TOKEN, "--reports", "60",
+                     "--mode", mode, "--devices", "6", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["acknowledged"] == 60
+    assert counted(aggregator, "os") == 120
     assert main(["simulate", "os", "--address", address, "--client-cert", str(pki.client_cert)]) == 2
     assert "--client-cert and --client-key go together" in capsys.readouterr().err
     assert main(["simulate", "os", "--address", address, "--ca-file", "/nonexistent/ca.pem"]) == 2

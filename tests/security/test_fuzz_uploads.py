@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from running import METRICS, config_dict
+from running import METRICS, config_dict, specs_of
 from upload_contract import bitmap_width, members
 
 from veil.aggregator.config import parse_config
@@ -51,7 +51,7 @@ UPLOAD = "/veil.wire.v1.Collector/Upload"
 # with a request its deserializer cannot parse (INTERNAL "Exception deserializing request!").
 UNPARSEABLE = (grpc.StatusCode.INVALID_ARGUMENT, "The upload is not a valid UploadRequest message.")
 
-SPECS = {m["name"]: MetricSpec.create(m["name"], m["labels"], m["mechanism"], m["epsilon"]) for m in METRICS}
+SPECS = specs_of(METRICS)
 NAMES = tuple(SPECS)
 MAX_BATCH = 10_000  # the default server.max_batch, which config_dict keeps
 # The largest message the server reads (gRPC's max_receive_message_length), for the config

@@ -1,9 +1,16 @@
 """`veil demo`: the whole system on one machine.
 
 An aggregator on the embedded memory store (or Redis with --redis), simulated devices that
-report through the real SDK over gRPC at a steady rate from a hidden distribution, the
-dashboard on the HTTP listener, and a terminal table of live estimates (read over gRPC) with
-their 95% intervals beside the truth. Ctrl-C stops everything cleanly.
+report through the real SDK over gRPC, the dashboard on the HTTP listener, and a terminal table
+of live estimates (read over gRPC) with their 95% intervals beside the truth. Ctrl-C stops
+everything cleanly.
+
+Each simulated device is a Reporter with the SDK's defaults (memoization on, the privacy
+ledger, the metric's reporting period) and holds its own true value of each metric, drawn from a
+hidden distribution; at every period's turn a few devices draw a new value. The app calls
+report() again and again; what leaves the device is the metric's rule: the first report of each
+period. So the estimates are of the share of devices, as the README's "What the numbers mean"
+describes, and the all-time window's intervals allow for each device reporting in every period.
 """
 
 from __future__ import annotations
@@ -45,9 +52,16 @@ DEMO_METRICS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=0.0, metavar="SECONDS",
                         help="stop after this long and exit 0 (default 0: run until Ctrl-C)")
-    parser.add_argument("--rate", type=float, default=2000.0, metavar="PER_SECOND",
-                        help="reports per second per metric (default 2000)")
-    parser.add_argument("--devices", type=int, default=8, help="simulated devices, each a Reporter (default 8)")
+    parser.add_argument("--devices", type=int, default=500,
+                        help="simulated devices, each a Reporter with its own values (default 500)")
+    parser.add_argument("--period", default="10s", metavar="DURATION",
+                        help="the demo metrics' reporting period: each device sends one report of each metric per "
+                             "period (default 10s, so that periods turn while you watch; real metrics use 1d)")
+    parser.add_argument("--calls", type=float, default=5.0, metavar="N",
+                        help="report() calls of each metric per device and period, as an app makes them; all but "
+                             "the first are kept on the device (default 5)")
+    parser.add_argument("--churn", type=float, default=0.05, metavar="P",
+                        help="share of devices that draw a new value at each period's turn (default 0.05)")
     parser.add_argument("--redis", metavar="URL", help="count in this Redis instead of the embedded memory store")
     parser.add_argument("--grpc", default="127.0.0.1:50051", metavar="HOST:PORT",
                         help="gRPC listener (default 127.0.0.1:50051; a free port if taken)")
@@ -66,7 +80,7 @@ def _config(args: argparse.Namespace, grpc_address: str, http_address: str):
                    "grace_period": 2.0},
         "store": {"url": args.redis or "memory"},
         "metrics": [{"name": m.name, "labels": list(m.labels), "mechanism": m.mechanism, "epsilon": m.epsilon,
-                     "windows": ["total", "1h"]} for m in DEMO_METRICS],
+                     "period": args.period, "windows": ["total", args.period, "1h"]} for m in DEMO_METRICS],
     })
 
 
@@ -88,35 +102,43 @@ def _start_aggregator(args: argparse.Namespace):
     raise ConfigError("Cannot find free ports for the demo.")
 
 
-def _devices(endpoint: str, args: argparse.Namespace, stop: threading.Event) -> list[threading.Thread]:
-    """Simulated devices: each thread is one Reporter reporting its share of every metric's rate.
-    Every report is a fresh device's (memoization off), so the reports are independent draws
-    from the hidden distribution, as the intervals assume."""
+def _devices(endpoint: str, args: argparse.Namespace, period: int, stop: threading.Event) -> threading.Thread:
+    """The simulated devices, driven by one thread: every tick each device calls report() for
+    each metric with the chance that makes --calls calls a period, with the value it holds."""
     from veil.client import Reporter
 
-    def device(number: int) -> None:
-        rng = random.Random(None if args.seed is None else args.seed * 7919 + number)
-        reporter = Reporter(endpoint, tls=False, memoize=False, schedule_delay_ms=250, max_batch_size=1000,
-                            max_queue_size=max(4096, int(args.rate * len(DEMO_METRICS))))
-        try:
-            reporter.wait_for_specs(10)
-            per_second = args.rate / args.devices
-            started, sent = time.monotonic(), 0
-            while not stop.is_set():
-                for metric in DEMO_METRICS:
-                    reporter.report(metric.name, rng.choices(range(len(metric.labels)), metric.truth)[0])
-                sent += 1
-                delay = started + sent / per_second - time.monotonic()
-                if delay > 0:
-                    stop.wait(delay)
-        finally:
-            reporter.shutdown(2.0)
+    rng = random.Random(args.seed)
+    reporters = [Reporter(endpoint, tls=False, schedule_delay_ms=250) for _ in range(args.devices)]
+    values = [[_draw(rng, m) for m in DEMO_METRICS] for _ in reporters]
+    tick = 0.1
+    chance = min(1.0, args.calls * tick / period)
 
-    threads = [threading.Thread(target=device, args=(d,), name=f"veil-demo-device-{d}", daemon=True)
-               for d in range(args.devices)]
-    for t in threads:
-        t.start()
-    return threads
+    def drive() -> None:
+        try:
+            for reporter in reporters:
+                reporter.wait_for_specs(10)
+            turn = int(time.time() // period)
+            while not stop.wait(tick):
+                if int(time.time() // period) != turn:  # a period's turn: some devices change
+                    turn = int(time.time() // period)
+                    for held in values:
+                        if rng.random() < args.churn:
+                            held[:] = [_draw(rng, m) for m in DEMO_METRICS]
+                for reporter, held in zip(reporters, values):
+                    for metric, value in zip(DEMO_METRICS, held):
+                        if rng.random() < chance:
+                            reporter.report(metric.name, value)
+        finally:
+            for reporter in reporters:
+                reporter.shutdown(0.5)
+
+    thread = threading.Thread(target=drive, name="veil-demo-devices", daemon=True)
+    thread.start()
+    return thread
+
+
+def _draw(rng: random.Random, metric: DemoMetric) -> int:
+    return rng.choices(range(len(metric.labels)), metric.truth)[0]
 
 
 def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
@@ -127,6 +149,7 @@ def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
         return [head, f"  withheld: {window.reason}"], 0, 0
     inside = [c.lower <= t <= c.upper for c, t in zip(window.categories, metric.truth)]
     lines = [f"{head}  truth inside its 95% interval: {sum(inside)}/{len(inside)}",
+             f"  estimates the {window.estimand}",
              f"  {'category':<14}{'truth':>8}{'estimate':>10}{'95% interval':>22}"]
     order = sorted(range(len(metric.labels)), key=lambda j: -metric.truth[j])
     for j in order[:_ROWS_SHOWN]:
@@ -145,18 +168,26 @@ def run(args: argparse.Namespace) -> int:
 
     from . import CliError
 
-    if args.rate <= 0 or args.devices < 1 or args.interval <= 0 or args.duration < 0:
-        raise CliError("--rate and --interval must be above 0, --devices at least 1, --duration at least 0.")
+    from ..config import ConfigError, parse_duration
+
+    if args.calls <= 0 or args.devices < 1 or args.interval <= 0 or args.duration < 0 or not 0 <= args.churn <= 1:
+        raise CliError("--calls and --interval must be above 0, --devices at least 1, --duration at least 0, "
+                       "--churn from 0 to 1.")
+    try:
+        period = parse_duration(args.period, "--period")
+    except ConfigError as err:
+        raise CliError(str(err)) from None
     aggregator = _start_aggregator(args)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    devices = _devices(endpoint, args, stop)
+    devices = [_devices(endpoint, args, period, stop)]
     live = sys.stdout.isatty()
     print(f"Veil demo: aggregator on {'Redis' if args.redis else 'the embedded memory store'}, gRPC {endpoint}.")
     print(f"Dashboard: http://127.0.0.1:{aggregator.http_port}/   (JSON: /v1/estimates, Prometheus: /metrics)")
-    print(f"{args.devices} simulated devices report {args.rate:g}/s per metric through the SDK; "
-          "each value is randomized on the device. " + ("Ctrl-C stops." if not args.duration else ""))
+    print(f"{args.devices} simulated devices, each a Reporter with the SDK's defaults, call report() about "
+          f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per period. "
+          + ("Ctrl-C stops." if not args.duration else ""))
     deadline = time.monotonic() + args.duration if args.duration else None
     inside = total = 0
     try:

@@ -32,7 +32,8 @@ def to_json(window) -> dict[str, object]:
         "metric": window.metric, "window": window.window, "start": window.start_unix, "end": window.end_unix,
         "n": window.n, "mechanism": veil_pb2.Mechanism.Name(window.mechanism).lower().replace("_", "-"),
         "epsilon": window.epsilon, "spec_fingerprint": window.spec_fingerprint, "withheld": window.withheld,
-        "reason": window.reason,
+        "reason": window.reason, "estimand": window.estimand, "period": window.period_seconds,
+        "reports_per_device": window.reports_per_device,
         "categories": [{"label": c.label, "estimate": number(c.estimate), "stderr": number(c.stderr),
                         "lower": number(c.lower), "upper": number(c.upper), "projected": number(c.projected)}
                        for c in window.categories],
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for w in windows:
         print(f"{w['metric']} / {w['window']}  ({w['mechanism']}, epsilon = {w['epsilon']:g})  n = {w['n']:,}")
+        if w["estimand"]:
+            print(f"  estimates the {w['estimand']}")
         if w["withheld"]:
             print(f"  withheld: {w['reason']}\n")
             continue

@@ -30,10 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the hidden truth: uniform, zipf[:S] (default zipf:1.1), or comma-separated weights")
     parser.add_argument("--mode", choices=("batch", "sdk"), default="batch",
                         help="batch: numba kernels, batches over gRPC (default); sdk: simulated devices, each a Reporter")
-    parser.add_argument("--devices", type=int, default=20, help="simulated devices in sdk mode (default 20)")
-    parser.add_argument("--memoize", action="store_true",
-                        help="sdk mode: let devices memoize responses (repeats of a value then resend one response, "
-                             "so reports are not independent); default off: every report is fresh")
+    parser.add_argument("--devices", type=int, default=20,
+                        help="sdk mode: simulated devices, each holding one true value drawn from the truth and "
+                             "calling report() --reports / --devices times; what leaves a device follows the "
+                             "metric's reporting rule (at most reports_per_period per period) (default 20)")
+    parser.add_argument("--no-memoize", dest="memoize", action="store_false",
+                        help="sdk mode: devices draw a fresh response for every report (the SDK's default, "
+                             "memoization, resends one response per value)")
     parser.add_argument("--batch-size", type=int, default=1000, metavar="B",
                         help="reports per upload (default 1000; in sdk mode the Reporter's max batch)")
     parser.add_argument("--seed", type=int, default=None,
@@ -118,8 +121,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
+        kept = (f"; {summary['limited']:,} kept on the devices by the reporting period's bound"
+                if summary.get("limited") else "")
         print(f"{spec.name}: {summary['acknowledged']:,} of {args.reports:,} reports acknowledged "
-              f"({summary['failed']:,} failed) in {elapsed:.1f} s, {summary['reports_per_second'] or 0:,.0f}/s; "
+              f"({summary['failed']:,} failed{kept}) in {elapsed:.1f} s, {summary['reports_per_second'] or 0:,.0f}/s; "
               f"mode {args.mode}.")
     return 0 if summary["failed"] == 0 else 1
 
@@ -209,7 +214,9 @@ def _run_devices(args, spec, values, progress: Progress) -> dict:
 
     from ._remote import ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, credentials, token
 
-    per_device = -(-len(values) // args.devices)
+    devices_count = min(args.devices, len(values))
+    calls = -(-len(values) // devices_count)  # report() calls per device
+    held = values[:devices_count].tolist()  # each device's own true value
     secure = credentials(args) is not None  # the same TLS decision as the CLI's own channel
     connection = {"tls": secure, "token": token(args) or None}
     if secure:
@@ -220,17 +227,18 @@ def _run_devices(args, spec, values, progress: Progress) -> dict:
                 connection[option] = path
     devices = [
         Reporter(address(args), **connection, memoize=args.memoize, max_batch_size=args.batch_size,
-                 max_queue_size=per_device + 1, schedule_delay_ms=200,
+                 max_queue_size=calls + 1, schedule_delay_ms=200,
                  random_source=SeededRandomSource(args.seed * 1_000_003 + d) if args.seed is not None else None)
-        for d in range(args.devices)
+        for d in range(devices_count)
     ]
     try:
         for device in devices:
             device.wait_for_specs(args.timeout)
         started = time.monotonic()
-        for i, value in enumerate(values.tolist()):
+        for i in range(len(values)):
             _pace(started, i, args.rate)
-            devices[i % args.devices].report(spec.name, value)
+            d = i % devices_count
+            devices[d].report(spec.name, held[d])
             if i % 1000 == 0:
                 progress.update(sum(d.counters().sent for d in devices), sum(d.counters().failed for d in devices))
         for device in devices:
@@ -241,6 +249,7 @@ def _run_devices(args, spec, values, progress: Progress) -> dict:
             device.shutdown(1.0)
     tally = {"acknowledged": sum(c.sent for c in counters), "dropped": sum(c.dropped for c in counters),
              "failed": sum(c.failed + c.dropped for c in counters), "retries": sum(c.retried for c in counters),
-             "devices": args.devices}
+             "devices": devices_count, "limited": sum(c.limited for c in counters),
+             "over_budget": sum(c.over_budget for c in counters)}
     progress.update(tally["acknowledged"], tally["failed"], final=True)
     return tally
