@@ -132,6 +132,7 @@ STATE = """(() => {
     metric: s.dataset.metric, window: s.dataset.window, n: Number(s.dataset.n),
     name: s.querySelector("h2 .name").textContent,
     withheld: s.dataset.withheld === "true", reason: s.querySelector(".reason")?.textContent ?? null,
+    estimand: s.querySelector(".estimand").textContent,
     bars: [...s.querySelectorAll("g.bar")].map((g) => ({
       label: g.dataset.label, estimate: Number(g.dataset.estimate), lower: Number(g.dataset.lower),
       upper: Number(g.dataset.upper), text: g.querySelector("text.label").textContent,
@@ -173,8 +174,10 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
             spec = SPECS[name]
             assert not panel["withheld"] and panel["n"] == 400 and panel["zeros"] == 1
             assert [b["label"] for b in panel["bars"]] == list(spec.labels)
+            assert panel["estimand"].startswith("Estimates the share of ") and "period" in panel["estimand"]
             for bar in panel["bars"]:
-                assert bar["lower"] < bar["estimate"] < bar["upper"] and bar["inside"], (name, bar)
+                # Score intervals are clipped to [0, 1]: an estimate below 0 has its interval from 0.
+                assert bar["lower"] <= max(bar["estimate"], 0) < bar["upper"] and bar["inside"], (name, bar)
                 assert bar["label"] in bar["title"] and "95% interval" in bar["title"] and "%" in bar["title"]
         # Labels are text: shown verbatim (the long one shortened), and nothing of them ran.
         hostile = panels[(HOSTILE["name"], "total")]["bars"]

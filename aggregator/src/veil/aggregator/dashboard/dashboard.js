@@ -107,7 +107,9 @@
       "n = ", el("b", {}, integer.format(entry.n)),
       " \u00b7 \u03b5 = ", el("b", {}, String(Number(entry.epsilon.toPrecision(4)))),
       " \u00b7 ", mechanism);
-    return [title, meta];
+    // What the numbers are shares of (a configured metric's rule, in the aggregator's words).
+    const estimand = el("p", {class: "estimand"}, entry.estimand ? `Estimates the ${entry.estimand}.` : "");
+    return [title, meta, estimand];
   }
 
   function renderPanel(entry, showProjection) {
