@@ -9,8 +9,13 @@ report() latency, per call, for the subset design (the default) in every cell k 
                   retrying with backoff while the app reports.
 
 Each with memoization off (every call draws a fresh randomized response with the OS CSPRNG:
-the worst case) and on (steady state: every value was seen once before, so a call is an HMAC
-and a dictionary lookup). Beside them, the bare ``spec.mechanism.randomize(value)`` of
+the worst case) and on (steady state: every value was seen once before, so a call is an HMAC,
+a dictionary lookup and the privacy ledger's admission). The metrics let a device send every
+call (reports_per_period as large as the calls), so each call is admitted and queued; two more
+series measure the device-level bounds: "memo on, queue_dir" (the ledger appends each admitted
+report to its file under the queue directory) and "period bound" (the metric's default of one
+report a day, reached: report() refuses the call on the device, the common case of an app that
+reports its value again and again). Beside them, the bare ``spec.mechanism.randomize(value)`` of
 veil.mechanism on the same values: the SDK's overhead is the difference. The queue is sized so
 nothing is dropped (a dropped call would be cheaper than a real one). Garbage collection stays
 on, as in an app.
@@ -35,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent import futures
 from pathlib import Path
@@ -50,6 +56,11 @@ def metric_name(k: int, epsilon: float) -> str:
     return f"m_k{k}_e{epsilon:g}"
 
 
+def daily_name(k: int, epsilon: float) -> str:
+    """The same metric with the default reporting rule: one report per device and day."""
+    return f"daily_k{k}_e{epsilon:g}"
+
+
 # --- the local Collector (run as a subprocess: `bench_client.py --serve`) ----------------------
 
 
@@ -62,8 +73,10 @@ def serve() -> None:
     from veil.mechanism import MetricSpec
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    specs = [MetricSpec.create(metric_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e)
-             for k in KS for e in EPSILONS]
+    specs = [MetricSpec.create(metric_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e,
+                               reports_per_period=2**32 - 1) for k in KS for e in EPSILONS]
+    specs += [MetricSpec.create(daily_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e)
+              for k in KS for e in EPSILONS]
     response = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(s) for s in specs])
     seen: set[bytes] = set()
 
@@ -132,25 +145,38 @@ def latency(reporter, spec, values: list[str], memoize: bool) -> dict[str, float
     return result
 
 
+def bounds(reporter, k: int, epsilon: float, values: list[str]) -> dict[str, dict[str, float]]:
+    """report() with the ledger writing to its file under queue_dir (each call admitted), and
+    with the period's one report sent already (each call refused on the device)."""
+    admitted = latency(reporter, reporter.metrics[metric_name(k, epsilon)], values, memoize=True)
+    reporter.force_flush(60)
+    daily = reporter.metrics[daily_name(k, epsilon)]
+    reporter.report(daily.name, values[0])  # the day's report
+    refused = percentiles(time_calls(reporter.report, daily.name, values))
+    refused["limited"] = reporter.counters().limited
+    return {"memo on, queue_dir": admitted, "period bound": refused}
+
+
 def bare_randomize(spec, values: list[str]) -> dict[str, float]:
     mechanism = spec.mechanism
     index = {label: i for i, label in enumerate(spec.labels)}  # as report() looks labels up
     return percentiles(time_calls(lambda _, label: mechanism.randomize(index[label]), spec.name, values))
 
 
-def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], seed: int) -> dict:
+def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], seed: int, work: Path) -> dict:
     from veil.client import Reporter
 
     rng = random.Random(seed)
-    results: dict[str, dict] = {"up": {}, "down": {}, "bare_randomize": {}}
+    results: dict[str, dict] = {"up": {}, "down": {}, "bare_randomize": {}, "bounds": {}}
     # One Reporter per (cell, memoize), built while the server is up so the specs are known.
     reporters = {}
     for k in KS:
         for epsilon in EPSILONS:
-            for memoize in (False, True):
+            for memoize in (False, True, "queue_dir"):
+                directory = {"queue_dir": work / f"k{k}-e{epsilon:g}"} if memoize == "queue_dir" else {}
                 reporters[k, epsilon, memoize] = Reporter(
-                    endpoint, tls=False, memoize=memoize, max_queue_size=4 * calls[k] + 4096,
-                    retry_initial_backoff_ms=100, retry_max_backoff_ms=1000)
+                    endpoint, tls=False, memoize=bool(memoize), max_queue_size=4 * calls[k] + 4096,
+                    retry_initial_backoff_ms=100, retry_max_backoff_ms=1000, **directory)
     for reporter in reporters.values():
         assert reporter.wait_for_specs(30), "the local Collector did not answer"
     values = {k: [f"c{rng.randrange(k)}" for _ in range(calls[k])] for k in KS}
@@ -171,6 +197,7 @@ def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], 
                         reporter.force_flush(60)
                 if phase == "up":
                     results["bare_randomize"][cell] = bare_randomize(spec, values[k])
+                    results["bounds"][cell] = bounds(reporters[k, epsilon, "queue_dir"], k, epsilon, values[k])
                 r = results[phase][cell]
                 progress(f"  server {phase:4} {cell:14} memo off median {r['memo off']['median_us']:8.1f} us "
                          f"p99 {r['memo off']['p99_us']:8.1f} us | memo on median {r['memo on']['median_us']:6.1f} us "
@@ -231,6 +258,11 @@ def table(results: dict) -> str:
                 width = 11 if key == "memo off" else 9
                 row += f"{r['median_us']:>{width}.1f} /{r['p99_us']:>7.1f}"
         lines.append(row)
+    lines += ["", "device-level bounds, server up, microseconds per call (median / p99)", "",
+              f"{'cell':16}{'memo on, queue_dir':>22}{'period bound':>20}"]
+    for cell, r in results["latency"]["bounds"].items():
+        a, b = r["memo on, queue_dir"], r["period bound"]
+        lines.append(f"{cell:16}{a['median_us']:>13.1f} /{a['p99_us']:>7.1f}{b['median_us']:>11.1f} /{b['p99_us']:>7.1f}")
     lines += ["", "upload throughput (report() .. force_flush(), memo on, batches of 512)", ""]
     for cell, r in results["throughput"].items():
         lines.append(f"{cell:16}{r['reports_per_second']:>14,.0f} reports/s"
@@ -262,7 +294,8 @@ def main() -> int:
     progress("report() latency (server up, then killed)")
     server, endpoint = start_server()
     try:
-        latency_results = run_latency(endpoint, server, per_k, args.seed)
+        with tempfile.TemporaryDirectory(prefix="veil-bench-client-") as work:
+            latency_results = run_latency(endpoint, server, per_k, args.seed, Path(work))
     finally:
         if server.poll() is None:
             stop_server(server)

@@ -287,6 +287,23 @@ def client_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
                 "source": None if path is None else {"file": file, "path": path},
                 **({"note": "not measured in these results"} if value is None else {}),
             })
+    bounds = {} if data is None else data["latency"].get("bounds", {})
+    for k in CLIENT_KS:
+        for epsilon in (1.0, 4.0):
+            cell = f"k={k} eps={epsilon:g}"
+            for series, memory in (("memo on", "up"), ("memo on, queue_dir", "bounds"), ("period bound", "bounds")):
+                row = (up if memory == "up" else bounds).get(cell, {}).get(series)
+                value = None if not row else row.get("median_us")
+                path = (f"latency.up[{cell!r}]['memo on']" if memory == "up"
+                        else f"latency.bounds[{cell!r}][{series!r}]") + ".median_us"
+                entries.append({
+                    "group": "SDK report() with the ledger and the period bound, memoized, median",
+                    "target": f"report() median with the privacy ledger and the period bound ({series})",
+                    "goal": "<= 10 us", "operator": "<=", "threshold": 10.0, "unit": "us", "scope": cell,
+                    "measured": value, "met": value is not None and value <= 10.0,
+                    "source": None if value is None else {"file": file, "path": path},
+                    **({"note": "not measured in these results"} if value is None else {}),
+                })
     return entries
 
 
@@ -426,9 +443,12 @@ def randomize_table(data: dict[str, Any]) -> Table:
 def client_table(data: dict[str, Any]) -> Table:
     table = Table("SDK report() latency, subset design, microseconds per call: median / p99",
                   ["k", "eps", "bare randomize", "report() memo off", "report() memo on",
-                   "report() server down, memo off", "upload reports/s"], right=set(range(7)),
+                   "memo on, queue_dir", "period bound", "report() server down, memo off", "upload reports/s"],
+                  right=set(range(9)),
                   note="memo off: a fresh randomized response (OS CSPRNG) per call, the worst case; memo on: the "
-                       "steady state. Server up unless marked; upload = report() .. force_flush(), batches of 512.")
+                       "steady state, each call admitted by the privacy ledger (queue_dir: the ledger's file "
+                       "appended too); period bound: the day's one report sent, the call refused on the device. "
+                       "Server up unless marked; upload = report() .. force_flush(), batches of 512.")
     latency = data["latency"]
 
     def pair(row: dict[str, Any] | None) -> str:
@@ -438,7 +458,9 @@ def client_table(data: dict[str, Any]) -> Table:
         k, epsilon = (part.split("=")[1] for part in cell.split())
         up, down = latency["up"].get(cell, {}), latency["down"].get(cell, {})
         throughput = data.get("throughput", {}).get(cell)
+        bounds = latency.get("bounds", {}).get(cell, {})
         table.add(k, epsilon, pair(bare), pair(up.get("memo off")), pair(up.get("memo on")),
+                  pair(bounds.get("memo on, queue_dir")), pair(bounds.get("period bound")),
                   pair(down.get("memo off")), si(throughput["reports_per_second"]) if throughput else "-")
     return table
 

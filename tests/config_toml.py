@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["config_toml"]
+__all__ = ["config_toml", "LOAD"]
+
+# reports_per_period of the metrics that tests and benchmarks load through few Reporters, each
+# standing for many devices: the device-level bound must not stop the load (it has tests of its
+# own), and the intervals then allow for that many alike reports per device.
+LOAD = 10**6
 
 
 def config_toml(data: dict) -> str:

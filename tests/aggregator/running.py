@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from config_toml import config_toml
+from config_toml import LOAD, config_toml
 from redis_server import free_port
 
 from veil.aggregator.config import parse_config
@@ -19,9 +19,7 @@ from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 # These tests load the aggregator through few Reporters that stand for many devices, so their
-# metrics let one device send up to LOAD reports a day (the intervals then allow for that many
-# alike; the device-level bounds have their own tests, and the population test the defaults).
-LOAD = 10**6
+# metrics let one device send up to LOAD reports a day (config_toml.LOAD).
 METRICS = [
     {"name": "browser", "labels": ["chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other"],
      "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"], "reports_per_period": LOAD},

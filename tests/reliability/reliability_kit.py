@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from config_toml import config_toml
+from config_toml import LOAD, config_toml
 from redis_server import free_port
 
 from veil.aggregator.counts import Counts
@@ -44,15 +44,16 @@ from veil.client import Reporter
 from veil.mechanism import MetricSpec, SeededRandomSource
 from veil.wire.v1 import veil_pb2
 
-# Labels are distinctive strings, so a scrape can tell whether any of them leaked.
+# Labels are distinctive strings, so a scrape can tell whether any of them leaked. Each simulated
+# device stands for many (its reports are the load), so a device may send LOAD a period.
 METRICS = [
     {"name": "browser", "labels": [f"browser.{b}.lbl" for b in
                                    ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other")],
-     "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"]},
+     "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"], "reports_per_period": LOAD},
     {"name": "crash_screen", "labels": [f"crash.screen{i}.lbl" for i in range(8)], "mechanism": "rappor",
-     "epsilon": 2.0},
+     "epsilon": 2.0, "reports_per_period": LOAD},
     {"name": "os", "labels": [f"os.{o}.lbl" for o in ("android", "ios", "windows", "macos", "linux", "other")],
-     "mechanism": "krr", "epsilon": 2.0},
+     "mechanism": "krr", "epsilon": 2.0, "reports_per_period": LOAD},
     # Large uploads for memory tests: 32-byte bitmaps, q = 69 of k = 256.
     {"name": "bulk", "labels": [f"bulk.{i}.lbl" for i in range(256)], "mechanism": "subset", "epsilon": 1.0},
 ]

@@ -48,6 +48,7 @@ DEDUPE_TTL = 48 * 3600
 
 COUNTS_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:c:(?P<fp>[0-9A-Za-z%_.-]+):(?P<window>total|1h):(?P<bucket>\d+)$")
 DEDUPE_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:b:(?P<id>[0-9a-f]{32})$")
+SINCE_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:s:(?P<fp>[0-9A-Za-z%_.-]+)$")
 COUNTS_FIELD = re.compile(rb"^(n:\d+|v:\d+:\d+|batches|version)$")
 ADDRESS = re.compile(r"127\.0\.0\.1:(\d+)|\[::(?:ffff:127\.0\.0\.1|1)\]:(\d+)|ipv[46]:")
 
@@ -257,6 +258,9 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
         elif match := DEDUPE_KEY.match(key):
             assert kind == "string" and client.get(raw) == b"1" and 0 < ttl <= DEDUPE_TTL, (key, kind, ttl)
             dedupe_ids.add(bytes.fromhex(match["id"]))
+        elif match := SINCE_KEY.match(key):  # when counting of a spec began: a time, kept like its totals
+            assert kind == "string" and re.fullmatch(rb"\d{10}", client.get(raw)) and ttl == -1, (key, kind, ttl)
+            assert match["fp"] == fingerprints[match["metric"]], key
         else:
             pytest.fail(f"unexpected Redis key {key!r} ({kind})")
     client.close()
