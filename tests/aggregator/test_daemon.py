@@ -17,7 +17,7 @@ from running import LOAD, METRICS, collector, estimates, specs_of, wait_until
 
 from veil.client import Reporter
 from veil.client._encoding import encode_batch
-from veil.mechanism import MetricSpec, SeededRandomSource
+from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 SPECS = specs_of(METRICS)

@@ -168,3 +168,11 @@ def test_malformed_batches_are_refused_before_anything_changes(store, rng):
 
 def test_ping_answers(store):
     store.ping()
+
+
+def test_since_keeps_the_first_time_per_metric_and_spec(store):
+    assert store.since("browser", "fp-a", 1_800_000_000) == 1_800_000_000
+    assert store.since("browser", "fp-a", 1_800_000_500) == 1_800_000_000  # kept, never moved
+    assert store.since("browser", "fp-b", 1_800_000_700) == 1_800_000_700  # another spec starts anew
+    assert store.since("os", "fp-a", 1_800_000_900) == 1_800_000_900
+    assert store.since("browser", "fp-a", 1_700_000_000) == 1_800_000_000  # not even backwards

@@ -104,3 +104,71 @@ class FileLock:
     def __exit__(self, *exc: object) -> None:
         if fcntl is not None and self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+class DeviceLog:
+    """An owner-only append-only file under the queue directory that the processes of one
+    device share (the memo, the privacy ledger): each appends under ``lock()`` after reading
+    what the others appended since its ``offset``. Raises OSError where the file cannot be used;
+    the owner then keeps its state in memory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = self._open()
+        self.offset = 0  # bytes already read by the owner
+        self._dirty = False
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        if os.fstat(fd).st_mode & 0o077:  # made by an older version or by hand: owner-only again
+            os.fchmod(fd, FILE_MODE)
+        return fd
+
+    def lock(self) -> FileLock:
+        return FileLock(self.fd)
+
+    def unread(self) -> bytes:
+        """What was appended past ``offset`` (by any process)."""
+        assert self.fd is not None
+        size = os.fstat(self.fd).st_size
+        return os.pread(self.fd, size - self.offset, self.offset) if size > self.offset else b""
+
+    def cut(self, offset: int) -> None:
+        """Cut a torn tail off at ``offset`` (under the lock)."""
+        assert self.fd is not None
+        os.ftruncate(self.fd, offset)
+
+    def append(self, data: bytes) -> None:
+        assert self.fd is not None
+        if os.write(self.fd, data) != len(data):
+            raise OSError(f"A short write to {self.path.name}.")
+        self.offset = os.fstat(self.fd).st_size
+        self._dirty = True
+
+    def sync(self) -> bool:
+        """fsync what was appended since the last sync; False when the disk refused."""
+        if self._dirty and self.fd is not None:
+            self._dirty = False
+            try:
+                os.fsync(self.fd)
+            except OSError:
+                return False
+        return True
+
+    def after_fork(self) -> None:
+        """flock belongs to the open file description, which parent and child share after fork:
+        the child opens its own, so that their locks exclude each other. OSError: unusable."""
+        inherited, self.fd = self.fd, None
+        try:
+            self.fd = self._open()
+        finally:
+            if inherited is not None:
+                os.close(inherited)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None

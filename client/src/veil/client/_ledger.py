@@ -24,14 +24,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from veil.mechanism import MetricSpec
 
-from ._fs import FILE_MODE, FileLock
+from ._fs import DeviceLog
 from ._log import LogOnce
 
 __all__ = ["Ledger", "PrivacySpent", "PERIOD", "BUDGET"]
@@ -87,14 +86,11 @@ class Ledger:
         self._log = log
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
-        self._path = directory / self.FILE if directory is not None else None
-        self._fd: int | None = None
-        self._offset = 0
-        self._dirty = False
-        if self._path is not None:
+        self._file: DeviceLog | None = None
+        if directory is not None:
             try:
-                self._fd = self._open()
-                with FileLock(self._fd):
+                self._file = DeviceLog(directory / self.FILE)
+                with self._file.lock():
                     self._read_new()
             except OSError:
                 log.warning("ledger:open", "The Veil privacy ledger cannot be kept under the queue directory; it "
@@ -113,14 +109,14 @@ class Ledger:
         """Record one report of ``spec`` in ``period`` spending ``cost``, or refuse it: PERIOD when
         the period's reports were sent, BUDGET when a budget would be exceeded; None: admitted."""
         with self._lock:
-            if self._fd is None:
+            if self._file is None:
                 return self._admit(spec, period, cost, period_budget, lifetime_budget)
             try:
-                with FileLock(self._fd):
+                with self._file.lock():
                     self._read_new()  # another process of this device may have spent meanwhile
                     refused = self._admit(spec, period, cost, period_budget, lifetime_budget)
                     if refused is None:
-                        self._append(self._states[spec.name].line(spec.name))
+                        self._file.append(self._states[spec.name].line(spec.name))
                     return refused
             except OSError:
                 self._log.warning("ledger:write", "The Veil privacy ledger cannot be written; refusing reports "
@@ -144,9 +140,9 @@ class Ledger:
     def spent(self, spec: MetricSpec, now: float, period_budget: float, lifetime_budget: float) -> PrivacySpent:
         period = spec.period_index(now)
         with self._lock:
-            if self._fd is not None:
+            if self._file is not None:
                 try:
-                    with FileLock(self._fd):
+                    with self._file.lock():
                         self._read_new()  # what other processes of this device spent
                 except OSError:
                     pass
@@ -159,57 +155,32 @@ class Ledger:
 
     def sync(self) -> None:
         """Make admitted spendings durable; called before the reports they admitted leave."""
-        if self._dirty and self._fd is not None:
-            self._dirty = False
-            try:
-                os.fsync(self._fd)
-            except OSError:
-                self._log.warning("ledger:sync", "The Veil privacy ledger cannot be synced to disk.")
+        if self._file is not None and not self._file.sync():
+            self._log.warning("ledger:sync", "The Veil privacy ledger cannot be synced to disk.")
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
-        if self._fd is not None:
-            inherited, self._fd = self._fd, None  # flock is per open file description: reopen
+        if self._file is not None:
             try:
-                self._fd = self._open()
+                self._file.after_fork()
             except OSError:
                 self._log.warning("ledger:open", "The Veil privacy ledger cannot be reopened after fork; it lives "
                                   "in memory in this process.")
-            os.close(inherited)
+                self._file = None
 
     def close(self) -> None:
         with self._lock:
             self.sync()
             self._close()
 
-    def _open(self) -> int:
-        assert self._path is not None
-        fd = os.open(self._path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, FILE_MODE)
-        return fd
-
     def _close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-
-    def _append(self, line: bytes) -> None:
-        assert self._fd is not None
-        if os.write(self._fd, line) != len(line):
-            raise OSError("A short write to the privacy ledger.")
-        self._offset += len(line)
-        self._dirty = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _read_new(self) -> None:
-        assert self._fd is not None
-        size = os.fstat(self._fd).st_size
-        if size <= self._offset:
-            return
-        data = os.pread(self._fd, size - self._offset, self._offset)
+        assert self._file is not None
+        data = self._file.unread()
         position = 0
         while (end := data.find(b"\n", position)) >= 0:
             try:
@@ -222,10 +193,10 @@ class Ledger:
                 break
             self._merge(str(record["metric"]), state)
             position = end + 1
-        self._offset += position
+        self._file.offset += position
         if position < len(data):
             self._log.warning("ledger:torn", "Cutting a torn line off the Veil privacy ledger.")
-            os.ftruncate(self._fd, self._offset)
+            self._file.cut(self._file.offset)
 
     def _merge(self, metric: str, state: _State) -> None:
         # Lines come in the order they were admitted, but a clock set back must never undo a

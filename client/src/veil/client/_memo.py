@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import struct
 import threading
@@ -26,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from ._fs import FILE_MODE, FileLock, create_once, write_atomic
+from ._fs import FILE_MODE, DeviceLog, create_once, write_atomic
 from ._log import LogOnce
 
 __all__ = ["MemoStore", "SECRET_BYTES"]
@@ -68,16 +67,13 @@ class MemoStore:
         self._log = log
         self._lock = threading.Lock()
         self._memo: dict[bytes, Report] = {}
-        self._fd: int | None = None
-        self._path = directory / self.FILE if directory is not None else None
-        self._offset = 0  # bytes of the log already read into _memo
-        self._dirty = False
+        self._file: DeviceLog | None = None
         secret = None
         if directory is not None:
             try:
                 secret = _load_secret(directory / self.SECRET_FILE, log)
-                self._fd = self._open()
-                with self._file_lock():
+                self._file = DeviceLog(directory / self.FILE)
+                with self._file.lock():
                     self._read_new()
             except OSError:
                 log.warning("memo:open", "The Veil memo store cannot be used under the queue directory; "
@@ -110,11 +106,11 @@ class MemoStore:
             found = self._memo.get(key)
             if found is not None:
                 return found
-            if self._fd is None:
+            if self._file is None:
                 found = self._memo[key] = randomize()
                 return found
             try:
-                with self._file_lock():
+                with self._file.lock():
                     self._read_new()  # another process may have drawn it meanwhile
                     found = self._memo.get(key)
                     if found is None:
@@ -131,25 +127,18 @@ class MemoStore:
     def sync(self) -> None:
         """Make appended entries durable; the worker calls this before anything that depends
         on them leaves the device."""
-        if self._dirty and self._fd is not None:
-            self._dirty = False
-            try:
-                os.fsync(self._fd)
-            except OSError:
-                self._log.warning("memo:sync", "The Veil memo store cannot be synced to disk.")
+        if self._file is not None and not self._file.sync():
+            self._log.warning("memo:sync", "The Veil memo store cannot be synced to disk.")
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
-        if self._fd is not None:
-            # flock belongs to the open file description, which parent and child share after
-            # fork: the child opens its own, so that their locks exclude each other.
-            inherited, self._fd = self._fd, None
+        if self._file is not None:
             try:
-                self._fd = self._open()
+                self._file.after_fork()
             except OSError:
                 self._log.warning("memo:open", "The Veil memo store cannot be reopened after fork; responses are "
                                   "memoized in memory only.")
-            os.close(inherited)
+                self._file = None
 
     def close(self) -> None:
         with self._lock:  # never while an entry is being appended
@@ -159,40 +148,19 @@ class MemoStore:
     # --- the log ------------------------------------------------------------------------
 
     def _close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-
-    def _open(self) -> int:
-        assert self._path is not None
-        return os.open(self._path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
-
-    def _file_lock(self) -> FileLock:
-        return FileLock(self._fd)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _append(self, key: bytes, report: Report) -> None:
         body = key + _HEAD.pack(len(report)) + struct.pack(f"<{len(report)}I", *report)
-        record = body + _HEAD.pack(zlib.crc32(body))
-        assert self._fd is not None
-        if os.write(self._fd, record) != len(record):
-            raise OSError("A short write to the memo log.")
-        self._offset = os.fstat(self._fd).st_size
-        self._dirty = True
+        assert self._file is not None
+        self._file.append(body + _HEAD.pack(zlib.crc32(body)))
 
     def _read_new(self) -> None:
         """Read records appended since the last read; cut a torn or corrupt tail off."""
-        assert self._fd is not None
-        size = os.fstat(self._fd).st_size
-        if size <= self._offset:
-            return
-        if hasattr(os, "pread"):
-            data = os.pread(self._fd, size - self._offset, self._offset)
-        else:  # pragma: no cover - not POSIX
-            os.lseek(self._fd, self._offset, os.SEEK_SET)
-            data = os.read(self._fd, size - self._offset)
+        assert self._file is not None
+        data = self._file.unread()
         position = 0
         while position + _KEY + 8 <= len(data):
             (n,) = _HEAD.unpack_from(data, position + _KEY)
@@ -205,7 +173,7 @@ class MemoStore:
             key = data[position:position + _KEY]
             self._memo.setdefault(key, struct.unpack_from(f"<{n}I", data, position + _KEY + 4))
             position = end + 4
-        self._offset += position
+        self._file.offset += position
         if position < len(data):
             self._log.warning("memo:torn", "Cutting a torn record off the Veil memo log.")
-            os.ftruncate(self._fd, self._offset)
+            self._file.cut(self._file.offset)
