@@ -11,7 +11,7 @@ repeated-report case is the population test's (tests/aggregator/test_population.
 Within a run the k estimates are tied (they sum to about 1), so a cell counts R (k - 1)
 independent-ish trials; R is chosen so that every cell has at least 2,000 (k = 2: R = 2,000).
 
-Usage:  .venv/bin/python bench/coverage_grid.py [--runs R] [--update-readme]
+Usage:  .venv/bin/python bench/coverage_grid.py [--runs R] [--update-readme] [--from-results]
 Writes bench/results/coverage.json; --update-readme puts the table into README.md between the
 markers of the "What the numbers mean" section. Seeded: the same command gives the same table.
 """
@@ -19,6 +19,7 @@ markers of the "What the numbers mean" section. Seeded: the same command gives t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -88,9 +89,10 @@ def markdown(cells: list[dict]) -> str:
               f"coverage.json` has runs, intervals and the mean squared z-score of every cell). Lowest: "
               f"{100 * worst['coverage']:.1f}% ({worst['mechanism']}, k = {worst['k']}, epsilon = "
               f"{worst['epsilon']:g}, n = {worst['n']:,}); cells below 93%: "
-              f"{sum(c['coverage'] < 0.93 for c in cells)}. Mean squared z-scores "
-              f"{min(z2):.2f} to {max(z2):.2f} (1 where the normal approximation holds; below 1 where the "
-              f"intervals err wide, at small counts)."]
+              f"{sum(c['coverage'] < 0.93 for c in cells)}. Mean squared z-scores, with the standard error at "
+              f"the estimate: {min(z2):.2f} to {max(z2):.2f}; near 1 wherever counts are large, far from it where a "
+              f"category's reports number a handful (k-RR at epsilon = 8 and n = 200, say): there one point's "
+              f"standard error says little, and the score interval is the one to read."]
     return "\n".join(lines)
 
 
@@ -108,7 +110,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--update-readme", action="store_true", help="put the table into README.md")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "coverage.json")
+    parser.add_argument("--from-results", action="store_true", help="print (and --update-readme) the table of the "
+                        "results on disk, without simulating")
     args = parser.parse_args()
+    if args.from_results:
+        table = markdown(json.loads(args.output.read_text())["cells"])
+        print(table)
+        if args.update_readme:
+            update_readme(table)
+        return 0
     started = time.monotonic()
     cells = []
     for i, (mechanism, k, epsilon, n) in enumerate(
