@@ -102,7 +102,7 @@ def test_mean_and_variance_agree_with_the_exact_transition_matrix(spec, estimato
     # weight law behind spec.variances independently: mean pi_j and n * Var = variances[j].
     pi = dirichlet(spec.k, seed=spec.k)
     reports, rows = transition_matrix(spec)
-    probability = np.asarray(rows) @ pi  # P(report) under pi
+    probability = np.asarray(rows, dtype=np.float64) @ pi  # P(report) under pi
     y = per_report_contributions(spec, estimator, reports)
     mean = probability @ y
     variance = probability @ (y - mean) ** 2

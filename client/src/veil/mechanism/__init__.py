@@ -6,12 +6,11 @@ calculus, and the exact risk of each mechanism's minimax estimator. The SDK embe
 package; the aggregator's estimators read their coefficients from it.
 """
 
+from ._epsilon import EPSILON_RANGE, check_epsilon, epsilon_to_gamma, gamma_to_epsilon
 from ._errors import MechanismError
 from ._law import LinearEstimator, WeightLaw
 from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MECHANISMS, MetricSpec, spec_for
 from ._privacy import (
-    epsilon_to_gamma,
-    gamma_to_epsilon,
     is_admissible,
     parity,
     posterior_bounds,
@@ -21,7 +20,7 @@ from ._privacy import (
 )
 from ._random import RandomSource, SeededRandomSource, SystemRandomSource, WordRandomSource
 from ._rappor import AdmissibleRapporSpec, RapporSpec
-from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, minimax_q, subset_objective
+from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, minimax_q, subset_gain, subset_objective
 
 __all__ = [
     "MechanismError",
@@ -39,12 +38,15 @@ __all__ = [
     "spec_for",
     "minimax_q",
     "subset_objective",
+    "subset_gain",
     "LinearEstimator",
     "WeightLaw",
     "RandomSource",
     "SystemRandomSource",
     "SeededRandomSource",
     "WordRandomSource",
+    "EPSILON_RANGE",
+    "check_epsilon",
     "epsilon_to_gamma",
     "gamma_to_epsilon",
     "posterior_bounds",

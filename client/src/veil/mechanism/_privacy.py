@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 from ._errors import MechanismError
 from ._specs import MechanismSpec, Report
 
 __all__ = [
-    "epsilon_to_gamma",
-    "gamma_to_epsilon",
     "posterior_bounds",
     "rho_gamma",
     "row_parity",
@@ -25,18 +24,6 @@ __all__ = [
 ]
 
 _LARGEST_MATRIX = 1 << 16  # rows; beyond this enumerate nothing, use the spec's own calculus
-
-
-def epsilon_to_gamma(epsilon: float) -> float:
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise MechanismError(f"epsilon must be a finite number above 0, not {epsilon!r}.")
-    return math.exp(epsilon)
-
-
-def gamma_to_epsilon(gamma: float) -> float:
-    if not (math.isfinite(gamma) and gamma > 1):
-        raise MechanismError(f"gamma must be a finite number above 1, not {gamma!r}.")
-    return math.log(gamma)
 
 
 def _check_probability(name: str, value: float) -> None:
@@ -67,7 +54,8 @@ def rho_gamma(rho1: float, rho2: float) -> float:
 
 
 def row_parity(row: Sequence[float]) -> float:
-    """max_j p_ij / min_j p_ij; infinite when the row has a zero beside a non-zero entry."""
+    """max_j p_ij / min_j p_ij (exact for a row of Fractions); infinite when the row has a zero
+    beside a non-zero entry."""
     high, low = max(row), min(row)
     if high == 0:
         return 1.0
@@ -89,9 +77,10 @@ def is_admissible(matrix: Sequence[Sequence[float]], gamma: float, rel_tol: floa
     return True
 
 
-def transition_matrix(spec: MechanismSpec) -> tuple[list[Report], list[list[float]]]:
-    """The exact transition matrix of a spec as randomized, for small output spaces:
-    (the reports, one row of k probabilities per report)."""
+def transition_matrix(spec: MechanismSpec) -> tuple[list[Report], list[list[Fraction]]]:
+    """The exact transition matrix of a spec as randomized (its integer thresholds), for small
+    output spaces: (the reports, one row of k probabilities per report), as Fractions. So its
+    parity is exact too: at most gamma, never above e^epsilon, and finite."""
     if spec.outputs > _LARGEST_MATRIX:
         raise MechanismError(
             f"The {spec.name} design with k = {spec.k} has {spec.outputs} outputs, too many to enumerate."

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from ._law import LinearEstimator, WeightLaw, binomial_pmf
 from ._random import RandomSource, bernoulli
-from ._specs import _SYSTEM, ONE64, MechanismSpec, Report, subset_objective
+from ._specs import _SYSTEM, ONE64, MechanismSpec, Report, subset_gain
 
 __all__ = ["RapporSpec", "AdmissibleRapporSpec"]
 
@@ -59,12 +59,12 @@ class RapporSpec(MechanismSpec):
     def randomize(self, value: int, source: RandomSource = _SYSTEM) -> Report:
         return tuple(self._draw(self.check_value(value), source))
 
-    def _raw_probability(self, report: Report, value: int) -> float:
+    def _raw_probability(self, report: Report, value: int) -> Fraction:
         differ = len(report) - 1 if value in report else len(report) + 1
-        f = self.flip_probability
-        return f**differ * (1.0 - f) ** (self.k - differ)
+        f = Fraction(self.flip_threshold, ONE64)
+        return f**differ * (1 - f) ** (self.k - differ)
 
-    def probability(self, report: Report, value: int) -> float:
+    def probability(self, report: Report, value: int) -> Fraction:
         return self._raw_probability(report, value)
 
     def output_space(self) -> Iterator[Report]:
@@ -94,23 +94,22 @@ class RapporSpec(MechanismSpec):
     def _minimax(self, law: WeightLaw) -> LinearEstimator:
         # MATH.md: pi_j = ((gamma-1) sum_t w(t) V_j^(t) + sum_t (w(t)-1) n_t) / (n a*) + 1/k with
         # w(t) = k / (t gamma + k - t), a_t = (f(t) - k) / (k - 1) (zero at t = 0 and t = k) and
-        # a* = sum_t p_t a_t.
-        k, g = self.k, self.gamma
-
-        def a(t: int) -> float:
-            return 0.0 if t in (0, k) else (subset_objective(k, g, t) - k) / (k - 1)
-
-        a_star = math.fsum(p * a(t) for t, p in zip(law.weights, law.p))
-        w = [k / (t * g + k - t) for t in law.weights]
-        alpha = tuple((g - 1) * wt / a_star for wt in w)
-        beta = tuple((wt - 1) / a_star + 1 / k for wt in w)
+        # a* = sum_t p_t a_t. In d = gamma - 1, without cancellation: w(t) = k / (k + t d),
+        # w(t) - 1 = -t d / (k + t d), and f(t) - k is subset_gain.
+        k, d = self.k, self.gamma - 1.0
+        a = [0.0 if t in (0, k) else subset_gain(k, self.gamma, t) / (k - 1) for t in law.weights]
+        a_star = math.fsum(p * at for p, at in zip(law.p, a))
+        alpha = tuple(d * k / (k + t * d) / a_star for t in law.weights)
+        beta = tuple(-t * d / (k + t * d) / a_star + 1 / k for t in law.weights)
         return LinearEstimator("minimax", law.weights, alpha, beta)
 
     def _build_estimators(self) -> dict[str, LinearEstimator]:
         law = self.weight_law()
-        # The empirical estimator (7.13) reads each bit on its own, whatever the weight.
+        # The empirical estimator (7.13) reads each bit on its own, whatever the weight:
+        # c = (s+1)/(s-1) and -1/(s-1) with s = sqrt(gamma), s - 1 = (gamma-1)/(s+1) exactly.
         s = math.sqrt(self.gamma)
-        c, d = (s + 1) / (s - 1), -1 / (s - 1)
+        s_minus_1 = (self.gamma - 1.0) / (s + 1.0)
+        c, d = (s + 1) / s_minus_1, -1 / s_minus_1
         n = len(law.weights)
         empirical = LinearEstimator("empirical", law.weights, (c,) * n, (d,) * n)
         return {"minimax": self._minimax(law), "empirical": empirical}
@@ -136,13 +135,13 @@ class AdmissibleRapporSpec(RapporSpec):
             if 0 < len(report) < self.k:
                 return tuple(report)
 
-    def probability(self, report: Report, value: int) -> float:
+    def probability(self, report: Report, value: int) -> Fraction:
         if not 0 < len(report) < self.k:
-            return 0.0
-        f, k = self.flip_probability, self.k
+            return Fraction(0)
+        f, k = Fraction(self.flip_threshold, ONE64), self.k
         # The redrawn reports: all zeros (the true bit flipped, no other) and all ones.
         redrawn = f * (1 - f) ** (k - 1) + (1 - f) * f ** (k - 1)
-        return self._raw_probability(report, value) / (1.0 - redrawn)
+        return self._raw_probability(report, value) / (1 - redrawn)
 
     def output_space(self) -> Iterator[Report]:
         return (r for r in super().output_space() if 0 < len(r) < self.k)

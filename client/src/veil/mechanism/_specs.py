@@ -19,11 +19,12 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import ClassVar
 
+from ._epsilon import check_epsilon, epsilon_to_gamma
 from ._errors import MechanismError
 from ._law import LinearEstimator, WeightLaw
 from ._random import RandomSource, SystemRandomSource, bernoulli, choose
 
-__all__ = ["MechanismSpec", "SubsetSpec", "KrrSpec", "WarnerSpec", "subset_objective", "minimax_q"]
+__all__ = ["MechanismSpec", "SubsetSpec", "KrrSpec", "WarnerSpec", "subset_objective", "subset_gain", "minimax_q"]
 
 ONE64 = 1 << 64  # thresholds are out of 2**64 (see _random)
 _SYSTEM = SystemRandomSource()
@@ -33,16 +34,32 @@ Report = tuple[int, ...]
 
 def subset_objective(k: int, gamma: float, x: float) -> float:
     """f(x) = k^2 (x gamma^2 + k - x) / (x gamma + k - x)^2 (MATH.md, 003 ch. 6); the minimax
-    q maximizes it, and the price of privacy of a q-subset design is (k-1)^2 / (f(q) - k)."""
-    return k * k * (x * gamma * gamma + k - x) / (x * gamma + k - x) ** 2
+    q maximizes it, and the price of privacy of a q-subset design is (k-1)^2 / (f(q) - k).
+    Near gamma = 1 it is k plus a sliver: take differences from subset_gain."""
+    return k + subset_gain(k, gamma, x)
+
+
+def subset_gain(k: int, gamma: float, x: float) -> float:
+    """f(x) - k = k x (k - x) d^2 / (k + x d)^2 with d = gamma - 1, the same number without
+    the cancellation of f(x) - k, which loses all digits as epsilon goes to 0. (d is exact:
+    gamma - 1 of a float gamma in [1, 2] is a float.)"""
+    d = gamma - 1.0
+    return k * x * (k - x) * d * d / (k + x * d) ** 2
 
 
 def minimax_q(k: int, gamma: float) -> int:
     """The minimax subset size, eq. 4.4 / 6.9: floor(k/(1+gamma)) when it is at least 1 and f
-    is no smaller there than at the ceiling; otherwise the ceiling."""
-    low = math.floor(k / (1.0 + gamma))
-    high = math.ceil(k / (1.0 + gamma))
-    if low >= 1 and subset_objective(k, gamma, low) >= subset_objective(k, gamma, high):
+    is no smaller there than at the ceiling; otherwise the ceiling.
+
+    Decided in exact arithmetic on the float gamma: floor and ceiling of a float division, and
+    f at two neighbours, can each be off by a rounding error, and the two values of f differ
+    by less than that near a tie and at small epsilon. f(x) - k is compared, as x (k-x) /
+    (k + x d)^2, cross-multiplied."""
+    g = Fraction(gamma)
+    low = k * g.denominator // (g.numerator + g.denominator)  # floor(k / (1 + g))
+    high = low if low * (1 + g) == k else low + 1
+    d = g - 1
+    if low >= 1 and low * (k - low) * (k + high * d) ** 2 >= high * (k - high) * (k + low * d) ** 2:
         return low
     return high
 
@@ -60,19 +77,13 @@ class MechanismSpec:
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
             raise MechanismError(f"k must be a whole number of categories of at least 2, not {self.k!r}.")
-        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)):
-            raise MechanismError(f"epsilon must be a number, not {self.epsilon!r}.")
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise MechanismError(f"epsilon must be a finite number above 0, not {self.epsilon!r}.")
-        if self.epsilon > 50:
-            # e^50 already makes a report all but the true value; beyond it thresholds lose meaning.
-            raise MechanismError(f"epsilon must be at most 50, not {self.epsilon!r}.")
-        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
-    @property
+    @cached_property
     def gamma(self) -> float:
-        """The privacy level gamma = e^epsilon: the largest likelihood ratio a report allows."""
-        return math.exp(self.epsilon)
+        """The privacy level gamma = e^epsilon, rounded down (epsilon_to_gamma): the largest
+        likelihood ratio a report allows. Thresholds and estimators all derive from it."""
+        return epsilon_to_gamma(self.epsilon)
 
     @property
     def q(self) -> int | None:
@@ -110,8 +121,9 @@ class MechanismSpec:
         it exists only inside this call and is never stored or sent."""
         raise NotImplementedError
 
-    def probability(self, report: Report, value: int) -> float:
-        """P(report | true value), as randomized: one entry of the transition matrix."""
+    def probability(self, report: Report, value: int) -> Fraction:
+        """P(report | true value), as randomized (integer thresholds included), exactly: one
+        entry of the transition matrix."""
         raise NotImplementedError
 
     def output_space(self) -> Iterator[Report]:
@@ -220,13 +232,13 @@ class SubsetSpec(MechanismSpec):
             report.append(value)
         return tuple(sorted(report))
 
-    def probability(self, report: Report, value: int) -> float:
+    def probability(self, report: Report, value: int) -> Fraction:
         if len(report) != self.q or len(set(report)) != self.q:
-            return 0.0
-        keep = self.keep_probability
+            return Fraction(0)
+        keep = Fraction(self.keep_threshold, ONE64)
         if value in report:
             return keep / math.comb(self.k - 1, self.q - 1)
-        return (1.0 - keep) / math.comb(self.k - 1, self.q)
+        return (1 - keep) / math.comb(self.k - 1, self.q)
 
     def output_space(self) -> Iterator[Report]:
         return itertools.combinations(range(self.k), self.q)
@@ -243,10 +255,11 @@ class SubsetSpec(MechanismSpec):
         return WeightLaw((q,), (1.0,), (p,), (other,))
 
     def _build_estimators(self) -> dict[str, LinearEstimator]:
-        # pi_j = c V_j / n + d (MATH.md, 4.5 / 7.2).
-        g, q, k = self.gamma, self.q, self.k
-        c = (k - 1) * (q * g + k - q) / (q * (g - 1) * (k - q))
-        d = ((1 - k) * (q * g + k - q) / ((g - 1) * (k - q)) + 1) / k
+        # pi_j = c V_j / n + d (MATH.md, 4.5 / 7.2), in e = gamma - 1: d = ((1-k)(q gamma + k - q)
+        # / (e (k-q)) + 1) / k, summed over one denominator so that no two large terms cancel.
+        e, q, k = self.gamma - 1.0, self.q, self.k
+        c = (k - 1) * (k + q * e) / (q * e * (k - q))
+        d = -((k - 1) + e * (q - 1)) / (e * (k - q))
         return {"minimax": LinearEstimator("minimax", (q,), (c,), (d,))}
 
 

@@ -6,14 +6,15 @@ import argparse
 import json
 import math
 
-from veil.mechanism import MECHANISMS, MechanismSpec, posterior_bounds, spec_for
+from veil.mechanism import EPSILON_RANGE, MECHANISMS, MechanismSpec, epsilon_to_gamma, posterior_bounds, spec_for
 
 PRIORS = (0.01, 0.1, 0.5)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, required=True, help="number of categories (at least 2)")
-    parser.add_argument("--epsilon", type=float, required=True, help="privacy level of one report (above 0)")
+    parser.add_argument("--epsilon", type=float, required=True,
+                        help="privacy level of one report (from %g to %g)" % EPSILON_RANGE)
     parser.add_argument("--mechanism", choices=MECHANISMS,
                         help="one mechanism only (default: every mechanism that applies to k)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -49,12 +50,13 @@ def _size(count: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     names = [args.mechanism] if args.mechanism else [m for m in MECHANISMS if m != "warner" or args.k == 2]
+    # spec_for checks k and epsilon (the range every spec accepts) before anything is printed.
     rows = [describe(spec_for(name, args.k, args.epsilon)) for name in names]
+    gamma = epsilon_to_gamma(args.epsilon)
     if args.json:
-        print(json.dumps({"k": args.k, "epsilon": args.epsilon, "gamma": math.exp(args.epsilon),
-                          "mechanisms": rows}, indent=2))
+        print(json.dumps({"k": args.k, "epsilon": args.epsilon, "gamma": gamma, "mechanisms": rows}, indent=2))
         return 0
-    print(f"k = {args.k}, epsilon = {args.epsilon:g}, gamma = e^epsilon = {math.exp(args.epsilon):.6g}\n")
+    print(f"k = {args.k}, epsilon = {args.epsilon:g}, gamma = e^epsilon = {gamma:.6g}\n")
     head = ["mechanism", "q", "outputs", "parity", "n*risk uniform", "n*risk worst"]
     head += [f"posterior<= @{a:g}" for a in PRIORS]
     table = [head]
