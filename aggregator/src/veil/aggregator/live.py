@@ -12,12 +12,16 @@ the one kept is computed from the kept counts, without reading them: the very co
 store holds at that version. Anything else (a write by another process, a failed write, a
 missed or out-of-order notice, a new bucket) leaves the versions unequal or the entry
 forgotten, and the counts are read.
+
+A metric whose estimate cannot be computed, for whatever reason, is served withheld with the
+reason (logged once per metric and kind of error); every other metric is served as usual.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +36,8 @@ from .estimate import Estimate, estimate
 from .store import CountsKey, Store
 
 __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "estimates_json", "estimand"]
+
+log = logging.getLogger("veil.aggregator")
 
 PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability simplex: a distribution, but biased."
 
@@ -154,6 +160,7 @@ class LiveEstimates:
         # share the arrays. Guarded by _lock.
         self._known: dict[tuple[str, str], tuple[CountsKey, int, Counts]] = {}
         self._since: dict[tuple[str, str], int] = {}  # (metric, fingerprint) -> Store.since, once known
+        self._logged: set[tuple[str, str]] = set()  # (metric, error type) of failed estimates logged
         self._lock = threading.Lock()
 
     def applied(self, key: CountsKey, before: int | None, after: int | None, counts: Counts | None) -> None:
@@ -201,8 +208,17 @@ class LiveEstimates:
         names = [(m.name, w.name) for m, w in pairs]
         with self._lock:
             known = [self._known.get(name) for name in names]
-        guess = [i for i, name in enumerate(names) if name in self._changing]
-        versions, guessed = self._store.versioned_read(keys, [self._request(pairs[i][0], keys[i]) for i in guess])
+        # The shape of each metric's counts comes from its spec: one that cannot say it fails
+        # alone, and its counts are never read.
+        shapes: dict[int, tuple[tuple[int, ...], int]] = {}
+        failed: dict[int, Exception] = {}
+        for i, (m, _) in enumerate(pairs):
+            try:
+                shapes[i] = self._shape(m)
+            except Exception as err:  # noqa: BLE001 (any failure is this metric's alone)
+                failed[i] = err
+        guess = [i for i, name in enumerate(names) if name in self._changing and i in shapes]
+        versions, guessed = self._store.versioned_read(keys, [(keys[i], *shapes[i]) for i in guess])
         read: dict[int, tuple[int, Counts]] = dict(zip(guess, guessed))
         results: list[WindowEstimate | None] = []
         stale = []
@@ -218,6 +234,8 @@ class LiveEstimates:
         unread = []
         changed = set()  # changed, and had to be read
         for i in stale:
+            if i in failed:
+                continue
             held = known[i]
             if held is not None and held[0] == keys[i] and held[1] == versions[i]:
                 source[i] = (held[1], held[2])  # the counts at the version the store has now
@@ -228,7 +246,7 @@ class LiveEstimates:
             else:
                 unread.append(i)
         if unread:
-            _, more = self._store.versioned_read((), [self._request(pairs[i][0], keys[i]) for i in unread])
+            _, more = self._store.versioned_read((), [(keys[i], *shapes[i]) for i in unread])
             read.update(zip(unread, more))
             source.update(zip(unread, more))
         with self._lock:
@@ -236,8 +254,11 @@ class LiveEstimates:
                 self._known[names[i]] = (keys[i], version, counts)
         for i in stale:
             (m, w), (start, end) = pairs[i], buckets[i]
-            version, counts = source[i]
-            fresh = self._compute(m, w, start, end, version, counts, now)
+            if i in failed:
+                fresh = self._failed(m, w, start, end, versions[i], 0, failed[i])
+            else:
+                version, counts = source[i]
+                fresh = self._compute(m, w, start, end, version, counts, now)
             with self._lock:
                 self._cache[names[i]] = fresh
             results[i] = fresh
@@ -250,9 +271,10 @@ class LiveEstimates:
         return results  # type: ignore[return-value]
 
     @staticmethod
-    def _request(metric: MetricConfig, key: CountsKey) -> tuple[CountsKey, tuple[int, ...], int]:
+    def _shape(metric: MetricConfig) -> tuple[tuple[int, ...], int]:
+        """The report weights and k of the metric's counts, as a counts read asks for them."""
         spec = metric.spec.mechanism
-        return key, spec.weight_law().weights, spec.k
+        return spec.weight_law().weights, spec.k
 
     def _reports_per_device(self, metric: MetricConfig, window: Window, start: int, end: int, now: float) -> int:
         """The most reports one device can have sent into a bucket so far: reports_per_period for
@@ -286,8 +308,27 @@ class LiveEstimates:
             reason = (f"{n} reports so far; estimates are shown from {least} reports on, so that "
                       "no small group is singled out and the error bars mean something.")
             return WindowEstimate(metric, window, start, end, version, n, None, reason, per_device, what)
-        return WindowEstimate(metric, window, start, end, version, n,
-                              estimate(spec, counts, project=True, reports_per_device=per_device), "", per_device, what)
+        try:
+            computed = estimate(spec, counts, project=True, reports_per_device=per_device)
+        except Exception as err:  # noqa: BLE001 (any failure is this metric's alone)
+            return self._failed(metric, window, start, end, version, n, err, per_device)
+        return WindowEstimate(metric, window, start, end, version, n, computed, "", per_device, what)
+
+    def _failed(self, metric: MetricConfig, window: Window, start: int, end: int, version: int, n: int,
+                err: Exception, per_device: int | None = None) -> WindowEstimate:
+        """The estimate withheld because computing it raised `err`; logged once per metric and
+        kind of error (it is cached like any estimate, so tried again only when counts change)."""
+        logged = (metric.name, type(err).__name__)
+        with self._lock:
+            first = logged not in self._logged
+            self._logged.add(logged)
+        if first:
+            log.error("estimate failed; the metric is served withheld, the others as usual",
+                      exc_info=err, extra={"metric": metric.name, "window": window.name})
+        reason = f"The estimate could not be computed ({type(err).__name__}: {err}); other metrics are unaffected."
+        per_device = metric.spec.reports_per_period if per_device is None else per_device
+        return WindowEstimate(metric, window, start, end, version, n, None, reason, per_device,
+                              estimand(metric, window, per_device))
 
 
 def estimand(metric: MetricConfig, window: Window, reports_per_device: int) -> str:
