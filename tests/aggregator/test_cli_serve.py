@@ -28,6 +28,13 @@ def test_bad_configs_fail_with_one_line(tmp_path):
     out = check(path)
     assert out.returncode == 2 and out.stderr.strip().startswith("veil serve: metrics[0]: epsilon must be")
     assert len(out.stderr.strip().splitlines()) == 1
+    # A RAPPOR metric at epsilon = 1e-9 used to pass here and then break every estimate.
+    data = config_dict()
+    data["metrics"] = [{**m, "epsilon": 1e-9} if m["mechanism"] == "rappor" else m for m in data["metrics"]]
+    path.write_text(config_toml(data))
+    out = check(path)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "veil serve: metrics[3]: epsilon must be a number from 0.0001 to 20, not 1e-09.")
     path.write_text(config_toml(config_dict()))
     out = check(path, "--store", "redis://127.0.0.1:1/0")  # a good config whose store is down here
     assert out.returncode == 0 and "not reachable from here" in out.stdout

@@ -31,8 +31,12 @@ def test_window_buckets_are_aligned():
 
 @pytest.mark.parametrize("data, key", [
     ({}, "metrics:"),
-    ({"metrics": [{**METRIC, "epsilon": -1}]}, "metrics[0]: epsilon must be a finite number above 0"),
-    ({"metrics": [{**METRIC, "epsilon": "1"}]}, "metrics[0].epsilon:"),
+    ({"metrics": [{**METRIC, "epsilon": -1}]}, "metrics[0]: epsilon must be a number from 0.0001 to 20, not -1."),
+    # Outside the range where the numerics hold (veil.mechanism._epsilon): refused, not served broken.
+    ({"metrics": [{**METRIC, "mechanism": "rappor", "epsilon": 1e-9}]},
+     "metrics[0]: epsilon must be a number from 0.0001 to 20, not 1e-09."),
+    ({"metrics": [{**METRIC, "epsilon": 50}]}, "metrics[0]: epsilon must be a number from 0.0001 to 20, not 50."),
+    ({"metrics": [{**METRIC, "epsilon": "1"}]}, "metrics[0].epsilon: expected a number from 0.0001 to 20, got '1'."),
     ({"metrics": [{**METRIC, "mechanism": "oue"}]}, "metrics[0].mechanism:"),
     ({"metrics": [{**METRIC, "labels": ["a"]}]}, "metrics[0]: k must be"),
     ({"metrics": [{**METRIC, "labels": "abc"}]}, "metrics[0].labels:"),

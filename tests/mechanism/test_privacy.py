@@ -22,7 +22,7 @@ from veil.mechanism import (
 def test_epsilon_and_gamma_are_inverse():
     for eps in (0.01, 0.5, 1.0, 4.0, 10.0):
         assert gamma_to_epsilon(epsilon_to_gamma(eps)) == pytest.approx(eps)
-    for bad in (0.0, -1.0, math.inf, math.nan):
+    for bad in (0.0, -1.0, math.inf, math.nan, 1e-9, 21.0):
         with pytest.raises(MechanismError):
             epsilon_to_gamma(bad)
     with pytest.raises(MechanismError):

@@ -68,7 +68,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from veil.mechanism import DEFAULT_MECHANISM, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
+from veil.mechanism import DEFAULT_MECHANISM, EPSILON_RANGE, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
 
 from ._errors import ConfigError
 
@@ -453,7 +453,7 @@ def _metric(raw: object, key: str) -> MetricConfig:
         raise ConfigError(f"{key}.mechanism: expected one of {', '.join(MECHANISMS)}, got {mechanism!r}.")
     epsilon = raw.get("epsilon")
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
-        raise ConfigError(f"{key}.epsilon: expected a number above 0, got {epsilon!r}.")
+        raise ConfigError(f"{key}.epsilon: expected a number from %g to %g, got {epsilon!r}." % EPSILON_RANGE)
     period = parse_duration(raw.get("period", "1d"), f"{key}.period")
     if period > MAX_PERIOD:
         raise ConfigError(f"{key}.period: expected at most 366 days, got {raw.get('period')!r}.")
