@@ -8,9 +8,9 @@ The accepted range, [1e-4, 20], is where every number derived from gamma holds (
 against exact rational arithmetic, tests/mechanism/test_numerics.py):
 
 - Above 20 the report is the truth but with probability about (k-1) e^-epsilon (2e-9 at k = 2):
-  no privacy is left to tune, and the integer thresholds (out of 2^64) stop resolving it: at
-  epsilon = 20 the realized parity of k-RR at k = 2 is within 3e-11 of gamma, at 30 within 2e-4,
-  and past about 44 a threshold rounds to "always keep", an infinite parity.
+  no privacy is left to tune, and the integer thresholds (out of 2^64) stop resolving it: the
+  realized parity of k-RR at k = 2 is 2e-11 below gamma at epsilon = 20, 2e-4 at 30, and past
+  about 44 the chance of a lie is below one step of a threshold.
 - Below 1e-4 nothing can be learned: n * Var of Warner's estimate is about 1/epsilon^2, so even
   eight billion reports leave a standard error above 0.1 on a yes/no share; and gamma itself,
   a float within 2^-52 of 1, fixes epsilon to a relative 2e-12 at 1e-4 but only 2e-7 at 1e-9.
