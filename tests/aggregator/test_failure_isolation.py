@@ -20,7 +20,7 @@ from veil.aggregator.live import LiveEstimates
 from veil.aggregator.simulate import simulate_counts
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore
 from veil.client._encoding import encode_batch
-from veil.mechanism import MetricSpec, RapporSpec, SeededRandomSource
+from veil.mechanism import RapporSpec, SeededRandomSource
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 BROKEN = "crash_screen"  # a RAPPOR metric of running.METRICS
@@ -46,7 +46,7 @@ def config_with(mechanism, **server: object):
     """running.config_dict()'s config, with the BROKEN metric randomized by `mechanism`."""
     config = parse_config(config_dict(**server))
     metrics = tuple(
-        MetricConfig(MetricSpec(m.name, m.spec.labels, mechanism), m.windows) if m.name == BROKEN else m
+        MetricConfig(dataclasses.replace(m.spec, mechanism=mechanism), m.windows) if m.name == BROKEN else m
         for m in config.metrics)
     return dataclasses.replace(config, metrics=metrics)
 
