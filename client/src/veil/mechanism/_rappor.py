@@ -40,10 +40,6 @@ class RapporSpec(MechanismSpec):
         return -(-ONE64 * ONE64 // (r + ONE64))
 
     @property
-    def flip_probability(self) -> float:
-        return self.flip_threshold / ONE64
-
-    @property
     def outputs(self) -> int:
         return 2**self.k
 
