@@ -208,8 +208,11 @@ def test_reporters_sharing_a_queue_directory_are_one_device(serve, ready_reporte
         assert reporter.force_flush(10)
     assert state.total("browser") == 5
     assert sum(r.counters().limited for r in reporters) == 3 * 40 - 5
-    # At most the four labels' responses were drawn, each spending epsilon once, across the three.
-    assert reporters[0].privacy_spent()["browser"].lifetime_epsilon <= 4.0
+    # Each admitted report spent epsilon at most (a response another Reporter drew a moment ago may
+    # be charged again: the ledger errs on the side of privacy), and all three read one ledger.
+    spent = [r.privacy_spent()["browser"] for r in reporters]
+    assert len({(s.reports, s.lifetime_epsilon) for s in spent}) == 1
+    assert spent[0].reports == 5 and 1.0 <= spent[0].lifetime_epsilon <= 5.0
 
 
 def test_a_memoized_repeat_spends_nothing_new_after_a_restart(serve, ready_reporter, tmp_path):
