@@ -6,7 +6,7 @@ categories (so rare categories are in every cell), randomized and counted by the
 on a seeded keystream, estimated by veil.aggregator.estimate; a cell's coverage is the share of
 (run, category) intervals holding the true share, and beside it the mean squared z-score
 ((estimate - truth) / stderr)^2. Runs are independent reports (reports_per_device = 1): the
-repeated-report case is the population test's (tests/aggregator/test_population.py).
+repeated-report case is the population test's (tests/aggregator/test_device_population.py).
 
 Within a run the k estimates are tied (they sum to about 1), so a cell counts R (k - 1)
 independent-ish trials; R is chosen so that every cell has at least 2,000 (k = 2: R = 2,000).
