@@ -22,7 +22,7 @@ from veil.client import spec_to_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import _kernels
-from ._errors import InvalidBatch, StaleSpec, UnknownMetric
+from ._errors import InvalidBatch, StaleSpec, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
@@ -72,7 +72,8 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         outcome = "error"
         try:
             if metric is None:
-                raise UnknownMetric(f"Metric {request.metric!r} is not declared by this aggregator; fetch the specs again.")
+                raise UnknownMetric(f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs "
+                                    f"again.")
             if request.spec_fingerprint != metric.spec.fingerprint:
                 raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
             if self._store_down():
