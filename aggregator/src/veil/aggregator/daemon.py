@@ -184,7 +184,8 @@ class Aggregator:
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(
             CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False), self._grpc)
-        add_estimates_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
+        self._estimates = EstimatesService(config, self.live, self._stopping)
+        add_estimates_to_server(self._estimates, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         try:
@@ -291,6 +292,7 @@ class Aggregator:
             return
         self._stopping.set()
         self._health.enter_graceful_shutdown()
+        self._estimates.stop()
         grace = self.config.grace_period if grace is None else grace
         self._grpc.stop(grace).wait()
         self.access.close()

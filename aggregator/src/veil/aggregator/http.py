@@ -10,8 +10,10 @@ aiohttp on an asyncio loop in a thread of its own: a connection costs a file des
 few kilobytes, never a thread, so slow clients hold up no one. HTTP/1.1 with keep-alive, HEAD
 on every route, gzip when the client asks (Accept-Encoding). The limits:
 
-- at most `max_connections` connections at once (TLS handshakes included); more are closed as
-  soon as they are accepted;
+- at most `max_connections` connections at once (TLS handshakes included). A connection
+  accepted beyond them closes the one that has waited longest for its next request (slow
+  clients go first, and a new client is served whatever slow ones hold); when every
+  connection is being answered, the new one is closed instead;
 - `request_timeout` seconds for each request: from the connection's start (its TLS handshake
   included), or from the start of the previous answer, until the request's headers are in, and
   for the answer to be read; a connection that misses it is closed (keep-alive idles likewise);
@@ -83,6 +85,7 @@ class HttpListener:
         self._loop = asyncio.new_event_loop()
         self._pool = futures.ThreadPoolExecutor(max_workers=_ROUTE_THREADS, thread_name_prefix="veil-http")
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._waiting: dict[_Connection, None] = {}  # waiting for a request, longest-waiting first
         self._by_transport: dict[object, _Connection] = {}
         self._server: asyncio.Server | None = None
         self._runner: web.AppRunner | None = None
@@ -180,7 +183,12 @@ class _Connection(asyncio.Protocol):
         self._inner = inner
         self._transport: asyncio.BaseTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._refused = len(listener._connections) >= listener._max_connections
+        self._refused = False
+        if len(listener._connections) >= listener._max_connections:
+            if listener._waiting:
+                next(iter(listener._waiting)).abort()  # the one waiting longest makes room
+            else:
+                self._refused = True
         listener._connections.add(self)
 
     def connection_made(self, transport) -> None:
@@ -195,16 +203,19 @@ class _Connection(asyncio.Protocol):
 
     def waiting(self) -> None:
         """The next request's headers (and the answer being read) are due within the timeout."""
-        if self._timer is not None:
-            self._timer.cancel()
+        self.answering()
+        self._listener._waiting[self] = None
         self._timer = self._listener._loop.call_later(self._listener._timeout, self.abort)
 
     def answering(self) -> None:
+        self._listener._waiting.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def abort(self) -> None:
+        self.answering()
+        self._listener._connections.discard(self)
         if self._transport is not None:
             self._transport.abort()
 
