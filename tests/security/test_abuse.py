@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import logging
 import math
 import os
 import socket
@@ -57,9 +58,10 @@ BUDGET = 32 << 20
 
 
 def test_a_tokenless_flood_of_large_uploads_keeps_memory_bounded_and_uploads_flowing(tmp_path):
-    """64 tokenless 8 MB uploads at once, over and over, while an app uploads with its token:
-    the server's memory stays within its in-flight budget and a fixed allowance, and the app's
-    uploads go through (retrying RESOURCE_EXHAUSTED as the SDK does)."""
+    """64 8 MB uploads at once, over and over, most without a token (refused unread), a quarter
+    with the app's token (read within the in-flight budget, then refused as invalid), while the
+    app uploads: the server's memory stays within its budget and a fixed allowance, and every
+    one of the app's uploads goes through (retrying RESOURCE_EXHAUSTED as the SDK does)."""
     serve = ServeProcess(tmp_path, "memory")
     serve.config.write_text(config_toml({**config_dict("memory", serve.grpc_port, max_inflight_bytes=BUDGET),
                                          "metrics": [*METRICS, WIDE], "auth": auth_section()}))
@@ -76,21 +78,21 @@ def test_a_tokenless_flood_of_large_uploads_keeps_memory_bounded_and_uploads_flo
         raw = flooders.unary_unary(UPLOAD, request_serializer=None, response_deserializer=None)
         codes: dict[str, int] = {}
 
-        def flood() -> None:
+        def flood(metadata) -> None:
             while not stop.is_set():
                 try:
-                    raw(payload, timeout=10)
+                    raw(payload, metadata=metadata, timeout=10)
                     codes["OK"] = codes.get("OK", 0) + 1
                 except grpc.RpcError as err:
                     codes[err.code().name] = codes.get(err.code().name, 0) + 1
 
         peak = baseline
         with futures.ThreadPoolExecutor(64) as pool:
-            for _ in range(64):
-                pool.submit(flood)
+            for i in range(64):  # most without a token, some with the app's (read, then refused)
+                pool.submit(flood, bearer(UPLOAD_TOKEN) if i % 4 == 0 else None)
             app = veil_pb2_grpc.CollectorStub(grpc.insecure_channel(serve.endpoint))
             tried = accepted = 0
-            deadline = time.monotonic() + 8
+            deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 tried += 1
                 for _attempt in range(20):  # the SDK's retries, on the same batch
@@ -104,11 +106,12 @@ def test_a_tokenless_flood_of_large_uploads_keeps_memory_bounded_and_uploads_flo
                 peak = max(peak, rss_bytes(pid))
             stop.set()
         peak = max(peak, rss_bytes(pid))
-        assert set(codes) <= {"UNAUTHENTICATED", "RESOURCE_EXHAUSTED"} and codes.get("UNAUTHENTICATED"), codes
+        assert set(codes) <= {"UNAUTHENTICATED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}, codes
+        assert codes.get("UNAUTHENTICATED") and codes.get("INVALID_ARGUMENT"), codes
         assert accepted == tried and tried >= 5, (accepted, tried)
         # The budget's bytes, held in gRPC's buffer and Python's copy, and a fixed allowance for
         # the flood's HTTP/2 windows and connections.
-        assert peak - baseline < 2 * BUDGET + (96 << 20), (baseline >> 20, peak >> 20, codes)
+        assert peak - baseline < 2 * BUDGET + (96 << 20), (baseline >> 20, peak >> 20, codes, tried)
     finally:
         serve.stop()
 
@@ -291,3 +294,106 @@ def test_a_huge_metric_name_gets_its_refusal_not_resource_exhausted(start_aggreg
         veil_pb2_grpc.EstimatesStub(grpc_channel).Get(
             veil_pb2.EstimatesRequest(metric="os", window="w" * 70_000), metadata=bearer(READ_TOKEN), timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND and len(err.value.details()) < 300
+
+
+# --- fuzzing the HTTP listener and the Estimates service ----------------------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+FUZZ = hypothesis.settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                           suppress_health_check=list(hypothesis.HealthCheck))
+
+PROTECTED = (b'{"generated', b"# HELP")  # the start of /v1/estimates and /metrics bodies
+PATHS = st.one_of(
+    st.sampled_from(["/v1/estimates", "/v1/estimates/os", "/metrics", "/healthz", "/", "/dashboard.js",
+                     "/v1/estimates/", "//v1/estimates", "/v1/../metrics", "/v1/estimates/%2e%2e/metrics",
+                     "/%761/estimates", "/V1/ESTIMATES", "/metrics?x=1", "/v1/estimates/os?window=1h",
+                     "/v1/estimates/%00", "/v1/estimates/" + "a" * 9000, "*", "http://x/metrics"]),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=60).map(lambda p: "/" + p))
+AUTHORIZATIONS = st.sampled_from([None, f"Bearer {READ_TOKEN}", f"Bearer {UPLOAD_TOKEN}", f"bearer {READ_TOKEN}",
+                                  "Bearer", "Basic eDp5", f"Bearer {READ_TOKEN}x", "Bearer " + "a" * 9000])
+METHODS = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "CONNECT", "get", "G\x00T"])
+
+
+def test_fuzzed_http_requests_never_fail_the_server_nor_pass_the_token_check(start_aggregator, tally, caplog):
+    caplog.set_level(logging.DEBUG)
+    # A request whose body never comes waits for its deadline: 1 s, within the client's 10 s.
+    aggregator = start_aggregator(http_request_timeout=1.0, sections={"auth": auth_section()})
+    port = aggregator.http_port
+    statuses: dict[int, int] = {}
+
+    @FUZZ
+    @hypothesis.example("GET", "/v1/estimates", None, "HTTP/1.1", (b"", b""))
+    @hypothesis.example("HEAD", "/metrics", f"Bearer {READ_TOKEN}", "HTTP/1.0", (b"", b""))
+    @hypothesis.given(METHODS, PATHS, AUTHORIZATIONS, st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/9"]),
+                      st.sampled_from([(b"", b""), (b"Content-Length: 5\r\n", b"hello"),
+                                       (b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n0\r\n\r\n"),
+                                       (b"Content-Length: 99999999999\r\n", b"x"),
+                                       (b"Accept-Encoding: gzip\r\n", b""), (b"X: " + b"y" * 9000 + b"\r\n", b"")]))
+    def check(method, path, authorization, version, extra):
+        head = f"{method} {path} {version}\r\nHost: x\r\n".encode("latin-1", "replace") + extra[0]
+        if authorization:
+            head += f"Authorization: {authorization}\r\n".encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(head + b"Connection: close\r\n\r\n" + extra[1])
+            connection.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        if not answer:
+            return  # closed without an answer: a request too broken to be one
+        status_line, _, rest = answer.partition(b"\r\n")
+        status = int(status_line.split()[1])
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500 or status == 503, answer[:300]
+        body = rest.partition(b"\r\n\r\n")[2]
+        if status == 200 and body.startswith(PROTECTED):
+            assert authorization in (f"Bearer {READ_TOKEN}", f"bearer {READ_TOKEN}"), (method, path)
+
+    check()
+    for status, n in statuses.items():
+        tally[f"http fuzz: status {status}"] += n
+    assert {200, 400, 401, 404, 405} <= set(statuses)
+    assert urllib_status(port, "/healthz") == 200
+    # Nothing logged, by Veil or by the HTTP library, names the client or quotes its tokens.
+    logged = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert "127.0.0.1" not in logged and READ_TOKEN not in logged and "Bearer aaa" not in logged
+
+
+def urllib_status(port: int, path: str) -> int:
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    client.request("GET", path)
+    return client.getresponse().status
+
+
+def test_fuzzed_estimates_requests_get_a_meaningful_status(start_aggregator, tally):
+    aggregator = start_aggregator(max_streams=4)
+    stub = veil_pb2_grpc.EstimatesStub(channel(aggregator))
+    names = st.one_of(st.sampled_from(["", "os", "browser", "1h", "total"]), st.text(max_size=50),
+                      st.integers(1, 35_000).map(lambda n: "x" * n))  # two fit in the message limit
+    allowed = {grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT}
+
+    @FUZZ
+    @hypothesis.given(names, names, st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+    def check(metric, window, interval, watch):
+        try:
+            if watch:
+                stream = stub.Watch(veil_pb2.WatchRequest(metric=metric, window=window, min_interval_seconds=interval),
+                                    timeout=10)
+                next(stream)
+                stream.cancel()
+            else:
+                stub.Get(veil_pb2.EstimatesRequest(metric=metric, window=window), timeout=10)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            code = err.code()
+            assert len(err.details() or "") < 400
+        tally[f"estimates fuzz: status {code.name}"] += 1
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # only a cancelled stream's slot not yet back
+            assert watch and "server.max_streams" in err.details()
+            return
+        assert code in allowed, (code, len(metric), len(window), interval)
+        if watch and code == grpc.StatusCode.INVALID_ARGUMENT:
+            assert not (math.isfinite(interval) and interval >= 0)
+
+    check()

@@ -117,7 +117,7 @@ class HttpListener:
         app.router.add_route("*", "/{path:.*}", self._answer)
         # access_log=None: nothing logged per request (no addresses); keepalive_timeout: idle
         # connections are closed by our deadline first, this is the library's backstop.
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_ProtocolLog(log, {}),
                                      keepalive_timeout=self._timeout, max_line_size=8190, max_field_size=8190)
         await self._runner.setup()
         self._server = await self._loop.create_server(
@@ -222,8 +222,9 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._inner.data_received(data)
 
-    def eof_received(self):
-        return self._inner.eof_received()
+    def eof_received(self) -> bool:
+        self._inner.eof_received()
+        return True  # half-closed after its request, a client still gets the answer (within the deadline)
 
     def pause_writing(self) -> None:
         self._inner.pause_writing()
@@ -237,6 +238,17 @@ class _Connection(asyncio.Protocol):
         self._listener._by_transport.pop(self._transport, None)
         if not self._refused:
             self._inner.connection_lost(exc)
+
+
+class _ProtocolLog(logging.LoggerAdapter):
+    """aiohttp's protocol log. Its lines name the client's address and quote what it sent (an
+    Authorization header among it), neither of which Veil logs: each becomes one DEBUG line
+    naming the kind of failure only."""
+
+    def log(self, level, msg, *args, **kwargs) -> None:
+        error = kwargs.get("exc_info")
+        problem = type(error).__name__ if isinstance(error, BaseException) else "request refused or failed"
+        self.logger.debug("http request refused", extra={"problem": problem})
 
 
 def _accepts_gzip(header: str) -> bool:
