@@ -327,10 +327,16 @@ class AccessInterceptor(grpc.ServerInterceptor):
                 self._deny(context, _UPLOAD, grpc.StatusCode.RESOURCE_EXHAUSTED,
                            "The aggregator is reading as many uploads as its memory allows "
                            "(server.max_inflight_bytes); retry with the same batch id. Nothing was counted.")
+            held = self._upload_bytes
             try:
-                return self._admit(behavior, next(requests, None), context, identity)
+                request = next(requests, None)
+                # Read: from here on the upload holds what it is, not the most it could be.
+                size = len(request) if isinstance(request, bytes) else request.ByteSize() if request else 0
+                self._budget.release(held - min(size, held))
+                held = min(size, held)
+                return self._admit(behavior, request, context, identity)
             finally:
-                self._budget.release(self._upload_bytes)
+                self._budget.release(held)
         return upload
 
     def _admit(self, behavior, request, context, identity: TokenConfig):

@@ -2,7 +2,8 @@
 
 gRPC reads an upload's whole message before its handler sees it, so the memory uploads take
 is bounded by how many are read at once. Each upload reserves the largest valid upload's size
-(max_message_bytes) before its message is read, and gives it back when its handler returns;
+(max_message_bytes) before its message is read, keeps its own size once read, and gives that
+back when its handler returns;
 when the budget is spent, an upload waits (up to its deadline, at most a few seconds) and is
 then refused with RESOURCE_EXHAUSTED (the SDK retries). Refused calls (no token, rate limits)
 reserve nothing: they are answered before their message is read.
