@@ -14,12 +14,15 @@ with every configured digest by hmac.compare_digest, so neither a token's length
 position in the config shows in the time taken. Logs, errors and metrics carry a token's
 name, never its value.
 
-The interceptor runs on gRPC's polling thread, so it only decides and wraps. A call refused
-here is answered by a handler that never reads its message (registered as request-streaming,
-which the wire does not tell from unary), so a tokenless flood of large uploads costs no memory
-for their bodies. An upload's own checks run in its wrapped handler, on the worker thread,
-before the servicer, in this order: the token's upload rate (before the message is read), a
-reservation of the in-flight bytes budget (_budget), then the message is read and parsed; an
+The interceptor runs on gRPC's polling thread, so it only decides and wraps. Every handler it
+returns is request-streaming (which the wire does not tell from unary), because grpcio reads a
+unary request whole before the handler runs, and a streaming one only when asked. So a call
+refused here is answered without its message being read (a tokenless flood of large uploads
+costs no memory for their bodies), and every other call reads its requests within the
+in-flight bytes budget (_Reading; tokenless health and reflection calls within a budget of
+their own). An upload's own checks run in its wrapped handler, on the worker thread, before
+the servicer, in this order: the token's upload rate (before the message is read), its
+reservation of the budget, then the message is read and parsed; an
 undeclared metric goes on to the servicer (FAILED_PRECONDITION, as for every caller), a
 declared metric outside the token's scope is PERMISSION_DENIED; then the token's report rate,
 charged with the reports the payload holds (decode.reports_held), not the count it claims.
@@ -210,6 +213,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
         self._metrics = dict(metrics)
         self._upload_bytes = upload_bytes
         self._budget = budget
+        # Tokenless reads (health, reflection) have a budget of their own: a flood of them can
+        # take neither memory nor the uploads' budget.
+        self._open_budget = ByteBudget(upload_bytes * max_health_streams)
         self._watches = _StreamKind(max_streams, "server.max_streams", "watch")
         self._probes = _StreamKind(max_health_streams, "server.max_health_streams", "health")
         registry = registry if registry is not None else CollectorRegistry()
@@ -245,7 +251,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
             return None
         method = handler_call_details.method
         if method.startswith(_OPEN):
-            return self._bounded(handler, ANONYMOUS, self._probes) if handler.response_streaming else handler
+            if handler.response_streaming:
+                return self._bounded(handler, ANONYMOUS, self._probes, self._open_budget)
+            return self._read_first(handler, lambda behavior: behavior, self._open_budget)
         if not self._auth.enabled:
             identity = ANONYMOUS
         else:
@@ -265,11 +273,24 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if method == _UPLOAD:
             return _rebuild(handler, lambda behavior: self._upload(behavior, identity), deserializer=parse_upload,
                             request_streaming=True)
-        if method == _SPECS and identity.role == "upload":
-            return _rebuild(handler, lambda behavior: self._scoped_specs(behavior, identity))
         if handler.response_streaming:
-            return self._bounded(handler, identity, self._watches)
-        return _rebuild(handler, lambda behavior: self._as(behavior, identity))
+            return self._bounded(handler, identity, self._watches, self._budget)
+        if method == _SPECS and identity.role == "upload":
+            return self._read_first(handler, lambda behavior: self._scoped_specs(behavior, identity), self._budget)
+        return self._read_first(handler, lambda behavior: self._as(behavior, identity), self._budget)
+
+    def _read_first(self, handler, wrap: Callable, budget: ByteBudget):
+        """A unary-request handler, its behaviour wrapped, whose request is read within the
+        budget (see _Reading)."""
+        def budgeted(behavior):
+            def call(requests, context):
+                reading = _Reading(self, budget, requests, context)
+                try:
+                    return behavior(reading.one(), context)
+                finally:
+                    reading.close()
+            return call
+        return _rebuild(handler, lambda behavior: budgeted(wrap(behavior)), request_streaming=True)
 
     @staticmethod
     def _needed(method: str) -> str | None:
@@ -318,31 +339,19 @@ class AccessInterceptor(grpc.ServerInterceptor):
         def upload(requests, context):
             name = identity.name
             wait = self._upload_limiter.take(name, 1)
-            if wait > 0:
+            if wait > 0:  # before the message is read
                 rate, burst = self._upload_limiter.limit(name)
                 self._rate_limited(context, wait, f"Upload rate limit of token {name!r}: {rate:g} uploads per "
                                                   f"second, bursts of {burst:g}")
-            if not self._budget.reserve(self._upload_bytes, min(_BUDGET_WAIT, context.time_remaining() or 0.0)):
-                context.set_trailing_metadata(((RETRY_AFTER_KEY, "1000"),))
-                self._deny(context, _UPLOAD, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           "The aggregator is reading as many uploads as its memory allows "
-                           "(server.max_inflight_bytes); retry with the same batch id. Nothing was counted.")
-            held = self._upload_bytes
+            reading = _Reading(self, self._budget, requests, context)
             try:
-                request = next(requests, None)
-                # Read: from here on the upload holds what it is, not the most it could be.
-                size = len(request) if isinstance(request, bytes) else request.ByteSize() if request else 0
-                self._budget.release(held - min(size, held))
-                held = min(size, held)
-                return self._admit(behavior, request, context, identity)
+                return self._admit(behavior, reading.one(), context, identity)
             finally:
-                self._budget.release(held)
+                reading.close()
         return upload
 
     def _admit(self, behavior, request, context, identity: TokenConfig):
         """The upload's checks once its message is read, then the servicer."""
-        if request is None:
-            self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, "The call carried no UploadRequest.")
         if isinstance(request, bytes):
             self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
         name = identity.name
@@ -372,25 +381,29 @@ class AccessInterceptor(grpc.ServerInterceptor):
                                                    max_batch=response.max_batch)
         return specs
 
-    def _bounded(self, handler, identity: TokenConfig, kind: _StreamKind):
-        """A streaming call of `kind`: on the kind's own threads, at most its limit at once."""
+    def _bounded(self, handler, identity: TokenConfig, kind: _StreamKind, budget: ByteBudget):
+        """A streaming call of `kind`: on the kind's own threads, at most its limit at once, its
+        requests read within the in-flight bytes budget."""
+        one = not handler.request_streaming
+
         def wrap(behavior):
-            def stream(request, context):
-                return self._stream(behavior, request, context, identity.name, kind)
+            def stream(requests, context):
+                reading = _Reading(self, budget, requests, context)
+                return self._stream(behavior, reading, one, context, identity.name, kind)
             stream.experimental_thread_pool = kind.pool  # grpcio runs the behaviour on this pool
             return stream
-        return _rebuild(handler, wrap)
+        return _rebuild(handler, wrap, request_streaming=True)
 
-    def _stream(self, behavior, request, context, name: str, kind: _StreamKind) -> Iterator:
+    def _stream(self, behavior, reading: _Reading, one: bool, context, name: str, kind: _StreamKind) -> Iterator:
         """The responses, each computed as `name`, holding one of the kind's slots from the first
         response to the end (of the stream, by an error, or by a cancel: gRPC then drops the
-        iterator, which closes it). A stream never started never took a slot."""
+        iterator, which closes it). A stream never started never took a slot, nor read a request."""
         if not kind.slots.acquire(blocking=False):
             self._deny(context, "(stream)", grpc.StatusCode.RESOURCE_EXHAUSTED,
                        f"Too many streams at once (at most {kind.limit}, {kind.key}); retry later or poll instead.")
         try:
             with _calling_as(name):
-                iterator = iter(behavior(request, context))
+                iterator = iter(behavior(reading.one() if one else reading, context))
             while True:
                 with _calling_as(name):
                     item = next(iterator, _END)
@@ -398,4 +411,51 @@ class AccessInterceptor(grpc.ServerInterceptor):
                     return
                 yield item
         finally:
+            reading.close()
             kind.slots.release()
+
+
+class _Reading:
+    """A call's requests, read within the in-flight bytes budget (_budget): before each read the
+    largest message's size is reserved (waiting up to _BUDGET_WAIT, within the call's deadline,
+    then RESOURCE_EXHAUSTED); once read, the message keeps its own size until the next read or
+    close(). gRPC reads a request only when asked (next), so nothing is read unreserved."""
+
+    def __init__(self, access: AccessInterceptor, budget: ByteBudget, requests: Iterator, context) -> None:
+        self._access, self._budget, self._requests, self._context = access, budget, requests, context
+        self._held = 0
+
+    def __iter__(self) -> _Reading:
+        return self
+
+    def __next__(self):
+        self.close()
+        access = self._access
+        if not self._budget.reserve(access._upload_bytes, min(_BUDGET_WAIT, self._context.time_remaining() or 0.0)):
+            self._context.set_trailing_metadata(((RETRY_AFTER_KEY, "1000"),))
+            access._deny(self._context, "(read)", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
+                         "retry (an upload with the same batch id). Nothing was counted.")
+        self._held = access._upload_bytes
+        request = next(self._requests, None)
+        size = len(request) if isinstance(request, bytes) else request.ByteSize() if request is not None else 0
+        self._release(self._held - min(size, self._held))
+        if request is None:
+            self.close()
+            raise StopIteration
+        return request
+
+    def one(self):
+        """The call's one request; INVALID_ARGUMENT when it carried none."""
+        request = next(self, None)
+        if request is None:
+            self._access._deny(self._context, "(read)", grpc.StatusCode.INVALID_ARGUMENT,
+                               "The call carried no request message.")
+        return request
+
+    def _release(self, n: int) -> None:
+        self._held -= n
+        self._budget.release(n)
+
+    def close(self) -> None:
+        self._release(self._held)
