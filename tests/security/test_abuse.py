@@ -306,8 +306,12 @@ def test_a_huge_metric_name_gets_its_refusal_not_resource_exhausted(start_aggreg
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
-FUZZ = hypothesis.settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                           suppress_health_check=list(hypothesis.HealthCheck))
+SLOW_EXAMPLES = int(os.environ.get("VEIL_FUZZ_EXAMPLES", 3000))
+
+
+def fuzzing(examples: int):
+    return hypothesis.settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                               suppress_health_check=list(hypothesis.HealthCheck))
 
 PROTECTED = (b'{"generated', b"# HELP")  # the start of /v1/estimates and /metrics bodies
 PATHS = st.one_of(
@@ -322,13 +326,22 @@ METHODS = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "T
 
 
 def test_fuzzed_http_requests_never_fail_the_server_nor_pass_the_token_check(start_aggregator, tally, caplog):
+    fuzz_http(start_aggregator, tally, caplog, 150)
+
+
+@pytest.mark.slow
+def test_fuzzed_http_requests_at_length(start_aggregator, tally, caplog):
+    fuzz_http(start_aggregator, tally, caplog, SLOW_EXAMPLES)
+
+
+def fuzz_http(start_aggregator, tally, caplog, examples: int) -> None:
     caplog.set_level(logging.DEBUG)
     # A request whose body never comes waits for its deadline: 1 s, within the client's 10 s.
     aggregator = start_aggregator(http_request_timeout=1.0, sections={"auth": auth_section()})
     port = aggregator.http_port
     statuses: dict[int, int] = {}
 
-    @FUZZ
+    @fuzzing(examples)
     @hypothesis.example("GET", "/v1/estimates", None, "HTTP/1.1", (b"", b""))
     @hypothesis.example("HEAD", "/metrics", f"Bearer {READ_TOKEN}", "HTTP/1.0", (b"", b""))
     @hypothesis.given(METHODS, PATHS, AUTHORIZATIONS, st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/9"]),
@@ -373,13 +386,22 @@ def urllib_status(port: int, path: str) -> int:
 
 
 def test_fuzzed_estimates_requests_get_a_meaningful_status(start_aggregator, tally):
+    fuzz_estimates(start_aggregator, tally, 150)
+
+
+@pytest.mark.slow
+def test_fuzzed_estimates_requests_at_length(start_aggregator, tally):
+    fuzz_estimates(start_aggregator, tally, SLOW_EXAMPLES)
+
+
+def fuzz_estimates(start_aggregator, tally, examples: int) -> None:
     aggregator = start_aggregator(max_streams=4)
     stub = veil_pb2_grpc.EstimatesStub(channel(aggregator))
     names = st.one_of(st.sampled_from(["", "os", "browser", "1h", "total"]), st.text(max_size=50),
                       st.integers(1, 35_000).map(lambda n: "x" * n))  # two fit in the message limit
     allowed = {grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT}
 
-    @FUZZ
+    @fuzzing(examples)
     @hypothesis.given(names, names, st.floats(allow_nan=True, allow_infinity=True), st.booleans())
     def check(metric, window, interval, watch):
         try:
