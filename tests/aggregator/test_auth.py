@@ -106,8 +106,11 @@ def test_an_upload_token_reports_only_its_metrics_and_sees_only_their_specs(secu
     # A request naming a metric outside the scope is refused before it is looked at further.
     request = make_upload("opted_in", 10)
     assert refused(collector.Upload, request, metadata=bearer(UPLOAD_TOKEN), timeout=10).code() == PERMISSION_DENIED
+    # An undeclared metric is FAILED_PRECONDITION for every token, as veil.proto promises (the
+    # SDK fetches the specs again); PERMISSION_DENIED is for declared metrics outside the scope.
     request.metric = "nope"
-    assert refused(collector.Upload, request, metadata=bearer(UPLOAD_TOKEN), timeout=10).code() == PERMISSION_DENIED
+    error = refused(collector.Upload, request, metadata=bearer(UPLOAD_TOKEN), timeout=10)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "Metric 'nope' is not declared" in error.details()
     assert collector.Upload(make_upload("crash_screen", 10), metadata=bearer(OTHER_UPLOAD_TOKEN), timeout=10)
     assert [counted(secured, m) for m in ("browser", "os", "crash_screen", "opted_in")] == [150, 150, 10, 0]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from veil.aggregator._errors import ConfigError
@@ -52,6 +54,15 @@ def test_window_buckets_are_aligned():
     ({"metrics": [METRIC], "store": {"url": ""}}, "store.url:"),
     ({"metrics": [METRIC], "store": {"url": "memory", "wait_replicas": 1}}, "store.wait_replicas: applies to Redis"),
     ({"metrics": [METRIC], "store": {"url": "redis://h/0", "timeout": -1}}, "store.timeout:"),
+    ({"metrics": [METRIC], "server": {"max_health_streams": 0}}, "server.max_health_streams:"),
+    ({"metrics": [METRIC], "server": {"max_inflight_bytes": 0}}, "server.max_inflight_bytes:"),
+    ({"metrics": [METRIC], "server": {"http_max_connections": 0}}, "server.http_max_connections:"),
+    ({"metrics": [METRIC], "server": {"http_request_timeout": 0}}, "server.http_request_timeout:"),
+    ({"metrics": [METRIC], "server": {"workers": 4, "max_streams": 4, "max_concurrent_rpcs": 9}},
+     "server.max_concurrent_rpcs: expected at least server.workers + max_streams + max_health_streams (4 + 4 + 2)"),
+    ({"metrics": [METRIC], "auth": {"upload_rate_limit": -1}}, "auth.upload_rate_limit: expected uploads per second"),
+    ({"metrics": [METRIC], "auth": {"upload_rate_limit": 10, "upload_rate_burst": 0.5}},
+     "auth.upload_rate_burst: expected at least 1 upload"),
 ])
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as err:
@@ -99,3 +110,41 @@ def test_store_options_reach_the_redis_store(monkeypatch):
 ])
 def test_loopback_addresses_are_told_from_reachable_ones(address, local):
     assert is_loopback(address) is local
+
+
+def test_limits_and_their_defaults():
+    config = parse_config({"metrics": [METRIC], "server": {"workers": 4}, "auth": {"upload_rate_limit": 50}})
+    assert (config.max_streams, config.max_health_streams, config.max_concurrent_rpcs) == (2, 2, 32)
+    assert config.max_inflight_bytes is None  # 64 MiB, or the largest upload (daemon.inflight_bytes)
+    assert (config.http_max_connections, config.http_request_timeout) == (256, 10.0)
+    auth = config.auth  # no tokens: an explicit limit applies to all uploads together
+    assert (auth.anonymous_rate_limit, auth.anonymous_upload_rate_limit, auth.anonymous_upload_rate_burst) == (
+        100_000, 50, 100)
+
+
+def test_the_inflight_budget_must_hold_one_upload():
+    from veil.aggregator.daemon import inflight_bytes, max_message_bytes
+
+    config = parse_config({"metrics": [METRIC]})
+    assert inflight_bytes(config) == 64 << 20
+    wide = parse_config({"metrics": [{**METRIC, "labels": [str(i) for i in range(4096)]}],
+                         "server": {"max_batch": 20_000}})
+    assert inflight_bytes(wide) == max_message_bytes(wide) > 64 << 20
+    with pytest.raises(ConfigError, match="server.max_inflight_bytes: expected at least the largest valid upload"):
+        inflight_bytes(parse_config({"metrics": [METRIC], "server": {"max_inflight_bytes": 100}}))
+
+
+def test_the_byte_budget():
+    from veil.aggregator._budget import ByteBudget
+
+    budget = ByteBudget(100)
+    assert budget.reserve(60, 0) and not budget.reserve(60, 0.01) and budget.free == 40
+    assert not budget.reserve(101, 10)  # more than the whole budget never waits
+    waiter = []
+    thread = threading.Thread(target=lambda: waiter.append(budget.reserve(60, 10)))
+    thread.start()
+    budget.release(60)  # wakes the waiter
+    thread.join()
+    assert waiter == [True] and budget.free == 40
+    with pytest.raises(ValueError):
+        ByteBudget(0)

@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 import redis
 from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict, counted,
                      make_upload, wait_until)
@@ -160,17 +161,26 @@ def test_streams_are_bounded_and_their_slots_come_back(start_aggregator):
     third.cancel()
 
 
-def test_calls_beyond_max_concurrent_rpcs_are_refused_at_once(start_aggregator):
-    aggregator = start_aggregator(max_concurrent_rpcs=1, max_streams=1)
+def test_calls_beyond_max_concurrent_rpcs_are_refused_at_once(start_aggregator, redis_server):
+    aggregator = start_aggregator(redis_server.url, workers=1, max_streams=1, max_health_streams=1,
+                                  max_concurrent_rpcs=3, sections={"store": {"url": redis_server.url, "timeout": 10.0}})
     channel = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}")
     estimates = veil_pb2_grpc.EstimatesStub(channel)
     stream = estimates.Watch(veil_pb2.WatchRequest(metric="os"), timeout=30)
     assert next(stream).estimates
+    health = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+    assert next(health).status == health_pb2.HealthCheckResponse.SERVING
+    sleeper = stall(redis_server.url, 1.5)
+    pending = veil_pb2_grpc.CollectorStub(channel).Upload.future(make_upload("os", 10), timeout=10)  # the third
+    time.sleep(0.3)
     with pytest.raises(grpc.RpcError) as err:
-        veil_pb2_grpc.CollectorStub(channel).Upload(make_upload("os", 10), timeout=10)
+        estimates.Get(veil_pb2.EstimatesRequest(metric="os"), timeout=10)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    sleeper.join()
+    assert pending.result().accepted == 10
     stream.cancel()
-    assert counted(aggregator, "os") == 0
+    health.cancel()
+    assert counted(aggregator, "os") == 10
 
 
 def stall(redis_url: str, seconds: float) -> threading.Thread:
@@ -236,6 +246,9 @@ class _EndedCall:
     def is_active(self) -> bool:
         return False
 
+    def time_remaining(self) -> float:
+        return 10.0
+
     def abort(self, code, details):
         self.code = code
         raise _Aborted(details)
@@ -258,7 +271,7 @@ def test_an_upload_whose_caller_is_gone_when_its_handler_runs_writes_nothing(sta
     wrapped = aggregator.access.intercept_service(lambda _: handler, details)
     context = _EndedCall()
     with pytest.raises(_Aborted):
-        wrapped.unary_unary(make_upload("browser", 100), context)
+        wrapped.stream_unary(iter([make_upload("browser", 100)]), context)  # reads its request when it asks
     assert context.code == grpc.StatusCode.CANCELLED and counted(aggregator, "browser") == 0
     registry = aggregator.instruments.registry
     assert registry.get_sample_value("veil_calls_refused_total",

@@ -228,8 +228,9 @@ def test_each_worker_enforces_its_share_of_a_rate_limit():
     data = config_dict("redis://127.0.0.1:1/0", 50051)
     data["auth"] = auth_section(rate_limit=40000, rate_burst=80000)
     auth = parse_config(data).auth
-    assert _worker_limits(auth, 1)["app-a"] == (40000, 80000)
-    halves = RateLimiter(_worker_limits(auth, 2))
+    assert _worker_limits(auth, 1)["app-a"] == (40000, 80000, 1000, 2000)  # reports, then uploads
+    halves = RateLimiter({name: limits[:2] for name, limits in _worker_limits(auth, 2).items()})
+    assert _worker_limits(auth, 2)["app-a"][2:] == (500, 1000)
     assert halves.limit("app-a") == (20000, 40000) and halves.limit("app-b") == (20000, 40000)
     assert halves.take("app-a", 40000) == 0.0 and halves.take("app-a", 10) > 0  # half the burst is all it has
 

@@ -14,11 +14,24 @@ with every configured digest by hmac.compare_digest, so neither a token's length
 position in the config shows in the time taken. Logs, errors and metrics carry a token's
 name, never its value.
 
-The interceptor runs on gRPC's polling thread, so it only decides and wraps: the checks that
-need the request (that it parses at all, its metric and size) run in the wrapped handler, on the worker
-thread, before the servicer, so nothing of a refused call is written. The same wrappers apply
-the per-token rate limit, drop uploads whose caller already gave up, bound concurrent Watch
-streams, and set `caller()` (the token's name) for the servicer.
+The interceptor runs on gRPC's polling thread, so it only decides and wraps. Every handler it
+returns is request-streaming (which the wire does not tell from unary), because grpcio reads a
+unary request whole before the handler runs, and a streaming one only when asked. So a call
+refused here is answered without its message being read (a tokenless flood of large uploads
+costs no memory for their bodies), and every other call reads its requests within the
+in-flight bytes budget (_Reading; tokenless health and reflection calls within a budget of
+their own). An upload's own checks run in its wrapped handler, on the worker thread, before
+the servicer, in this order: the token's upload rate (before the message is read), its
+reservation of the budget, then the message is read and parsed; an
+undeclared metric goes on to the servicer (FAILED_PRECONDITION, as for every caller), a
+declared metric outside the token's scope is PERMISSION_DENIED; then the token's report rate,
+charged with the reports the payload holds (decode.reports_held), not the count it claims.
+Nothing of a refused call is written.
+
+Streams hold a thread while they last, so each kind runs on a pool of its own, with a bound
+of its own: Estimates/Watch (server.max_streams) and the tokenless health Watch and
+reflection streams (server.max_health_streams). Neither can take the other's slots, nor the
+worker threads of unary calls (uploads).
 
 With no tokens configured, authentication is off: every call is `anonymous`.
 
@@ -34,7 +47,8 @@ import hmac
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
 from contextlib import contextmanager
 
 import grpc
@@ -42,13 +56,15 @@ from prometheus_client import CollectorRegistry, Counter
 
 from veil.wire.v1 import veil_pb2
 
-from ._errors import ConfigError
-from .config import AuthConfig, TokenConfig, token_digest
-from ._ratelimit import RateLimiter
-from .decode import UNPARSEABLE, parse_upload
+from veil.mechanism import MetricSpec
 
-__all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "RETRY_AFTER_KEY", "caller", "rate_limiter",
-           "token_limits"]
+from ._budget import ByteBudget
+from ._errors import ConfigError, quoted
+from ._ratelimit import RateLimiter
+from .config import AuthConfig, TokenConfig, token_digest
+from .decode import UNPARSEABLE, parse_upload, reports_held
+
+__all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "Limits", "RETRY_AFTER_KEY", "caller", "token_limits"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -64,6 +80,11 @@ _UPLOAD = "/veil.wire.v1.Collector/Upload"
 _READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch"})
 _BEARER = "bearer "
 _END = object()  # the end of a stream's responses
+_SPARE_STREAM_THREADS = 2  # per stream kind: they only refuse streams over its limit
+_BUDGET_WAIT = 5.0  # seconds an upload may wait for the in-flight bytes budget, at most
+
+# A token's limits: (reports per second, report burst, uploads per second, upload burst).
+Limits = tuple[float, float, float, float]
 
 
 @contextmanager
@@ -128,40 +149,75 @@ def _a(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
-def token_limits(auth: AuthConfig) -> dict[str, tuple[float, float]]:
-    """Each upload token's (rate, burst) by name; with authentication off, the anonymous one's."""
-    limits = {t.name: (t.rate_limit, t.rate_burst) for t in auth.of_role("upload")}
+def token_limits(auth: AuthConfig) -> dict[str, Limits]:
+    """Each upload token's limits by name; with authentication off, the anonymous one's."""
+    limits = {t.name: (t.rate_limit, t.rate_burst, t.upload_rate_limit, t.upload_rate_burst)
+              for t in auth.of_role("upload")}
     if not auth.enabled:
-        limits[ANONYMOUS.name] = (auth.anonymous_rate_limit, auth.anonymous_rate_burst)
+        limits[ANONYMOUS.name] = (auth.anonymous_rate_limit, auth.anonymous_rate_burst,
+                                  auth.anonymous_upload_rate_limit, auth.anonymous_upload_rate_burst)
     return limits
 
 
-def rate_limiter(auth: AuthConfig) -> RateLimiter:
-    return RateLimiter(token_limits(auth))
+def _reports(limits: Mapping[str, Limits]) -> dict[str, tuple[float, float]]:
+    return {name: (rate, burst) for name, (rate, burst, _, _) in limits.items()}
 
 
-def _rebuild(handler: grpc.RpcMethodHandler, wrap: Callable, deserializer: object = ...) -> grpc.RpcMethodHandler:
-    """The handler of the same kind with its behaviour wrapped (and maybe another deserializer)."""
+def _uploads(limits: Mapping[str, Limits]) -> dict[str, tuple[float, float]]:
+    return {name: (rate, burst) for name, (_, _, rate, burst) in limits.items()}
+
+
+def _rebuild(handler: grpc.RpcMethodHandler, wrap: Callable, deserializer: object = ..., *,
+             request_streaming: bool | None = None) -> grpc.RpcMethodHandler:
+    """The handler of the same kind with its behaviour wrapped (and maybe another deserializer).
+    request_streaming=True makes a unary-request handler one that reads its request only when
+    the behaviour asks (next on the iterator it gets): grpcio reads a unary request whole
+    before the behaviour runs."""
     request_deserializer = handler.request_deserializer if deserializer is ... else deserializer
-    if handler.request_streaming and handler.response_streaming:
-        make, behavior = grpc.stream_stream_rpc_method_handler, handler.stream_stream
-    elif handler.request_streaming:
-        make, behavior = grpc.stream_unary_rpc_method_handler, handler.stream_unary
+    streaming_in = handler.request_streaming if request_streaming is None else request_streaming
+    behavior = handler.stream_stream or handler.stream_unary or handler.unary_stream or handler.unary_unary
+    if streaming_in and handler.response_streaming:
+        make = grpc.stream_stream_rpc_method_handler
+    elif streaming_in:
+        make = grpc.stream_unary_rpc_method_handler
     elif handler.response_streaming:
-        make, behavior = grpc.unary_stream_rpc_method_handler, handler.unary_stream
+        make = grpc.unary_stream_rpc_method_handler
     else:
-        make, behavior = grpc.unary_unary_rpc_method_handler, handler.unary_unary
+        make = grpc.unary_unary_rpc_method_handler
     return make(wrap(behavior), request_deserializer=request_deserializer,
                 response_serializer=handler.response_serializer)
 
 
+class _StreamKind:
+    """Streams of one kind: at most `limit` at once, each on a thread of the kind's own pool,
+    which has threads to spare so that a stream over the limit is refused at once (rather than
+    queued behind the ones that hold the slots)."""
+
+    def __init__(self, limit: int, key: str, name: str) -> None:
+        self.limit, self.key = limit, key
+        self.slots = threading.BoundedSemaphore(limit)
+        self.pool = futures.ThreadPoolExecutor(max_workers=limit + _SPARE_STREAM_THREADS,
+                                               thread_name_prefix=f"veil-{name}")
+
+
 class AccessInterceptor(grpc.ServerInterceptor):
-    def __init__(self, auth: AuthConfig, *, max_streams: int, registry: CollectorRegistry | None = None,
-                 limiter: RateLimiter | None = None) -> None:
+    def __init__(self, auth: AuthConfig, *, metrics: Mapping[str, MetricSpec], max_streams: int,
+                 max_health_streams: int, upload_bytes: int, budget: ByteBudget,
+                 limits: Mapping[str, Limits] | None = None, registry: CollectorRegistry | None = None) -> None:
+        """metrics: the declared metrics' specs by name; upload_bytes: what each upload reserves
+        of the budget (the largest valid upload); limits: token_limits of this process's share."""
         self._auth = Authenticator(auth)
-        self._limiter = limiter if limiter is not None else rate_limiter(auth)
-        self._streams = threading.BoundedSemaphore(max_streams)
-        self._max_streams = max_streams
+        limits = token_limits(auth) if limits is None else limits
+        self._report_limiter = RateLimiter(_reports(limits))
+        self._upload_limiter = RateLimiter(_uploads(limits))
+        self._metrics = dict(metrics)
+        self._upload_bytes = upload_bytes
+        self._budget = budget
+        # Tokenless reads (health, reflection) have a budget of their own: a flood of them can
+        # take neither memory nor the uploads' budget.
+        self._open_budget = ByteBudget(upload_bytes * max_health_streams)
+        self._watches = _StreamKind(max_streams, "server.max_streams", "watch")
+        self._probes = _StreamKind(max_health_streams, "server.max_health_streams", "health")
         registry = registry if registry is not None else CollectorRegistry()
         self._refused = Counter("veil_calls_refused", "gRPC calls refused before their handler, by method and code.",
                                 ["method", "code"], registry=registry)
@@ -174,12 +230,18 @@ class AccessInterceptor(grpc.ServerInterceptor):
     def authenticator(self) -> Authenticator:
         return self._auth
 
-    def reload(self, auth: AuthConfig, limits: dict[str, tuple[float, float]]) -> None:
+    def reload(self, auth: AuthConfig, limits: Mapping[str, Limits]) -> None:
         """Check calls against auth's tokens, and limit them by `limits` (token_limits of this
         process's share), from the next call on; calls in progress finish as they started.
         ConfigError, and nothing changes, when that would turn authentication on or off."""
         self._auth.replace(auth)
-        self._limiter.set_limits(limits)
+        self._report_limiter.set_limits(_reports(limits))
+        self._upload_limiter.set_limits(_uploads(limits))
+
+    def close(self) -> None:
+        """Let the stream pools' threads go (the server has stopped: its streams have ended)."""
+        for kind in (self._watches, self._probes):
+            kind.pool.shutdown(wait=False)
 
     # -- on the polling thread: decide, wrap, never block ------------------------------------
 
@@ -189,7 +251,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
             return None
         method = handler_call_details.method
         if method.startswith(_OPEN):
-            return self._bounded(handler, ANONYMOUS) if handler.response_streaming else handler
+            if handler.response_streaming:
+                return self._bounded(handler, ANONYMOUS, self._probes, self._open_budget)
+            return self._read_first(handler, lambda behavior: behavior, self._open_budget)
         if not self._auth.enabled:
             identity = ANONYMOUS
         else:
@@ -207,12 +271,26 @@ class AccessInterceptor(grpc.ServerInterceptor):
                                     f"Token {identity.name!r} is {_a(identity.role)} token; this call needs "
                                     f"{_a(needed)} token.")
         if method == _UPLOAD:
-            return _rebuild(handler, lambda behavior: self._upload(behavior, identity), deserializer=parse_upload)
-        if method == _SPECS and identity.role == "upload":
-            return _rebuild(handler, lambda behavior: self._scoped_specs(behavior, identity))
+            return _rebuild(handler, lambda behavior: self._upload(behavior, identity), deserializer=parse_upload,
+                            request_streaming=True)
         if handler.response_streaming:
-            return self._bounded(handler, identity)
-        return _rebuild(handler, lambda behavior: self._as(behavior, identity))
+            return self._bounded(handler, identity, self._watches, self._budget)
+        if method == _SPECS and identity.role == "upload":
+            return self._read_first(handler, lambda behavior: self._scoped_specs(behavior, identity), self._budget)
+        return self._read_first(handler, lambda behavior: self._as(behavior, identity), self._budget)
+
+    def _read_first(self, handler, wrap: Callable, budget: ByteBudget):
+        """A unary-request handler, its behaviour wrapped, whose request is read within the
+        budget (see _Reading)."""
+        def budgeted(behavior):
+            def call(requests, context):
+                reading = _Reading(self, budget, requests, context)
+                try:
+                    return behavior(reading.one(), context)
+                finally:
+                    reading.close()
+            return call
+        return _rebuild(handler, lambda behavior: budgeted(wrap(behavior)), request_streaming=True)
 
     @staticmethod
     def _needed(method: str) -> str | None:
@@ -225,15 +303,16 @@ class AccessInterceptor(grpc.ServerInterceptor):
         return None  # a method this table does not know: refused (fail closed)
 
     def _refuse(self, handler, method: str, code: grpc.StatusCode, message: str):
+        """A handler that answers `code` without reading the request (see _rebuild)."""
         self._refused.labels(method, code.name).inc()
         log.debug("call refused", extra={"method": method, "code": code.name})
 
         def wrap(_behavior):
-            def refuse(_request, context):
+            def refuse(_requests, context):
                 context.abort(code, message)
             return refuse
 
-        return _rebuild(handler, wrap, deserializer=None)  # the request is never parsed
+        return _rebuild(handler, wrap, deserializer=None, request_streaming=True)
 
     # -- on the worker thread, before the servicer ---------------------------------------------
 
@@ -241,6 +320,13 @@ class AccessInterceptor(grpc.ServerInterceptor):
         """Count the refusal and end the call with it (context.abort raises)."""
         self._refused.labels(method, code.name).inc()
         context.abort(code, message)
+
+    def _rate_limited(self, context, wait: float, what: str) -> None:
+        """Refuse an upload over a rate limit, with the retry hint (context.abort raises)."""
+        milliseconds = max(1, math.ceil(wait * 1000))
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(milliseconds)),))
+        self._deny(context, _UPLOAD, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                   f"{what}; retry after {milliseconds} ms with the same batch id. Nothing was counted.")
 
     @staticmethod
     def _as(behavior, identity: TokenConfig):
@@ -250,28 +336,42 @@ class AccessInterceptor(grpc.ServerInterceptor):
         return call
 
     def _upload(self, behavior, identity: TokenConfig):
-        def upload(request, context):
-            if isinstance(request, bytes):
-                self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
-            if identity.role == "upload" and request.metric not in identity.metrics:
-                self._deny(context, _UPLOAD, grpc.StatusCode.PERMISSION_DENIED,
-                           f"Token {identity.name!r} may not report metric {request.metric!r}.")
-            if not context.is_active():
-                # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
-                self._deny(context, _UPLOAD, grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
-            wait = self._limiter.take(identity.name, request.count)
-            if wait > 0:
-                self._limited.labels(identity.name).inc(request.count)
-                milliseconds = max(1, math.ceil(wait * 1000))
-                rate, burst = self._limiter.limit(identity.name)
-                context.set_trailing_metadata(((RETRY_AFTER_KEY, str(milliseconds)),))
-                self._deny(context, _UPLOAD, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"Rate limit of token {identity.name!r}: {rate:g} reports per second, bursts of "
-                           f"{burst:g}; retry after {milliseconds} ms with the same batch id. Nothing was counted.")
-            self._admitted.labels(identity.name).inc(request.count)
-            with _calling_as(identity.name):
-                return behavior(request, context)
+        def upload(requests, context):
+            name = identity.name
+            wait = self._upload_limiter.take(name, 1)
+            if wait > 0:  # before the message is read
+                rate, burst = self._upload_limiter.limit(name)
+                self._rate_limited(context, wait, f"Upload rate limit of token {name!r}: {rate:g} uploads per "
+                                                  f"second, bursts of {burst:g}")
+            reading = _Reading(self, self._budget, requests, context)
+            try:
+                return self._admit(behavior, reading.one(), context, identity)
+            finally:
+                reading.close()
         return upload
+
+    def _admit(self, behavior, request, context, identity: TokenConfig):
+        """The upload's checks once its message is read, then the servicer."""
+        if isinstance(request, bytes):
+            self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
+        name = identity.name
+        declared = request.metric in self._metrics
+        if identity.role == "upload" and declared and request.metric not in identity.metrics:
+            self._deny(context, _UPLOAD, grpc.StatusCode.PERMISSION_DENIED,
+                       f"Token {name!r} may not report metric {quoted(request.metric)}.")
+        if not context.is_active():
+            # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
+            self._deny(context, _UPLOAD, grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
+        held = reports_held(request, self._metrics.get(request.metric))
+        wait = self._report_limiter.take(name, held)
+        if wait > 0:
+            self._limited.labels(name).inc(held)
+            rate, burst = self._report_limiter.limit(name)
+            self._rate_limited(context, wait, f"Rate limit of token {name!r}: {rate:g} reports per second, "
+                                              f"bursts of {burst:g}")
+        self._admitted.labels(name).inc(held)
+        with _calling_as(name):
+            return behavior(request, context)
 
     def _scoped_specs(self, behavior, identity: TokenConfig):
         def specs(request, context):
@@ -281,25 +381,29 @@ class AccessInterceptor(grpc.ServerInterceptor):
                                                    max_batch=response.max_batch)
         return specs
 
-    def _bounded(self, handler, identity: TokenConfig):
-        """A server-streaming call holds a worker thread while it lasts: at most max_streams at once."""
-        def wrap(behavior):
-            def stream(request, context):
-                return self._stream(behavior, request, context, identity.name)
-            return stream
-        return _rebuild(handler, wrap)
+    def _bounded(self, handler, identity: TokenConfig, kind: _StreamKind, budget: ByteBudget):
+        """A streaming call of `kind`: on the kind's own threads, at most its limit at once, its
+        requests read within the in-flight bytes budget."""
+        one = not handler.request_streaming
 
-    def _stream(self, behavior, request, context, name: str) -> Iterator:
-        """The responses, each computed as `name`, holding one of the stream slots from the first
+        def wrap(behavior):
+            def stream(requests, context):
+                reading = _Reading(self, budget, requests, context)
+                return self._stream(behavior, reading, one, context, identity.name, kind)
+            stream.experimental_thread_pool = kind.pool  # grpcio runs the behaviour on this pool
+            return stream
+        return _rebuild(handler, wrap, request_streaming=True)
+
+    def _stream(self, behavior, reading: _Reading, one: bool, context, name: str, kind: _StreamKind) -> Iterator:
+        """The responses, each computed as `name`, holding one of the kind's slots from the first
         response to the end (of the stream, by an error, or by a cancel: gRPC then drops the
-        iterator, which closes it). A stream never started never took a slot."""
-        if not self._streams.acquire(blocking=False):
+        iterator, which closes it). A stream never started never took a slot, nor read a request."""
+        if not kind.slots.acquire(blocking=False):
             self._deny(context, "(stream)", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       f"Too many streams at once (at most {self._max_streams}, server.max_streams); "
-                       f"retry later or poll instead.")
+                       f"Too many streams at once (at most {kind.limit}, {kind.key}); retry later or poll instead.")
         try:
             with _calling_as(name):
-                iterator = iter(behavior(request, context))
+                iterator = iter(behavior(reading.one() if one else reading, context))
             while True:
                 with _calling_as(name):
                     item = next(iterator, _END)
@@ -307,4 +411,51 @@ class AccessInterceptor(grpc.ServerInterceptor):
                     return
                 yield item
         finally:
-            self._streams.release()
+            reading.close()
+            kind.slots.release()
+
+
+class _Reading:
+    """A call's requests, read within the in-flight bytes budget (_budget): before each read the
+    largest message's size is reserved (waiting up to _BUDGET_WAIT, within the call's deadline,
+    then RESOURCE_EXHAUSTED); once read, the message keeps its own size until the next read or
+    close(). gRPC reads a request only when asked (next), so nothing is read unreserved."""
+
+    def __init__(self, access: AccessInterceptor, budget: ByteBudget, requests: Iterator, context) -> None:
+        self._access, self._budget, self._requests, self._context = access, budget, requests, context
+        self._held = 0
+
+    def __iter__(self) -> _Reading:
+        return self
+
+    def __next__(self):
+        self.close()
+        access = self._access
+        if not self._budget.reserve(access._upload_bytes, min(_BUDGET_WAIT, self._context.time_remaining() or 0.0)):
+            self._context.set_trailing_metadata(((RETRY_AFTER_KEY, "1000"),))
+            access._deny(self._context, "(read)", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
+                         "retry (an upload with the same batch id). Nothing was counted.")
+        self._held = access._upload_bytes
+        request = next(self._requests, None)
+        size = len(request) if isinstance(request, bytes) else request.ByteSize() if request is not None else 0
+        self._release(self._held - min(size, self._held))
+        if request is None:
+            self.close()
+            raise StopIteration
+        return request
+
+    def one(self):
+        """The call's one request; INVALID_ARGUMENT when it carried none."""
+        request = next(self, None)
+        if request is None:
+            self._access._deny(self._context, "(read)", grpc.StatusCode.INVALID_ARGUMENT,
+                               "The call carried no request message.")
+        return request
+
+    def _release(self, n: int) -> None:
+        self._held -= n
+        self._budget.release(n)
+
+    def close(self) -> None:
+        self._release(self._held)

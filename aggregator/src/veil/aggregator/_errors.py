@@ -5,8 +5,18 @@ They live in one light module (no numpy) so the CLI can catch them without loadi
 
 from __future__ import annotations
 
-__all__ = ["AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "StaleSpec", "StoreError",
+__all__ = ["quoted", "AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "StaleSpec", "StoreError",
            "StoreUnavailable"]
+
+
+_QUOTED_CHARACTERS = 64
+
+
+def quoted(name: str) -> str:
+    """A name from a request, quoted for an error message: at most 64 characters of it. A
+    caller's name is echoed, never whole: a 100,000-character one would make trailers larger
+    than a client accepts, and it would see RESOURCE_EXHAUSTED instead of the refusal."""
+    return repr(name if len(name) <= _QUOTED_CHARACTERS else name[:_QUOTED_CHARACTERS] + "...")
 
 
 class AggregatorError(Exception):

@@ -10,7 +10,11 @@
     grace_period = 10.0           # seconds in-flight uploads get on SIGTERM
     workers = 16                  # gRPC handler threads
     max_concurrent_rpcs = 128     # gRPC calls in progress or queued, at most (default workers * 8)
-    max_streams = 8               # Watch (server-streaming) calls at once, at most (default workers / 2)
+    max_streams = 8               # Estimates/Watch streams at once, at most (default workers / 2; threads of their own)
+    max_health_streams = 2        # tokenless health Watch and reflection streams at once (threads of their own)
+    max_inflight_bytes = 67108864 # upload bytes read at once (each reserves the largest upload's size); default 64 MiB
+    http_max_connections = 256    # HTTP connections at once; more are closed on accept
+    http_request_timeout = 10.0   # seconds a connection has for each request's headers (and to read its answer)
     processes = 1                 # worker processes sharing the gRPC port (SO_REUSEPORT); > 1 needs Redis
 
     [store]
@@ -39,19 +43,21 @@
     tokens_file = "/etc/veil/tokens.toml"       # owner-only; holds [[upload_tokens]] and [[read_tokens]]
     rate_limit = 100000           # reports per second per upload token (0: unlimited)
     rate_burst = 200000           # reports at once per upload token (default 2 s worth, >= max_batch)
+    upload_rate_limit = 1000      # uploads per second per upload token (0: unlimited)
+    upload_rate_burst = 2000      # uploads at once per upload token (default 2 s worth)
 
     [[auth.upload_tokens]]        # an app's token: it may upload these metrics (and fetch their specs)
     name = "app-a"
     token = "..."                 # at least 16 printable ASCII characters without spaces
     metrics = ["browser"]
-    rate_limit = 5000             # optional: this token's own limit (and rate_burst)
+    rate_limit = 5000             # optional: this token's own limits (and rate_burst, upload_rate_limit, ...)
 
     [[auth.read_tokens]]          # estimates (gRPC Estimates, HTTP /v1/estimates and /metrics), specs
     name = "dashboard"
     token = "..."
 
 Relative file paths are relative to the config file's directory. Every error names the key it
-is about, never a token's value; tokens are kept only as SHA-256 digests. Every error names the key it is about. Precedence for the file and the store: an explicit
+is about, never a token's value; tokens are kept only as SHA-256 digests. Precedence for the file and the store: an explicit
 argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults below.
 """
 
@@ -89,6 +95,10 @@ _DEFAULT_WATCH_INTERVAL = 1.0
 _DEFAULT_GRACE_PERIOD = 10.0
 _DEFAULT_WORKERS = 16
 _DEFAULT_RATE_LIMIT = 100_000  # reports per second per upload token
+_DEFAULT_UPLOAD_RATE_LIMIT = 1_000  # uploads per second per upload token: each leaves a batch id for dedupe_ttl
+_DEFAULT_HEALTH_STREAMS = 2
+_DEFAULT_HTTP_CONNECTIONS = 256
+_DEFAULT_HTTP_REQUEST_TIMEOUT = 10.0
 _BURST_SECONDS = 2.0  # the default burst: this many seconds of the rate
 _MIN_TOKEN_LENGTH = 16
 _MAX_TOKEN_LENGTH = 4096
@@ -163,6 +173,8 @@ class TokenConfig:
     metrics: frozenset[str] = frozenset()  # upload tokens: the metrics it may report
     rate_limit: float = 0.0  # reports per second; 0: unlimited
     rate_burst: float = 0.0  # reports at once
+    upload_rate_limit: float = 0.0  # uploads per second; 0: unlimited
+    upload_rate_burst: float = 0.0  # uploads at once
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,8 @@ class AuthConfig:
     # uploads together; 0 means none.
     anonymous_rate_limit: float = 0.0
     anonymous_rate_burst: float = 0.0
+    anonymous_upload_rate_limit: float = 0.0
+    anonymous_upload_rate_burst: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -196,6 +210,10 @@ class AggregatorConfig:
     workers: int = _DEFAULT_WORKERS
     max_concurrent_rpcs: int = _DEFAULT_WORKERS * 8
     max_streams: int = _DEFAULT_WORKERS // 2
+    max_health_streams: int = _DEFAULT_HEALTH_STREAMS
+    max_inflight_bytes: int | None = None  # None: 64 MiB, or the largest valid upload (daemon.inflight_bytes)
+    http_max_connections: int = _DEFAULT_HTTP_CONNECTIONS
+    http_request_timeout: float = _DEFAULT_HTTP_REQUEST_TIMEOUT
     processes: int = 1  # worker processes sharing the gRPC port; workers, limits and streams are per process
     tls: TlsConfig | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -230,7 +248,8 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     server = _table(data, "server")
     store = _table(data, "store")
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
-                   "workers", "max_concurrent_rpcs", "max_streams", "processes"}, "server.")
+                   "workers", "max_concurrent_rpcs", "max_streams", "max_health_streams", "max_inflight_bytes",
+                   "http_max_connections", "http_request_timeout", "processes"}, "server.")
     _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
@@ -246,6 +265,16 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
     grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
     processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
+    max_streams = _whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1)
+    max_health_streams = _whole(server.get("max_health_streams", _DEFAULT_HEALTH_STREAMS), "server.max_health_streams",
+                                low=1)
+    max_concurrent_rpcs = _whole(server.get("max_concurrent_rpcs", workers * 8), "server.max_concurrent_rpcs", low=1)
+    if max_concurrent_rpcs < workers + max_streams + max_health_streams:
+        # Open streams count as calls in progress: with fewer slots, streams alone could fill
+        # them and every upload would be refused.
+        raise ConfigError(f"server.max_concurrent_rpcs: expected at least server.workers + max_streams + "
+                          f"max_health_streams ({workers} + {max_streams} + {max_health_streams}), so that streams "
+                          f"can never take every slot from uploads; got {max_concurrent_rpcs}.")
     return AggregatorConfig(
         metrics=metrics,
         grpc_address=grpc_address,
@@ -258,9 +287,15 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         watch_interval=_seconds(server.get("watch_interval", _DEFAULT_WATCH_INTERVAL), "server.watch_interval"),
         grace_period=_seconds(server.get("grace_period", _DEFAULT_GRACE_PERIOD), "server.grace_period"),
         workers=workers,
-        max_concurrent_rpcs=_whole(server.get("max_concurrent_rpcs", workers * 8), "server.max_concurrent_rpcs",
-                                   low=1),
-        max_streams=_whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1),
+        max_concurrent_rpcs=max_concurrent_rpcs,
+        max_streams=max_streams,
+        max_health_streams=max_health_streams,
+        max_inflight_bytes=(_whole(server["max_inflight_bytes"], "server.max_inflight_bytes", low=1)
+                            if "max_inflight_bytes" in server else None),
+        http_max_connections=_whole(server.get("http_max_connections", _DEFAULT_HTTP_CONNECTIONS),
+                                    "server.http_max_connections", low=1),
+        http_request_timeout=_seconds(server.get("http_request_timeout", _DEFAULT_HTTP_REQUEST_TIMEOUT),
+                                      "server.http_request_timeout", above_zero=True),
         processes=processes,
         tls=_tls(data, base_dir),
         auth=_auth(data, base_dir, {m.name for m in metrics}, max_batch),
@@ -329,9 +364,9 @@ def _tls(data: Mapping[str, object], base: Path) -> TlsConfig | None:
 
 def _auth(data: Mapping[str, object], base: Path, declared: set[str], max_batch: int) -> AuthConfig:
     auth = _table(data, "auth")
-    _only(auth, {"tokens_file", "rate_limit", "rate_burst", "upload_tokens", "read_tokens"}, "auth.")
-    rate, burst = _rate(auth, "auth.", _DEFAULT_RATE_LIMIT, None, max_batch)
-    tokens = list(_tokens(auth, "auth.", declared, rate, burst, max_batch))
+    _only(auth, {"tokens_file", *_LIMIT_KEYS, "upload_tokens", "read_tokens"}, "auth.")
+    limits = _limits(auth, "auth.", _DEFAULT_LIMITS, max_batch)
+    tokens = list(_tokens(auth, "auth.", declared, limits, max_batch))
     tokens_file = None
     if "tokens_file" in auth:
         tokens_file = _path(auth["tokens_file"], "auth.tokens_file", base)
@@ -344,7 +379,7 @@ def _auth(data: Mapping[str, object], base: Path, declared: set[str], max_batch:
             # The parser's message may quote the file; the file holds secrets.
             raise ConfigError(f"auth.tokens_file: {tokens_file} is not valid TOML.") from None
         _only(secrets, {"upload_tokens", "read_tokens"}, f"{tokens_file}: ")
-        tokens += _tokens(secrets, f"{tokens_file}: ", declared, rate, burst, max_batch)
+        tokens += _tokens(secrets, f"{tokens_file}: ", declared, limits, max_batch)
     names: dict[str, str] = {}
     digests: set[bytes] = set()
     for token, key in tokens:
@@ -354,34 +389,50 @@ def _auth(data: Mapping[str, object], base: Path, declared: set[str], max_batch:
             raise ConfigError(f"{key}.token: the same token value is given twice; each token needs its own.")
         names[token.name] = key
         digests.add(token.digest)
-    explicit = "rate_limit" in auth
+    # With authentication off, an explicit limit applies to all uploads together (anonymous).
+    anonymous = limits if any(key in auth for key in _LIMIT_KEYS) else (0.0, 0.0, 0.0, 0.0)
     return AuthConfig(tokens=tuple(t for t, _ in tokens), tokens_file=tokens_file,
-                      anonymous_rate_limit=rate if explicit else 0.0, anonymous_rate_burst=burst if explicit else 0.0)
+                      anonymous_rate_limit=anonymous[0], anonymous_rate_burst=anonymous[1],
+                      anonymous_upload_rate_limit=anonymous[2], anonymous_upload_rate_burst=anonymous[3])
 
 
-def _rate(table: Mapping[str, object], prefix: str, rate: float, burst: float | None,
-          max_batch: int) -> tuple[float, float]:
-    """(reports per second, burst) of a table, falling back to the given ones."""
-    if "rate_limit" in table:
-        value = table["rate_limit"]
+_LIMIT_KEYS = ("rate_limit", "rate_burst", "upload_rate_limit", "upload_rate_burst")
+_DEFAULT_LIMITS = (float(_DEFAULT_RATE_LIMIT), None, float(_DEFAULT_UPLOAD_RATE_LIMIT), None)
+
+
+def _limits(table: Mapping[str, object], prefix: str, inherited: tuple, max_batch: int) -> tuple[float, ...]:
+    """(reports per second, report burst, uploads per second, upload burst) of a table, falling
+    back to the inherited ones; a burst not given is 2 s of its rate (reports: at least max_batch)."""
+    reports = _rate(table, prefix, "", "reports", inherited[:2], max_batch)
+    uploads = _rate(table, prefix, "upload_", "uploads", inherited[2:], 1)
+    return (*reports, *uploads)
+
+
+def _rate(table: Mapping[str, object], prefix: str, kind: str, unit: str, inherited: tuple,
+          least_burst: int) -> tuple[float, float]:
+    """(rate, burst) of `kind`rate_limit and `kind`rate_burst in a table, or the inherited ones."""
+    rate, burst = inherited
+    if f"{kind}rate_limit" in table:
+        value = table[f"{kind}rate_limit"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{prefix}rate_limit: expected reports per second (a number, 0 for no limit), "
+            raise ConfigError(f"{prefix}{kind}rate_limit: expected {unit} per second (a number, 0 for no limit), "
                               f"got {value!r}.")
         rate, burst = float(value), None  # a new rate has its own default burst
-    if "rate_burst" in table:
-        value = table["rate_burst"]
+    if f"{kind}rate_burst" in table:
+        value = table[f"{kind}rate_burst"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{prefix}rate_burst: expected a number of reports, got {value!r}.")
-        if rate and value < max_batch:
-            raise ConfigError(f"{prefix}rate_burst: expected at least server.max_batch ({max_batch}) reports, or a "
-                              f"full batch could never pass; got {value!r}.")
+            raise ConfigError(f"{prefix}{kind}rate_burst: expected a number of {unit}, got {value!r}.")
+        if rate and value < least_burst:
+            need = f"server.max_batch ({least_burst}) reports, or a full batch" if unit == "reports" else \
+                f"{least_burst} upload, or no upload"
+            raise ConfigError(f"{prefix}{kind}rate_burst: expected at least {need} could never pass; got {value!r}.")
         burst = float(value)
     if burst is None:
-        burst = max(rate * _BURST_SECONDS, float(max_batch)) if rate else 0.0
+        burst = max(rate * _BURST_SECONDS, float(least_burst)) if rate else 0.0
     return rate, burst
 
 
-def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], rate: float, burst: float,
+def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], limits: tuple[float, ...],
             max_batch: int) -> list[tuple[TokenConfig, str]]:
     found = []
     for role in ("upload", "read"):
@@ -393,7 +444,7 @@ def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], rate: 
             key = f"{prefix}{role}_tokens[{i}]"
             if not isinstance(entry, Mapping):
                 raise ConfigError(f"{key}: expected a table with name and token.")
-            allowed = {"name", "token", "metrics", "rate_limit", "rate_burst"} if role == "upload" else {"name", "token"}
+            allowed = {"name", "token", "metrics", *_LIMIT_KEYS} if role == "upload" else {"name", "token"}
             _only(entry, allowed, f"{key}.")
             name = _text(entry.get("name"), f"{key}.name")
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}", name):
@@ -409,8 +460,8 @@ def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], rate: 
             for j, metric in enumerate(metrics):
                 if metric not in declared:
                     raise ConfigError(f"{key}.metrics[{j}]: {metric!r} is not a declared metric.")
-            own_rate, own_burst = _rate(entry, f"{key}.", rate, burst, max_batch)
-            found.append((TokenConfig(name, role, digest, frozenset(metrics), own_rate, own_burst), key))
+            found.append((TokenConfig(name, role, digest, frozenset(metrics),
+                                      *_limits(entry, f"{key}.", limits, max_batch)), key))
     return found
 
 
@@ -539,7 +590,9 @@ def _whole(value: object, key: str, *, low: int) -> int:
     return value
 
 
-def _seconds(value: object, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{key}: expected a number of seconds (at least 0), got {value!r}.")
+def _seconds(value: object, key: str, *, above_zero: bool = False) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or (above_zero and value == 0)):
+        raise ConfigError(f"{key}: expected a number of seconds ({'above' if above_zero else 'at least'} 0), "
+                          f"got {value!r}.")
     return float(value)

@@ -10,11 +10,19 @@ while it cannot be reached (uploads then fail fast with UNAVAILABLE, never silen
 
 Access: with [tls] both listeners speak TLS only (mutual TLS with tls.client_ca_file); with
 tokens, an interceptor checks every call before its handler (see _auth); reload_tokens() swaps
-them while serving (`veil serve` on SIGHUP). The limits on abuse:
-gRPC refuses, unread, any message larger than the largest valid upload (max_message_bytes);
-at most server.max_concurrent_rpcs calls are in progress or queued (more get
-RESOURCE_EXHAUSTED at once), at most server.max_streams of them Watch streams (each holds a
-worker thread); each upload token has a rate limit in reports per second.
+them while serving (`veil serve` on SIGHUP). The limits on abuse, each bounding memory or
+threads whatever a caller sends:
+- gRPC refuses, unread, any message larger than the largest valid upload (max_message_bytes);
+  a call refused by the access checks is answered without its message being read (_auth);
+- requests being read reserve at most server.max_inflight_bytes (_budget), each the largest
+  valid upload's size until read (tokenless health and reflection calls from a budget of their
+  own); HTTP/2 windows stay small for messages not yet asked for (_GRPC_OPTIONS);
+- at most server.max_concurrent_rpcs calls are in progress or queued (more get
+  RESOURCE_EXHAUSTED at once); streams run on pools of their own, at most server.max_streams
+  Estimates/Watch and server.max_health_streams health and reflection streams;
+- each upload token has rate limits in uploads and in reports per second;
+- HTTP: at most server.http_max_connections connections, each with server.http_request_timeout
+  for every request (see http).
 
 With server.processes = N > 1 this class is one of N worker processes started by `veil serve`
 (see _workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
@@ -42,9 +50,9 @@ from prometheus_client import CollectorRegistry
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
-from ._auth import AccessInterceptor, token_limits
+from ._auth import AccessInterceptor, Limits, token_limits
+from ._budget import ByteBudget
 from ._errors import ConfigError
-from ._ratelimit import RateLimiter
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig, is_loopback
 from .http import HttpListener, Page
@@ -53,14 +61,20 @@ from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
 from .store import Store, StoreError, open_store
 
-__all__ = ["Aggregator", "freeze_startup_heap", "max_message_bytes", "open_configured_store"]
+__all__ = ["Aggregator", "freeze_startup_heap", "inflight_bytes", "max_message_bytes", "open_configured_store"]
 
 log = logging.getLogger("veil.aggregator")
 
 _HEALTH_PERIOD = 1.0  # seconds between store pings
+# A call's message waits in the HTTP/2 stream window until a worker asks for it. gRPC grows
+# windows with its bandwidth probe; without it they stay at the lookahead for calls not yet
+# read (a call being read is given its message's size), so queued calls hold little memory.
+_GRPC_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 64 << 10),
+                 ("grpc.max_concurrent_streams", 100))
 _SERVICES = tuple(s.full_name for s in veil_pb2.DESCRIPTOR.services_by_name.values())
 
 
+_DEFAULT_INFLIGHT_BYTES = 64 << 20
 _FIELDS_BYTES = 256  # an upload's batch id, count, and every tag and length prefix, with room to spare
 
 
@@ -73,6 +87,18 @@ def max_message_bytes(config: AggregatorConfig) -> int:
         + len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES
         for m in config.metrics
     )
+
+
+def inflight_bytes(config: AggregatorConfig) -> int:
+    """The in-flight upload bytes budget: server.max_inflight_bytes, by default 64 MiB or the
+    largest valid upload when that is larger. ConfigError when one upload could never fit."""
+    limit = max_message_bytes(config)
+    if config.max_inflight_bytes is None:
+        return max(_DEFAULT_INFLIGHT_BYTES, limit)
+    if config.max_inflight_bytes < limit:
+        raise ConfigError(f"server.max_inflight_bytes: expected at least the largest valid upload of these metrics "
+                          f"({limit} bytes), or it could never be read; got {config.max_inflight_bytes}.")
+    return config.max_inflight_bytes
 
 
 def freeze_startup_heap() -> None:
@@ -93,11 +119,11 @@ def open_configured_store(config: AggregatorConfig) -> Store:
         raise ConfigError(f"store: {err}") from None
 
 
-def _worker_limits(auth: AuthConfig, processes: int) -> dict[str, tuple[float, float]]:
-    """This process's share of every token's rate and burst. SO_REUSEPORT spreads connections,
+def _worker_limits(auth: AuthConfig, processes: int) -> dict[str, Limits]:
+    """This process's share of every token's rates and bursts. SO_REUSEPORT spreads connections,
     not calls, over the processes, so the N shares add up to the configured limit only while a
     token's connections are spread evenly (a token on one connection gets 1/N of it)."""
-    return {name: (rate / processes, burst / processes) for name, (rate, burst) in token_limits(auth).items()}
+    return {name: tuple(value / processes for value in limits) for name, limits in token_limits(auth).items()}
 
 
 def _token_names(auth: AuthConfig) -> dict[str, object]:
@@ -130,6 +156,8 @@ class Aggregator:
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
                  pages: dict[str, tuple[str, Page]] | None = None) -> None:
         self.config = config
+        limit = max_message_bytes(config)
+        budget = inflight_bytes(config)
         self.store = store if store is not None else open_configured_store(config)
         self.instruments = Instruments(registry)
         self.live = LiveEstimates(config, self.store, clock=clock)
@@ -143,19 +171,22 @@ class Aggregator:
         self._store_ok: bool | None = None  # unknown until the first ping
 
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.access = AccessInterceptor(config.auth, max_streams=config.max_streams,
-                                        registry=self.instruments.registry,
-                                        limiter=RateLimiter(_worker_limits(config.auth, config.processes)))
-        limit = max_message_bytes(config)
+        self.access = AccessInterceptor(config.auth, metrics={m.name: m.spec for m in config.metrics},
+                                        max_streams=config.max_streams, max_health_streams=config.max_health_streams,
+                                        upload_bytes=limit, budget=ByteBudget(budget),
+                                        limits=_worker_limits(config.auth, config.processes),
+                                        registry=self.instruments.registry)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
             interceptors=[self.access],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", int(config.processes > 1))],
+            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", int(config.processes > 1)),
+                     *_GRPC_OPTIONS],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(
             CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False), self._grpc)
-        add_estimates_to_server(EstimatesService(config, self.live, self._stopping), self._grpc)
+        self._estimates = EstimatesService(config, self.live, self._stopping)
+        add_estimates_to_server(self._estimates, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection((*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         try:
@@ -173,7 +204,9 @@ class Aggregator:
                 self._http = HttpListener(config.http_address, self.live, exported,
                                           lambda: self._store_ok is True,
                                           dashboard.pages() if pages is None else pages,
-                                          tls=self.tls, authenticator=self.access.authenticator)
+                                          tls=self.tls, authenticator=self.access.authenticator,
+                                          max_connections=config.http_max_connections,
+                                          request_timeout=config.http_request_timeout)
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)
@@ -260,8 +293,10 @@ class Aggregator:
             return
         self._stopping.set()
         self._health.enter_graceful_shutdown()
+        self._estimates.stop()
         grace = self.config.grace_period if grace is None else grace
         self._grpc.stop(grace).wait()
+        self.access.close()
         if self._http:
             self._http.stop()
         try:

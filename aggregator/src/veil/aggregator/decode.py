@@ -27,7 +27,7 @@ from ._errors import InvalidBatch
 from .counts import Counts
 
 __all__ = ["BATCH_ID_BYTES", "UNPARSEABLE", "decode_upload", "decode_index_sets", "decode_bitmaps",
-           "parse_upload", "warm_up"]
+           "parse_upload", "reports_held", "warm_up"]
 
 BATCH_ID_BYTES = 16
 UNPARSEABLE = "The upload is not a valid UploadRequest message."
@@ -43,6 +43,23 @@ def parse_upload(data: bytes) -> veil_pb2.UploadRequest | bytes:
         return veil_pb2.UploadRequest.FromString(data)
     except DecodeError:
         return data
+
+
+def reports_held(request: veil_pb2.UploadRequest, metric: MetricSpec | None) -> int:
+    """How many reports the upload's payload can hold, at most its claimed count: what a rate
+    limit charges, so that a batch claiming more reports than it carries costs what it carries
+    (0 for a metric not declared, or an encoding the spec does not use)."""
+    if metric is None:
+        return 0
+    spec = metric.mechanism
+    payload = request.WhichOneof("reports")
+    if payload == "index_sets" and spec.q is not None:
+        held = len(request.index_sets.indices) // (spec.q * _INDEX_BYTES)
+    elif payload == "bitmaps":
+        held = len(request.bitmaps.bits) // -(-spec.k // 8)
+    else:
+        held = 0
+    return min(request.count, held)
 
 
 def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_reports: int) -> Counts:

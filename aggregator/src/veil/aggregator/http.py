@@ -6,193 +6,312 @@
     GET /healthz                          200 when the store answers, 503 otherwise
     GET /                                 the dashboard (pages passed in by the daemon)
 
-Standard library server, one thread per connection. Requests are not logged with addresses.
+aiohttp on an asyncio loop in a thread of its own: a connection costs a file descriptor and a
+few kilobytes, never a thread, so slow clients hold up no one. HTTP/1.1 with keep-alive, HEAD
+on every route, gzip when the client asks (Accept-Encoding). The limits:
+
+- at most `max_connections` connections at once (TLS handshakes included). A connection
+  accepted beyond them closes the one that has waited longest for its next request (slow
+  clients go first, and a new client is served whatever slow ones hold); when every
+  connection is being answered, the new one is closed instead;
+- `request_timeout` seconds for each request: from the connection's start (its TLS handshake
+  included), or from the start of the previous answer, until the request's headers are in, and
+  for the answer to be read; a connection that misses it is closed (keep-alive idles likewise);
+- request lines and headers of at most 8 KiB each (aiohttp's limits).
+
+The routes' work (reading the store, computing estimates) runs on a small thread pool, never
+on the loop. Requests are not logged, with addresses or otherwise.
 
 With TLS (ServerTls) every connection is HTTPS (and must present a client certificate from the
-client CA under mutual TLS); the handshake runs on the connection's own thread, bounded by the
-same timeout as a request, so a slow client holds up no one else. With tokens configured,
-/v1/estimates and /metrics need `Authorization: Bearer <read token>` (401 with
-WWW-Authenticate when missing or unknown, 403 for a token that is not a read token);
-/healthz and the dashboard's static pages stay open.
+client CA under mutual TLS); each handshake takes the current files (ServerTls reloads them when
+they change). With tokens configured, /v1/estimates and /metrics need `Authorization: Bearer
+<read token>` (401 with WWW-Authenticate when missing or unknown, 403 for a token that is not a
+read token); /healthz and the dashboard's static pages stay open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
-import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, unquote, urlsplit
+from concurrent import futures
+from urllib.parse import parse_qs, unquote
 
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ._errors import UnknownMetric
 from .live import LiveEstimates, estimates_json
 from .store import StoreError
 
-__all__ = ["HttpListener", "REQUEST_TIMEOUT"]
-
-REQUEST_TIMEOUT = 30.0  # seconds a connection may take for its TLS handshake, or to send a request
+__all__ = ["HttpListener", "Page"]
 
 log = logging.getLogger("veil.aggregator")
 
 # Extra routes (e.g. the dashboard) register here: path -> (content type, body factory).
 Page = Callable[[], bytes]
 
+_ROUTE_THREADS = 4  # threads that answer requests (store reads, estimates); requests beyond wait their turn
+_GZIP_AT_LEAST = 1024  # bytes: smaller bodies go as they are
+_SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    # Nothing here is to be framed or sniffed into another type. (The dashboard's own page
+    # carries the rest of its policy in a <meta> tag; frame-ancestors only works as a header.)
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "Server": "veil",
+}
+
 
 class HttpListener:
-    """Serves the routes above on a thread of its own."""
+    """Serves the routes above on a thread of its own. The socket is bound when it is made
+    (an OSError then), served from start() to stop()."""
 
     def __init__(self, address: str, live: LiveEstimates, registry, healthy: Callable[[], bool],
-                 pages: dict[str, tuple[str, Page]] | None = None, *, tls=None, authenticator=None) -> None:
+                 pages: dict[str, tuple[str, Page]] | None = None, *, tls=None, authenticator=None,
+                 max_connections: int = 256, request_timeout: float = 10.0) -> None:
         host, _, port = address.rpartition(":")
-        handler = type("Handler", (_Handler,), {"live": live, "registry": registry, "healthy": staticmethod(healthy),
-                                                "pages": dict(pages or {}), "authenticator": authenticator})
-        self._server = _Server((host.strip("[]"), int(port)), handler)
-        self._server.tls = tls
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="veil-http", daemon=True)
+        self._socket = socket.create_server((host.strip("[]"), int(port)), backlog=128,
+                                            family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._routes = _Routes(live, registry, healthy, dict(pages or {}), authenticator)
+        self._tls = tls
+        self._max_connections = max_connections
+        self._timeout = request_timeout
+        self._loop = asyncio.new_event_loop()
+        self._pool = futures.ThreadPoolExecutor(max_workers=_ROUTE_THREADS, thread_name_prefix="veil-http")
+        self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._waiting: dict[_Connection, None] = {}  # waiting for a request, longest-waiting first
+        self._by_transport: dict[object, _Connection] = {}
+        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="veil-http", daemon=True)
 
     @property
     def port(self) -> int:
-        return self._server.server_address[1]
+        return self._socket.getsockname()[1]
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (for tests and metrics)."""
+        return len(self._connections)
 
     def start(self) -> None:
         self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=30)
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self._socket.close()
+        self._pool.shutdown(wait=False)
 
+    async def _serve(self) -> None:
+        app = web.Application(middlewares=[self._deadline], client_max_size=64 << 10)
+        app.router.add_route("*", "/{path:.*}", self._answer)
+        # access_log=None: nothing logged per request (no addresses); keepalive_timeout: idle
+        # connections are closed by our deadline first, this is the library's backstop.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_ProtocolLog(log, {}),
+                                     keepalive_timeout=self._timeout, max_line_size=8190, max_field_size=8190)
+        await self._runner.setup()
+        self._server = await self._loop.create_server(
+            lambda: _Connection(self, self._runner.server()), sock=self._socket, ssl=self._ssl_context(),
+            ssl_handshake_timeout=self._timeout if self._tls is not None else None)
 
-class _Server(ThreadingHTTPServer):
-    tls = None  # ServerTls, or None for plain HTTP
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            connection.abort()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
-    def get_request(self):
-        connection, address = super().get_request()
-        if self.tls is not None:
-            # The handshake waits for the connection's thread (Handler.setup), not this one.
-            connection = self.tls.ssl_context().wrap_socket(connection, server_side=True,
-                                                            do_handshake_on_connect=False)
-        return connection, address
+    def _ssl_context(self):
+        """A context whose every handshake switches to ServerTls's current one (reloaded files)."""
+        if self._tls is None:
+            return None
+        context = self._tls.ssl_context()
+        tls = self._tls
 
-    def handle_error(self, request, client_address) -> None:
-        # The default prints a traceback with the client's address to stderr; Veil logs no addresses.
-        log.debug("http connection failed", exc_info=True)
+        def current(ssl_object, _server_name, _context) -> None:
+            ssl_object.context = tls.ssl_context()
 
+        context.sni_callback = current  # called for every handshake, with or without SNI
+        return context
 
-class _Handler(BaseHTTPRequestHandler):
-    live: LiveEstimates
-    registry: object
-    healthy: Callable[[], bool]
-    pages: dict[str, tuple[str, Page]]
-    authenticator = None  # veil.aggregator._auth.Authenticator, or None: no tokens
-    server_version = "veil"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT
-
-    def setup(self) -> None:
-        super().setup()  # applies the timeout to the connection
-        if isinstance(self.connection, ssl.SSLSocket):
-            try:
-                self.connection.do_handshake()
-            except (ssl.SSLError, OSError) as err:
-                # A plaintext client, a client certificate from another CA, a timeout: no request.
-                log.debug("http TLS handshake failed", extra={"problem": type(err).__name__})
-                self.close_connection = True
-                try:
-                    self.connection.close()
-                except OSError:
-                    pass
-                raise _Dropped from None
-
-    def handle(self) -> None:
+    @web.middleware
+    async def _deadline(self, request: web.Request, handler):
+        """No deadline while a request is being answered; the next starts when the answer does."""
+        connection = self._by_transport.get(request.transport)
+        if connection is not None:
+            connection.answering()
         try:
-            super().handle()
-        except (socket.timeout, ConnectionError, ssl.SSLError):
-            pass  # the client went quiet or away
+            return await handler(request)
+        finally:
+            if connection is not None:
+                connection.waiting()
 
-    def _authorized(self) -> bool:
-        """True when the request may read estimates; otherwise answers 401 or 403."""
-        if self.authenticator is None or not self.authenticator.enabled:
-            return True
-        token, problem = self.authenticator.from_bearer(self.headers.get_all("Authorization") or [])
-        if token is None:
-            self._json(401, {"error": problem}, {"WWW-Authenticate": 'Bearer realm="veil"'})
-            return False
-        if token.role != "read":
-            self._json(403, {"error": f"Token {token.name!r} is not a read token."},
-                       {"WWW-Authenticate": 'Bearer realm="veil", error="insufficient_scope"'})
-            return False
-        return True
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            status, content_type, body, headers = _json(405, {"error": "Only GET and HEAD are served here."},
+                                                        {"Allow": "GET, HEAD"})
+        else:
+            status, content_type, body, headers = await self._loop.run_in_executor(
+                self._pool, self._routes.answer, request.rel_url.raw_path, request.rel_url.raw_query_string,
+                request.headers.getall("Authorization", []))
+        response = web.Response(status=status, body=body, content_type=None,
+                                headers={**_SECURITY_HEADERS, **headers, "Content-Type": content_type})
+        if len(body) >= _GZIP_AT_LEAST:
+            response.headers["Vary"] = "Accept-Encoding"
+            if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+                response.enable_compression(web.ContentCoding.gzip)
+        return response
 
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        url = urlsplit(self.path)
-        path = url.path.rstrip("/") or "/"
-        try:
-            if path in ("/v1/estimates", "/metrics") or path.startswith("/v1/estimates/"):
-                if not self._authorized():
-                    return
-            if path == "/v1/estimates" or path.startswith("/v1/estimates/"):
-                metric = unquote(path[len("/v1/estimates/"):]) if path != "/v1/estimates" else None
-                window = parse_qs(url.query).get("window", [None])[0]
-                self._estimates(metric, window)
-            elif path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
-            elif path == "/healthz":
-                ok = self.healthy()
-                self._send(200 if ok else 503, "text/plain; charset=utf-8", b"ok\n" if ok else b"store unavailable\n")
-            elif path in self.pages:
-                content_type, body = self.pages[path]
-                self._send(200, content_type, body())
+
+class _Connection(asyncio.Protocol):
+    """One connection: aiohttp's protocol inside, with the connection limit and the deadline
+    around it. Counted from its accept (before a TLS handshake) until it is lost or dropped."""
+
+    def __init__(self, listener: HttpListener, inner: asyncio.Protocol) -> None:
+        self._listener = listener
+        self._inner = inner
+        self._transport: asyncio.BaseTransport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        if len(listener._connections) >= listener._max_connections:
+            if listener._waiting:
+                next(iter(listener._waiting)).abort()  # the one waiting longest makes room
             else:
-                self._json(404, {"error": f"No such resource: {url.path}"})
-        except BrokenPipeError:
-            pass
+                self._refused = True
+        listener._connections.add(self)
 
-    def _estimates(self, metric: str | None, window: str | None) -> None:
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+        if self._refused:
+            self._listener._connections.discard(self)
+            transport.abort()
+            return
+        self._listener._by_transport[transport] = self
+        self.waiting()
+        self._inner.connection_made(transport)
+
+    def waiting(self) -> None:
+        """The next request's headers (and the answer being read) are due within the timeout."""
+        self.answering()
+        self._listener._waiting[self] = None
+        self._timer = self._listener._loop.call_later(self._listener._timeout, self.abort)
+
+    def answering(self) -> None:
+        self._listener._waiting.pop(self, None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def abort(self) -> None:
+        self.answering()
+        self._listener._connections.discard(self)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool:
+        self._inner.eof_received()
+        return True  # half-closed after its request, a client still gets the answer (within the deadline)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.answering()
+        self._listener._connections.discard(self)
+        self._listener._by_transport.pop(self._transport, None)
+        if not self._refused:
+            self._inner.connection_lost(exc)
+
+
+class _ProtocolLog(logging.LoggerAdapter):
+    """aiohttp's protocol log. Its lines name the client's address and quote what it sent (an
+    Authorization header among it), neither of which Veil logs: each becomes one DEBUG line
+    naming the kind of failure only."""
+
+    def log(self, level, msg, *args, **kwargs) -> None:
+        error = kwargs.get("exc_info")
+        problem = type(error).__name__ if isinstance(error, BaseException) else "request refused or failed"
+        self.logger.debug("http request refused", extra={"problem": problem})
+
+
+def _accepts_gzip(header: str) -> bool:
+    """True when Accept-Encoding lists gzip (or *) without q=0."""
+    for item in header.lower().split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip() in ("gzip", "*"):
+            q = params.strip()
+            return not (q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"))
+    return False
+
+
+def _json(status: int, body: dict, headers: dict[str, str] | None = None) -> tuple[int, str, bytes, dict]:
+    return status, "application/json", json.dumps(body, allow_nan=False).encode(), headers or {}
+
+
+class _Routes:
+    """The routes' answers as (status, content type, body, headers), computed off the loop."""
+
+    def __init__(self, live: LiveEstimates, registry, healthy: Callable[[], bool],
+                 pages: dict[str, tuple[str, Page]], authenticator) -> None:
+        self.live, self.registry, self.healthy, self.pages = live, registry, healthy, pages
+        self.authenticator = authenticator  # veil.aggregator._auth.Authenticator, or None: no tokens
+
+    def answer(self, raw_path: str, raw_query: str, authorization: list[str]) -> tuple[int, str, bytes, dict]:
+        path = raw_path.rstrip("/") or "/"
+        if path in ("/v1/estimates", "/metrics") or path.startswith("/v1/estimates/"):
+            refusal = self._refusal(authorization)
+            if refusal is not None:
+                return refusal
+        if path == "/v1/estimates" or path.startswith("/v1/estimates/"):
+            metric = unquote(path[len("/v1/estimates/"):]) if path != "/v1/estimates" else None
+            window = parse_qs(raw_query).get("window", [None])[0]
+            return self._estimates(metric, window)
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
+        if path == "/healthz":
+            ok = self.healthy()
+            return 200 if ok else 503, "text/plain; charset=utf-8", b"ok\n" if ok else b"store unavailable\n", {}
+        if path in self.pages:
+            content_type, body = self.pages[path]
+            return 200, content_type, body(), {}
+        return _json(404, {"error": f"No such resource: {raw_path[:200]}"})
+
+    def _refusal(self, authorization: list[str]) -> tuple[int, str, bytes, dict] | None:
+        """None when the request may read estimates; otherwise its 401 or 403."""
+        if self.authenticator is None or not self.authenticator.enabled:
+            return None
+        token, problem = self.authenticator.from_bearer(authorization)
+        if token is None:
+            return _json(401, {"error": problem}, {"WWW-Authenticate": 'Bearer realm="veil"'})
+        if token.role != "read":
+            return _json(403, {"error": f"Token {token.name!r} is not a read token."},
+                         {"WWW-Authenticate": 'Bearer realm="veil", error="insufficient_scope"'})
+        return None
+
+    def _estimates(self, metric: str | None, window: str | None) -> tuple[int, str, bytes, dict]:
         try:
             current = self.live.current(metric, window)
         except UnknownMetric as err:
-            self._json(404, {"error": str(err)})
-            return
+            return _json(404, {"error": str(err)})
         except StoreError:
-            self._json(503, {"error": "The counter store is unavailable; try again."})
-            return
+            return _json(503, {"error": "The counter store is unavailable; try again."})
         # Each window's JSON text is built once per bucket and version (WindowEstimate.json_text,
         # cached with the estimate by LiveEstimates): a read with unchanged counts only joins them.
-        self._send(200, "application/json", estimates_json(current, time.time()))
-
-    def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
-        self._send(status, "application/json", json.dumps(body, allow_nan=False).encode(), headers)
-
-    def _send(self, status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        # Nothing here is to be framed or sniffed into another type. (The dashboard's own page
-        # carries the rest of its policy in a <meta> tag; frame-ancestors only works as a header.)
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Content-Security-Policy", "frame-ancestors 'none'")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the stdlib's name)
-        # The default writes the client's address to stderr; Veil logs no addresses.
-        log.debug("http %s", args[0] if args else "")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._json(405, {"error": "Only GET is served here."})
-
-    do_PUT = do_DELETE = do_PATCH = do_POST
-
-
-class _Dropped(Exception):
-    """A connection closed before any request (its TLS handshake failed)."""
+        return 200, "application/json", estimates_json(current, time.time()), {}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._errors import UnknownMetric
+from ._errors import UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
 from .estimate import Estimate, estimate
@@ -185,11 +185,11 @@ class LiveEstimates:
         if metric:
             found = self._config.metric(metric)
             if found is None:
-                raise UnknownMetric(f"No metric named {metric!r} is declared.")
+                raise UnknownMetric(f"No metric named {quoted(metric)} is declared.")
             metrics = (found,)
         pairs = [(m, w) for m in metrics for w in m.windows if not window or w.name == window]
         if window and not pairs:
-            raise UnknownWindow(f"No window named {window!r} is declared for {metric or 'any metric'}.")
+            raise UnknownWindow(f"No window named {quoted(window)} is declared for {metric or 'any metric'}.")
         return pairs
 
     def current(self, metric: str | None = None, window: str | None = None) -> list[WindowEstimate]:

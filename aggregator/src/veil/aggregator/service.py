@@ -22,7 +22,7 @@ from veil.client import spec_to_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import _kernels
-from ._errors import InvalidBatch, StaleSpec, UnknownMetric
+from ._errors import InvalidBatch, StaleSpec, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
@@ -30,11 +30,13 @@ from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate
 from .store import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 
-__all__ = ["CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server", "encode_window"]
+__all__ = ["MAX_WATCH_INTERVAL", "CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server",
+           "encode_window"]
 
 log = logging.getLogger("veil.aggregator")
 
 _UNAVAILABLE = "The counter store is unavailable; retry with the same batch id."
+MAX_WATCH_INTERVAL = 3600.0  # seconds: a longer WatchRequest.min_interval_seconds is taken as this
 
 
 class CollectorService(veil_pb2_grpc.CollectorServicer):
@@ -72,7 +74,8 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         outcome = "error"
         try:
             if metric is None:
-                raise UnknownMetric(f"Metric {request.metric!r} is not declared by this aggregator; fetch the specs again.")
+                raise UnknownMetric(f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs "
+                                    f"again.")
             if request.spec_fingerprint != metric.spec.fingerprint:
                 raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
             if self._store_down():
@@ -146,6 +149,8 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
         self._live = live
         self._stopping = stopping
         self._responses = ResponseCache()
+        self._lock = threading.Lock()
+        self._ended: set[threading.Event] = set()  # one per Watch stream in progress
         warm_up()  # the first Get must not wait for numba
 
     def _current(self, request, context) -> list[WindowEstimate]:
@@ -160,15 +165,36 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
         return self._responses.response((request.metric, request.window), self._current(request, context))
 
     def Watch(self, request, context) -> Iterator[bytes]:
-        interval = max(request.min_interval_seconds, self._config.watch_interval)
-        last = None
-        while context.is_active() and not self._stopping.is_set():
-            current = self._current(request, context)
-            marker = [(e.start, e.version) for e in current]
-            if marker != last:
-                last = marker
-                yield self._responses.response((request.metric, request.window), current)
-            self._stopping.wait(interval)
+        asked = request.min_interval_seconds
+        if not math.isfinite(asked) or asked < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_interval_seconds: expected a number of seconds "
+                          f"from 0 (at most {MAX_WATCH_INTERVAL:g} is used), got {asked}.")
+        interval = max(min(asked, MAX_WATCH_INTERVAL), self._config.watch_interval)
+        # Woken when the call ends (a cancel, its deadline) or the aggregator stops: a stream
+        # closed between two updates frees its thread and slot at once, not an interval later.
+        ended = threading.Event()
+        with self._lock:
+            self._ended.add(ended)
+        try:
+            if not context.add_callback(ended.set) or self._stopping.is_set():
+                return
+            last = None
+            while not ended.is_set():
+                current = self._current(request, context)
+                marker = [(e.start, e.version) for e in current]
+                if marker != last:
+                    last = marker
+                    yield self._responses.response((request.metric, request.window), current)
+                ended.wait(interval)
+        finally:
+            with self._lock:
+                self._ended.discard(ended)
+
+    def stop(self) -> None:
+        """End every Watch stream now (the aggregator is stopping)."""
+        with self._lock:
+            for ended in self._ended:
+                ended.set()
 
 
 def add_estimates_to_server(servicer: EstimatesService, server: grpc.Server) -> None:

@@ -28,8 +28,13 @@ if _version_not_supported:
 class CollectorStub:
     """Devices fetch specs and upload batches. An upload is all-or-nothing: an invalid report
     rejects the batch with INVALID_ARGUMENT naming the report and the reason; an unknown metric
-    or stale fingerprint gives FAILED_PRECONDITION (fetch the specs again); a store that cannot
-    be reached gives UNAVAILABLE (retry with the same batch_id).
+    or stale fingerprint gives FAILED_PRECONDITION (fetch the specs again), whatever the token;
+    a store that cannot be reached gives UNAVAILABLE (retry with the same batch_id). With tokens:
+    none or an unknown one is UNAUTHENTICATED; a token that may not upload, or a declared metric
+    outside the token's scope, is PERMISSION_DENIED. A rate limit, or an aggregator reading as
+    many uploads as its memory allows, is RESOURCE_EXHAUSTED with trailing metadata
+    `retry-after-ms` (retry then with the same batch_id); so is a message larger than the
+    largest valid upload, refused unread (split the batch: GetMetricSpecsResponse.max_batch).
     """
 
     def __init__(self, channel):
@@ -53,8 +58,13 @@ class CollectorStub:
 class CollectorServicer:
     """Devices fetch specs and upload batches. An upload is all-or-nothing: an invalid report
     rejects the batch with INVALID_ARGUMENT naming the report and the reason; an unknown metric
-    or stale fingerprint gives FAILED_PRECONDITION (fetch the specs again); a store that cannot
-    be reached gives UNAVAILABLE (retry with the same batch_id).
+    or stale fingerprint gives FAILED_PRECONDITION (fetch the specs again), whatever the token;
+    a store that cannot be reached gives UNAVAILABLE (retry with the same batch_id). With tokens:
+    none or an unknown one is UNAUTHENTICATED; a token that may not upload, or a declared metric
+    outside the token's scope, is PERMISSION_DENIED. A rate limit, or an aggregator reading as
+    many uploads as its memory allows, is RESOURCE_EXHAUSTED with trailing metadata
+    `retry-after-ms` (retry then with the same batch_id); so is a message larger than the
+    largest valid upload, refused unread (split the batch: GetMetricSpecsResponse.max_batch).
     """
 
     def GetMetricSpecs(self, request, context):
@@ -93,8 +103,13 @@ def add_CollectorServicer_to_server(servicer, server):
 class Collector:
     """Devices fetch specs and upload batches. An upload is all-or-nothing: an invalid report
     rejects the batch with INVALID_ARGUMENT naming the report and the reason; an unknown metric
-    or stale fingerprint gives FAILED_PRECONDITION (fetch the specs again); a store that cannot
-    be reached gives UNAVAILABLE (retry with the same batch_id).
+    or stale fingerprint gives FAILED_PRECONDITION (fetch the specs again), whatever the token;
+    a store that cannot be reached gives UNAVAILABLE (retry with the same batch_id). With tokens:
+    none or an unknown one is UNAUTHENTICATED; a token that may not upload, or a declared metric
+    outside the token's scope, is PERMISSION_DENIED. A rate limit, or an aggregator reading as
+    many uploads as its memory allows, is RESOURCE_EXHAUSTED with trailing metadata
+    `retry-after-ms` (retry then with the same batch_id); so is a message larger than the
+    largest valid upload, refused unread (split the batch: GetMetricSpecsResponse.max_batch).
     """
 
     @staticmethod

@@ -54,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
         return supervise(config, [sys.executable, "-m", "veil.aggregator", "--config", config.source,
                                   "--processes", str(config.processes), "--log-format", args.log_format,
                                   "--log-level", args.log_level])
-    from ..daemon import open_configured_store
+    from ..daemon import inflight_bytes, open_configured_store
 
     if args.check_config:
+        inflight_bytes(config)  # a budget no upload fits in is a config error
         store = open_configured_store(config)
         try:
             store.ping()

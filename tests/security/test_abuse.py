@@ -1,0 +1,427 @@
+"""Abuse of a running aggregator from outside, one class at a time (issue 15): floods of large
+tokenless uploads, slow HTTP clients, streams of every kind, rate limits in uploads and in
+reports, hostile names and intervals, and the HTTP protocol itself. Everything goes over real
+gRPC and HTTP on loopback; the flood runs against a `veil serve` process whose memory is read
+from /proc."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from config_toml import config_toml
+from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, InProcessAggregators, ServeProcess, auth_section, bearer,
+                     config_dict, counted, make_upload)
+
+from veil.aggregator.config import parse_config
+from veil.aggregator.daemon import max_message_bytes
+from veil.aggregator._errors import ConfigError
+from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+
+UPLOAD = "/veil.wire.v1.Collector/Upload"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # open: read, within a budget of its own
+
+
+@pytest.fixture
+def start_aggregator():
+    aggregators = InProcessAggregators()
+    yield aggregators.start
+    aggregators.stop_all()
+
+
+def channel(aggregator) -> grpc.Channel:
+    return grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+# --- memory before authentication -----------------------------------------------------------
+
+WIDE = {"name": "wide", "labels": [f"c{i}" for i in range(1024)], "mechanism": "subset", "epsilon": 1.0}
+BUDGET = 32 << 20
+
+
+def test_a_tokenless_flood_of_large_uploads_keeps_memory_bounded_and_uploads_flowing(tmp_path):
+    """64 8 MB uploads at once, over and over, most without a token (refused unread), an eighth
+    with the app's token (read within the in-flight budget, then refused as invalid), an eighth
+    sent to the tokenless health Check (read within a budget of its own), while the app uploads: the server's memory stays within its budget and a fixed allowance, and every
+    one of the app's uploads goes through (retrying RESOURCE_EXHAUSTED as the SDK does)."""
+    serve = ServeProcess(tmp_path, "memory")
+    serve.config.write_text(config_toml({**config_dict("memory", serve.grpc_port, max_inflight_bytes=BUDGET),
+                                         "metrics": [*METRICS, WIDE], "auth": auth_section()}))
+    serve.start()
+    try:
+        pid = serve.process.pid
+        limit = max_message_bytes(parse_config({"metrics": [WIDE]}))
+        assert limit > 10 << 20  # k = 1024 at max_batch 10,000: the widest metric sets gRPC's limit
+        time.sleep(1.0)
+        baseline = rss_bytes(pid)
+        payload = b"\x0a" + b"\xff" * 5 + b"\x00" * (8 << 20)  # 8 MB, tokenless: refused
+        stop = threading.Event()
+        flooders = grpc.insecure_channel(serve.endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
+        codes: dict[str, int] = {}
+
+        def flood(method: str, metadata) -> None:
+            raw = flooders.unary_unary(method, request_serializer=None, response_deserializer=None)
+            while not stop.is_set():
+                try:
+                    raw(payload, metadata=metadata, timeout=10)
+                    codes["OK"] = codes.get("OK", 0) + 1
+                except grpc.RpcError as err:
+                    codes[err.code().name] = codes.get(err.code().name, 0) + 1
+
+        peak = baseline
+        with futures.ThreadPoolExecutor(64) as pool:
+            for i in range(64):  # most without a token, some with the app's (read, then refused), some at health
+                pool.submit(flood, HEALTH_CHECK if i % 8 == 1 else UPLOAD, bearer(UPLOAD_TOKEN) if i % 8 == 0 else None)
+            app = veil_pb2_grpc.CollectorStub(grpc.insecure_channel(serve.endpoint))
+            tried = accepted = 0
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                tried += 1
+                for _attempt in range(20):  # the SDK's retries, on the same batch
+                    try:
+                        batch = make_upload("browser", 50, seed=tried)
+                        accepted += app.Upload(batch, metadata=bearer(UPLOAD_TOKEN), timeout=5).accepted == 50
+                        break
+                    except grpc.RpcError as err:
+                        assert err.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+                        time.sleep(0.05)
+                peak = max(peak, rss_bytes(pid))
+            stop.set()
+        peak = max(peak, rss_bytes(pid))
+        # Health answers INTERNAL to bytes that are no HealthCheckRequest (grpcio's own servicer);
+        # UNAVAILABLE is a stream refused over the 100 a connection may have open (REFUSED_STREAM).
+        assert set(codes) <= {"UNAUTHENTICATED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "INTERNAL",
+                              "UNAVAILABLE"}, codes
+        assert codes.get("UNAUTHENTICATED") and codes.get("INVALID_ARGUMENT"), codes
+        assert accepted == tried and tried >= 5, (accepted, tried)
+        # The budget's bytes, held in gRPC's buffer and Python's copy, and a fixed allowance for
+        # the flood's HTTP/2 windows and connections.
+        assert peak - baseline < 2 * BUDGET + (96 << 20), (baseline >> 20, peak >> 20, codes, tried)
+    finally:
+        serve.stop()
+
+
+def test_a_budget_no_upload_fits_in_is_a_config_error(start_aggregator):
+    with pytest.raises(ConfigError, match="server.max_inflight_bytes: expected at least the largest valid upload"):
+        start_aggregator(max_inflight_bytes=1000)
+
+
+# --- slow HTTP clients --------------------------------------------------------------------------
+
+def test_thousands_of_slow_http_connections_hold_no_threads_and_new_clients_are_served(start_aggregator):
+    aggregator = start_aggregator(http_max_connections=200, http_request_timeout=3.0)
+    threads = threading.active_count()
+    slow = []
+    try:
+        for _ in range(1500):  # each sends half a request line and then nothing
+            connection = socket.create_connection(("127.0.0.1", aggregator.http_port), timeout=10)
+            connection.sendall(b"GET /v1/estim")
+            slow.append(connection)
+        assert threading.active_count() <= threads + 2  # no thread per connection
+        assert aggregator._http.connections <= 200
+        client = http.client.HTTPConnection("127.0.0.1", aggregator.http_port, timeout=10)
+        client.request("GET", "/healthz")
+        assert client.getresponse().status == 200
+        stub = veil_pb2_grpc.EstimatesStub(channel(aggregator))
+        assert stub.Get(veil_pb2.EstimatesRequest(metric="os"), timeout=10).estimates
+    finally:
+        for connection in slow:
+            connection.close()
+
+
+def test_a_request_that_misses_its_deadline_loses_its_connection(start_aggregator):
+    aggregator = start_aggregator(http_request_timeout=0.5)
+    slow = socket.create_connection(("127.0.0.1", aggregator.http_port), timeout=10)
+    slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+    idle = http.client.HTTPConnection("127.0.0.1", aggregator.http_port, timeout=10)
+    idle.request("GET", "/healthz")
+    assert idle.getresponse().read() == b"ok\n"
+    assert slow.recv(1024) == b""  # closed by the server, without an answer
+    idle.sock.settimeout(10)
+    assert idle.sock.recv(1024) == b""  # a keep-alive connection idles no longer than a request may take
+
+
+def test_http_1_1_keep_alive_head_and_gzip(start_aggregator):
+    aggregator = start_aggregator()
+    client = http.client.HTTPConnection("127.0.0.1", aggregator.http_port, timeout=10)
+    client.request("GET", "/dashboard.js")
+    plain = client.getresponse()
+    body = plain.read()
+    assert plain.version == 11 and plain.status == 200 and len(body) > 1024
+    local = client.sock.getsockname()
+    client.request("GET", "/dashboard.js", headers={"Accept-Encoding": "gzip"})
+    zipped = client.getresponse()
+    assert client.sock.getsockname() == local  # the same connection
+    assert zipped.getheader("Content-Encoding") == "gzip" and gzip.decompress(zipped.read()) == body
+    client.request("HEAD", "/dashboard.js")
+    head = client.getresponse()
+    assert head.status == 200 and head.read() == b"" and int(head.getheader("Content-Length")) == len(body)
+    client.request("GET", "/dashboard.js", headers={"Accept-Encoding": "gzip;q=0, identity"})
+    assert client.getresponse().read() == body
+    client.request("GET", "/v1/estimates", headers={"Accept-Encoding": "gzip"})
+    assert "estimates" in json.loads(gzip.decompress(client.getresponse().read()))
+    client.request("POST", "/v1/estimates", body=b"{}")
+    refused = client.getresponse()
+    assert refused.status == 405 and refused.getheader("Allow") == "GET, HEAD"
+    refused.read()
+    client.request("HEAD", "/healthz")
+    assert client.getresponse().status == 200
+
+
+# --- limits per kind --------------------------------------------------------------------------
+
+def test_health_and_reflection_streams_take_neither_watch_slots_nor_upload_threads(start_aggregator):
+    aggregator = start_aggregator(workers=4, max_streams=4, sections={"auth": auth_section()})
+    grpc_channel = channel(aggregator)
+    health = health_pb2_grpc.HealthStub(grpc_channel)
+    watchers = [health.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(4)]
+    outcomes = []
+    for watcher in watchers:
+        try:
+            outcomes.append(next(watcher).status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "server.max_health_streams" in err.details()
+            outcomes.append(False)
+    assert outcomes.count(True) == 2  # server.max_health_streams, by default
+    estimates = veil_pb2_grpc.EstimatesStub(grpc_channel)
+    streams = [estimates.Watch(veil_pb2.WatchRequest(metric="os"), metadata=bearer(READ_TOKEN), timeout=30)
+               for _ in range(4)]
+    assert all(next(stream).estimates for stream in streams)  # every Watch slot is the read tokens'
+    collector = veil_pb2_grpc.CollectorStub(grpc_channel)
+    for seed in range(8):  # and the workers are the uploads'
+        assert collector.Upload(make_upload("os", 10, seed=seed), metadata=bearer(UPLOAD_TOKEN), timeout=5).accepted
+    for call in (*watchers, *streams):
+        call.cancel()
+    assert counted(aggregator, "os") == 80
+
+
+def test_stream_limits_that_could_starve_uploads_are_refused():
+    config = {"metrics": [WIDE], "server": {"workers": 4, "max_streams": 4, "max_concurrent_rpcs": 8}}
+    with pytest.raises(ConfigError, match=r"server.max_concurrent_rpcs: expected at least server.workers \+ "):
+        parse_config(config)
+
+
+@pytest.mark.parametrize("interval", [math.nan, math.inf, -math.inf, -1.0])
+def test_a_watch_interval_that_is_no_number_of_seconds_is_invalid(start_aggregator, interval):
+    stream = veil_pb2_grpc.EstimatesStub(channel(start_aggregator())).Watch(
+        veil_pb2.WatchRequest(metric="os", min_interval_seconds=interval), timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        next(stream)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "min_interval_seconds" in err.value.details()
+
+
+def test_a_cancelled_watch_frees_its_slot_at_once_whatever_interval_it_asked(start_aggregator):
+    aggregator = start_aggregator(max_streams=1)
+    estimates = veil_pb2_grpc.EstimatesStub(channel(aggregator))
+
+    def watch(interval: float):
+        """A stream that has sent its first estimates, once the one slot is free: the slot comes
+        back when the last stream's handler hears of its cancel (at once), not an interval later."""
+        for _ in range(50):
+            stream = estimates.Watch(veil_pb2.WatchRequest(metric="os", min_interval_seconds=interval), timeout=30)
+            try:
+                assert next(stream).estimates
+                return stream
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                time.sleep(0.1)
+        raise AssertionError("the slot never came back")
+
+    for interval in (1e300, 1e6, 3600.0, 0.0):  # huge ones are taken as 3600 s
+        watch(interval).cancel()
+    watch(0.0).cancel()
+
+
+# --- rate limits in uploads and in reports ------------------------------------------------------
+
+def test_a_token_is_limited_in_uploads_as_well_as_reports(start_aggregator):
+    aggregator = start_aggregator(sections={"auth": auth_section(upload_rate_limit=1, upload_rate_burst=5)})
+    collector = veil_pb2_grpc.CollectorStub(channel(aggregator))
+    for seed in range(5):
+        assert collector.Upload(make_upload("os", 1, seed=seed), metadata=bearer(UPLOAD_TOKEN), timeout=5).accepted
+    with pytest.raises(grpc.RpcError) as err:
+        collector.Upload(make_upload("os", 1, seed=9), metadata=bearer(UPLOAD_TOKEN), timeout=5)
+    error = err.value
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "Upload rate limit of token 'app-a': 1 uploads per second, bursts of 5" in error.details()
+    assert 0 < int(dict(error.trailing_metadata())["retry-after-ms"]) <= 1000
+    assert counted(aggregator, "os") == 5
+
+
+def test_an_invalid_upload_costs_the_reports_it_carries_not_the_count_it_claims(start_aggregator):
+    aggregator = start_aggregator(sections={"auth": auth_section(rate_limit=10, rate_burst=10_000)})
+    collector = veil_pb2_grpc.CollectorStub(channel(aggregator))
+    empty = make_upload("browser", 10)
+    empty.count = 10_000
+    empty.ClearField("bitmaps")
+    empty.ClearField("index_sets")
+    for _ in range(3):  # claims a whole burst, carries nothing
+        with pytest.raises(grpc.RpcError) as err:
+            collector.Upload(empty, metadata=bearer(UPLOAD_TOKEN), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    full = make_upload("browser", 10_000)
+    assert collector.Upload(full, metadata=bearer(UPLOAD_TOKEN), timeout=10).accepted == 10_000
+
+
+# --- hostile names ------------------------------------------------------------------------------
+
+def test_a_huge_metric_name_gets_its_refusal_not_resource_exhausted(start_aggregator):
+    aggregator = start_aggregator(sections={"auth": auth_section()})
+    grpc_channel = channel(aggregator)
+    request = make_upload("browser", 10)
+    request.metric = "m" * 70_000  # within the message limit, far over a client's 8 KiB for trailers
+    with pytest.raises(grpc.RpcError) as err:
+        veil_pb2_grpc.CollectorStub(grpc_channel).Upload(request, metadata=bearer(UPLOAD_TOKEN), timeout=5)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and len(err.value.details()) < 300
+    with pytest.raises(grpc.RpcError) as err:
+        veil_pb2_grpc.EstimatesStub(grpc_channel).Get(veil_pb2.EstimatesRequest(metric="m" * 70_000),
+                                                      metadata=bearer(READ_TOKEN), timeout=5)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and len(err.value.details()) < 300
+    with pytest.raises(grpc.RpcError) as err:
+        veil_pb2_grpc.EstimatesStub(grpc_channel).Get(
+            veil_pb2.EstimatesRequest(metric="os", window="w" * 70_000), metadata=bearer(READ_TOKEN), timeout=5)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and len(err.value.details()) < 300
+
+
+# --- fuzzing the HTTP listener and the Estimates service ----------------------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+SLOW_EXAMPLES = int(os.environ.get("VEIL_FUZZ_EXAMPLES", 3000))
+
+
+def fuzzing(examples: int):
+    return hypothesis.settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                               suppress_health_check=list(hypothesis.HealthCheck))
+
+PROTECTED = (b'{"generated', b"# HELP")  # the start of /v1/estimates and /metrics bodies
+PATHS = st.one_of(
+    st.sampled_from(["/v1/estimates", "/v1/estimates/os", "/metrics", "/healthz", "/", "/dashboard.js",
+                     "/v1/estimates/", "//v1/estimates", "/v1/../metrics", "/v1/estimates/%2e%2e/metrics",
+                     "/%761/estimates", "/V1/ESTIMATES", "/metrics?x=1", "/v1/estimates/os?window=1h",
+                     "/v1/estimates/%00", "/v1/estimates/" + "a" * 9000, "*", "http://x/metrics"]),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=60).map(lambda p: "/" + p))
+AUTHORIZATIONS = st.sampled_from([None, f"Bearer {READ_TOKEN}", f"Bearer {UPLOAD_TOKEN}", f"bearer {READ_TOKEN}",
+                                  "Bearer", "Basic eDp5", f"Bearer {READ_TOKEN}x", "Bearer " + "a" * 9000])
+METHODS = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "CONNECT", "get", "G\x00T"])
+
+
+def test_fuzzed_http_requests_never_fail_the_server_nor_pass_the_token_check(start_aggregator, tally, caplog):
+    fuzz_http(start_aggregator, tally, caplog, 150)
+
+
+@pytest.mark.slow
+def test_fuzzed_http_requests_at_length(start_aggregator, tally, caplog):
+    fuzz_http(start_aggregator, tally, caplog, SLOW_EXAMPLES)
+
+
+def fuzz_http(start_aggregator, tally, caplog, examples: int) -> None:
+    caplog.set_level(logging.DEBUG)
+    # A request whose body never comes waits for its deadline: 1 s, within the client's 10 s.
+    aggregator = start_aggregator(http_request_timeout=1.0, sections={"auth": auth_section()})
+    port = aggregator.http_port
+    statuses: dict[int, int] = {}
+
+    @fuzzing(examples)
+    @hypothesis.example("GET", "/v1/estimates", None, "HTTP/1.1", (b"", b""))
+    @hypothesis.example("HEAD", "/metrics", f"Bearer {READ_TOKEN}", "HTTP/1.0", (b"", b""))
+    @hypothesis.given(METHODS, PATHS, AUTHORIZATIONS, st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/9"]),
+                      st.sampled_from([(b"", b""), (b"Content-Length: 5\r\n", b"hello"),
+                                       (b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n0\r\n\r\n"),
+                                       (b"Content-Length: 99999999999\r\n", b"x"),
+                                       (b"Accept-Encoding: gzip\r\n", b""), (b"X: " + b"y" * 9000 + b"\r\n", b"")]))
+    def check(method, path, authorization, version, extra):
+        head = f"{method} {path} {version}\r\nHost: x\r\n".encode("latin-1", "replace") + extra[0]
+        if authorization:
+            head += f"Authorization: {authorization}\r\n".encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(head + b"Connection: close\r\n\r\n" + extra[1])
+            connection.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        if not answer:
+            return  # closed without an answer: a request too broken to be one
+        status_line, _, rest = answer.partition(b"\r\n")
+        status = int(status_line.split()[1])
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500 or status == 503, answer[:300]
+        body = rest.partition(b"\r\n\r\n")[2]
+        if status == 200 and body.startswith(PROTECTED):
+            assert authorization in (f"Bearer {READ_TOKEN}", f"bearer {READ_TOKEN}"), (method, path)
+
+    check()
+    for status, n in statuses.items():
+        tally[f"http fuzz: status {status}"] += n
+    assert {200, 400, 401, 404, 405} <= set(statuses)
+    assert urllib_status(port, "/healthz") == 200
+    # Nothing logged, by Veil or by the HTTP library, names the client or quotes its tokens.
+    logged = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert "127.0.0.1" not in logged and READ_TOKEN not in logged and "Bearer aaa" not in logged
+
+
+def urllib_status(port: int, path: str) -> int:
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    client.request("GET", path)
+    return client.getresponse().status
+
+
+def test_fuzzed_estimates_requests_get_a_meaningful_status(start_aggregator, tally):
+    fuzz_estimates(start_aggregator, tally, 150)
+
+
+@pytest.mark.slow
+def test_fuzzed_estimates_requests_at_length(start_aggregator, tally):
+    fuzz_estimates(start_aggregator, tally, SLOW_EXAMPLES)
+
+
+def fuzz_estimates(start_aggregator, tally, examples: int) -> None:
+    aggregator = start_aggregator(max_streams=4)
+    stub = veil_pb2_grpc.EstimatesStub(channel(aggregator))
+    names = st.one_of(st.sampled_from(["", "os", "browser", "1h", "total"]), st.text(max_size=50),
+                      st.integers(1, 35_000).map(lambda n: "x" * n))  # two fit in the message limit
+    allowed = {grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT}
+
+    @fuzzing(examples)
+    @hypothesis.given(names, names, st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+    def check(metric, window, interval, watch):
+        try:
+            if watch:
+                stream = stub.Watch(veil_pb2.WatchRequest(metric=metric, window=window, min_interval_seconds=interval),
+                                    timeout=10)
+                next(stream)
+                stream.cancel()
+            else:
+                stub.Get(veil_pb2.EstimatesRequest(metric=metric, window=window), timeout=10)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            code = err.code()
+            assert len(err.details() or "") < 400
+        tally[f"estimates fuzz: status {code.name}"] += 1
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # only a cancelled stream's slot not yet back
+            assert watch and "server.max_streams" in err.details()
+            return
+        assert code in allowed, (code, len(metric), len(window), interval)
+        if watch and code == grpc.StatusCode.INVALID_ARGUMENT:
+            assert not (math.isfinite(interval) and interval >= 0)
+
+    check()
