@@ -13,7 +13,8 @@ __all__ = ["open_store"]
 
 def open_store(url: str, **options: object) -> Store:
     """``memory`` -> MemoryStore; ``memory:///path/to/snapshot`` -> MemoryStore with that snapshot
-    file; ``redis://``, ``rediss://`` or ``unix://`` URLs -> RedisStore(url, **options)."""
+    file; ``redis://``, ``rediss://`` or ``unix://`` URLs, and ``redis+cluster://host:port,...`` or
+    ``rediss+cluster://`` for a Redis Cluster -> RedisStore(url, **options)."""
     shown = _redact(url)
     if url == "memory":
         return MemoryStore(**options)
@@ -23,12 +24,13 @@ def open_store(url: str, **options: object) -> Store:
         if parts.netloc or parts.query or parts.fragment or not path or path.endswith("/"):
             raise ValueError(f"Bad memory store URL {shown!r}: use 'memory' or 'memory:///path/to/snapshot'.")
         return MemoryStore(path, **options)
-    if parts.scheme in ("redis", "rediss", "unix"):
+    if parts.scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         try:
             return RedisStore(url, **options)
         except ValueError as error:  # e.g. a port that is not a number
             raise ValueError(f"Bad store URL {shown!r}: {error}") from error
-    raise ValueError(f"Bad store URL {shown!r}: expected memory, memory:///path, redis://, rediss:// or unix://.")
+    raise ValueError(f"Bad store URL {shown!r}: expected memory, memory:///path, redis://, rediss://, "
+                     "unix://, redis+cluster:// or rediss+cluster://.")
 
 
 def _redact(url: str) -> str:

@@ -1,13 +1,29 @@
 """RedisStore: integer counters in Redis hashes, one atomic Lua script per group of batches.
 
-Keys (every key of a metric carries the metric in a hash tag, so a Redis Cluster keeps a metric
-in one slot; metric, fingerprint and window are percent-encoded, so no name can break the
-grammar, escape the tag or collide with another):
+Keys (every key carries a hash tag, <tag>, so that a batch's keys share one Redis Cluster slot;
+metric, fingerprint and window are percent-encoded, so no name can break the grammar, escape
+the tag or collide with another):
 
-    veil:{<metric>}:c:<fingerprint>:<window>:<bucket>  hash of integers: n:<t> and v:<t>:<j>
-                                                       (non-zero only), batches (batches added),
-                                                       version (drawn at random by each write)
-    veil:{<metric>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
+    veil:{<tag>}:c:<fingerprint>:<window>:<bucket>  hash of integers: n:<t> and v:<t>:<j>
+                                                    (non-zero only), batches (batches added),
+                                                    version (drawn at random by each write)
+    veil:{<tag>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
+    veil:{<metric>}:s:<fingerprint>                 when counting of the spec began (Store.since)
+
+On one Redis (``redis://``, ``rediss://``, ``unix://``) the tag is the metric: one shard.
+
+On a Redis Cluster (``redis+cluster://host:port,host:port``, ``rediss+cluster://`` for TLS; the
+hosts are where to start, the client finds the rest) each metric's counters are split over S
+shards, so that a hot metric is not bound by one core of one node: shard s has the tag
+``<metric>#<s>.<j>``, j the first number that hashes it into the s-th of S equal ranges of the
+16384 slots (so a cluster whose masters hold equal ranges, as ``redis-cli --cluster create``
+makes, holds S / masters shards each). A batch goes to the shard crc32(batch id) mod S, all of it
+(dedupe key and counter hashes, one slot, one atomic script): a retry lands on the same shard,
+so exactly once holds as on one Redis. Reads sum the shards, with one pipeline per node (sent to
+all nodes at once); a bucket's version is then the tuple of its shards' versions. S is
+``shards`` (default 4 per master), recorded in the cluster (key ``veil:shards``) by the first
+aggregator to use it: later ones use the recorded number, and refuse to start with another
+configured, as a batch id's shard, and so exactly once, depends on it.
 
 Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua).
 
@@ -16,8 +32,8 @@ along with its counts, not the number of batches: after a failover or a restore 
 "batches" can climb back to a number it had before, with other counts behind it, while a
 drawn version does not come back (the chance is 2^-63 per write).
 
-Group commit: concurrent ``add`` calls for the same buckets (same metric, targets, dedupe TTL
-and design) are written together by one script call (see _coalesce): the script checks every
+Group commit: concurrent ``add`` calls for the same buckets (same metric, shard, targets,
+dedupe TTL and design) are written together by one script call (see _coalesce): the script checks every
 batch id of the group first and, when all are new, remembers them all and adds the group's
 summed counts once per target; when some were already applied it adds nothing and names them,
 and the rest go again, summed again. So a script call costs about what one batch did, however
@@ -40,26 +56,35 @@ Durability is Redis's own:
   StoreUnavailable when fewer than N replicas acknowledged within ``wait_timeout_ms``. The batch
   may still have been applied then (and reach the replicas later); that is fine, because the
   caller retries it with the same batch id and the script counts an id at most once. WAIT
-  means the replicas received the batch, not that they wrote it to disk.
+  means the replicas received the batch, not that they wrote it to disk. On a cluster the
+  script and its WAIT go to the master of the batch's shard, on one connection.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.crc import key_slot
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     AuthorizationError,
     ClusterDownError,
+    ClusterError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
     TryAgainError,
 )
@@ -70,21 +95,27 @@ from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 from ._checks import check_write
 from ._coalesce import Coalescer, FlushObserver
 
-__all__ = ["AppliedObserver", "RedisStore", "counts_key", "dedupe_key"]
+__all__ = ["AppliedObserver", "MAX_SHARDS", "RedisStore", "counts_key", "dedupe_key", "shard_of", "shard_tags"]
 
 # Called after every script call with observer(target, version_before, version_after, counts):
 # the group's summed counts took the target from version_before to version_after in one
-# atomic step. (target, None, None, None) when the target changed in a way
+# atomic step (with S > 1 shards: tuples of S, None at every shard but the one written). (target, None, None, None) when the target changed in a way
 # not known here (the call failed, or the hash is already gone): forget what is known of it.
-AppliedObserver = Callable[[CountsKey, "int | None", "int | None", "Counts | None"], None]
+AppliedObserver = Callable[[CountsKey, "int | tuple | None", "int | tuple | None", "Counts | None"], None]
 
 _VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1: Redis integers, never 0
 _ADD_BATCH = resources.files(__package__).joinpath("add_batch.lua").read_text(encoding="utf-8")
 
 # Errors after which the same call may succeed later: Redis down, slow, loading its data, a
-# replica promoted or a cluster resharding. AuthenticationError/AuthorizationError subclass
+# replica promoted or a cluster resharding (MOVED/ASK where the client does not follow them, a
+# cluster no node of which answers). AuthenticationError/AuthorizationError subclass
 # ConnectionError but are configuration mistakes; they are caught first.
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, ReadOnlyError, TryAgainError, ClusterDownError)
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, ReadOnlyError, TryAgainError, ClusterDownError,
+              ClusterError, AskError, RedisClusterException)
+
+_SLOTS = 16384
+_SHARDS_KEY = "veil:shards"  # a cluster's shard count, written once by the first aggregator
+MAX_SHARDS = 1024
 
 
 def _tag(metric: str) -> str:
@@ -94,24 +125,46 @@ def _tag(metric: str) -> str:
     return quote(metric, safe="")
 
 
-def counts_key(key: CountsKey) -> str:
-    """The Redis hash holding one bucket's counts."""
+def shard_tags(metric: str, shards: int) -> tuple[str, ...]:
+    """The hash tags of a metric's shards: the metric itself for one shard (the keys of one
+    Redis), else shard s's ``<metric>#<s>.<j>`` in the s-th of `shards` equal slot ranges."""
+    base = _tag(metric)
+    if shards == 1:
+        return (base,)
+    tags = []
+    for s in range(shards):
+        low, high = s * _SLOTS // shards, (s + 1) * _SLOTS // shards
+        j = 0  # about `shards` tries each: a tag lands in a range of 1/shards of the slots
+        while not low <= key_slot(f"{base}#{s}.{j}".encode()) < high:
+            j += 1
+        tags.append(f"{base}#{s}.{j}")
+    return tuple(tags)
+
+
+def shard_of(batch_id: bytes, shards: int) -> int:
+    """The shard of a batch id: the same on every retry."""
+    return zlib.crc32(batch_id) % shards if shards > 1 else 0
+
+
+def counts_key(key: CountsKey, tag: str | None = None) -> str:
+    """The Redis hash holding one bucket's counts (in the shard of that tag; the metric's by default)."""
     fingerprint, window = quote(key.fingerprint, safe=""), quote(key.window, safe="")
-    return f"veil:{{{_tag(key.metric)}}}:c:{fingerprint}:{window}:{int(key.bucket)}"
+    return f"veil:{{{tag or _tag(key.metric)}}}:c:{fingerprint}:{window}:{int(key.bucket)}"
 
 
 def since_key(metric: str, fingerprint: str) -> str:
-    """The Redis string holding when counting of a metric's spec began."""
+    """The Redis string holding when counting of a metric's spec began (one key, not sharded)."""
     return f"veil:{{{_tag(metric)}}}:s:{quote(fingerprint, safe='')}"
 
 
-def dedupe_key(metric: str, batch_id: bytes) -> str:
+def dedupe_key(metric: str, batch_id: bytes, tag: str | None = None) -> str:
     """The Redis key remembering that a batch id of a metric has been applied."""
-    return f"veil:{{{_tag(metric)}}}:b:{batch_id.hex()}"
+    return f"veil:{{{tag or _tag(metric)}}}:b:{batch_id.hex()}"
 
 
 class RedisStore(Store):
-    """Counters in Redis (``redis://``, ``rediss://`` or ``unix://`` URL); see the module doc."""
+    """Counters in Redis (``redis://``, ``rediss://`` or ``unix://`` URL) or in a Redis Cluster
+    (``redis+cluster://`` or ``rediss+cluster://``); see the module doc."""
 
     def __init__(
         self,
@@ -124,6 +177,7 @@ class RedisStore(Store):
         wait_timeout_ms: int = 1000,
         max_connections: int | None = None,
         coalesce: int = 64,
+        shards: int | None = None,
     ) -> None:
         if retries < 0 or wait_replicas < 0:
             raise ValueError("retries and wait_replicas cannot be negative.")
@@ -132,6 +186,10 @@ class RedisStore(Store):
         if wait_replicas and not 1 <= wait_timeout_ms < socket_timeout * 1000:
             # WAIT 0 blocks forever; a WAIT longer than the socket timeout would time out the read.
             raise ValueError("wait_timeout_ms must be at least 1 and shorter than socket_timeout.")
+        scheme = urlsplit(url).scheme
+        self._cluster = scheme in ("redis+cluster", "rediss+cluster")
+        if shards is not None and not (self._cluster and 1 <= shards <= MAX_SHARDS):
+            raise ValueError(f"shards applies to a Redis Cluster (redis+cluster://) only, from 1 to {MAX_SHARDS}.")
         self._where = _address(url)
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
@@ -147,23 +205,72 @@ class RedisStore(Store):
             supported_errors=(redis.ConnectionError, redis.TimeoutError),
         )
         packer = _packer()
-        self._redis = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            retry=retry,
-            max_connections=max_connections,
-            decode_responses=False,
-            **({} if packer is None else {"command_packer": packer}),
-        )
+        options = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout, retry=retry,
+                       max_connections=max_connections, decode_responses=False)
+        self._lock = threading.Lock()
+        self._client: redis.Redis | RedisCluster | None = None
+        if self._cluster:
+            self._connect = lambda: _cluster_client(url, packer, options)
+            self._wanted_shards = shards
+            self._shards = 0  # found on first use: the count recorded in the cluster
+        else:
+            options.update({} if packer is None else {"command_packer": packer})
+            self._client = redis.Redis.from_url(url, **options)
+            self._shards = 1
         self._packed = packer is not None  # the increments go pre-encoded (see _Resp)
-        # EVALSHA, loading the script again when Redis answers NOSCRIPT (restart, SCRIPT FLUSH).
-        self._add_batch = self._redis.register_script(_ADD_BATCH)
+        self._add_batch: Script | None = None
         self._coalescer: Coalescer[BatchWrite, bool] | None = (
             Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None)
         self._flush_observers: list[FlushObserver] = []
         self._applied_observers: list[AppliedObserver] = []
-        self._keys: dict[CountsKey, str] = {}  # counts_key() of recent targets
+        self._keys: dict[tuple[CountsKey, str], str] = {}  # counts_key() of recent targets and shards
+        self._tags: dict[str, tuple[str, ...]] = {}  # shard_tags() of recent metrics
+
+    @property
+    def _redis(self) -> redis.Redis | RedisCluster:
+        """The client; a cluster's is made on first use (redis-py's asks the nodes at once, and an
+        aggregator starts, NOT_SERVING, while they are down)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._connect()
+                client = self._client
+        return client
+
+    def _script(self) -> Script:
+        # EVALSHA, loading the script again when Redis answers NOSCRIPT (restart, SCRIPT FLUSH).
+        if self._add_batch is None:
+            self._add_batch = self._redis.register_script(_ADD_BATCH)
+        return self._add_batch
+
+    def shard_count(self) -> int:
+        """S, the shards each metric's counters are split over: 1 on one Redis; on a cluster the
+        number recorded there, or, for the first aggregator, the configured one (default 4 per
+        master), recorded. StoreError when the configured number differs from the recorded one."""
+        if self._shards:
+            return self._shards
+        with self._boundary("shards"):
+            client = self._redis
+            recorded = client.get(_SHARDS_KEY)
+            if recorded is None:
+                client.set(_SHARDS_KEY, self._wanted_shards or 4 * len(client.get_primaries()), nx=True)
+                recorded = client.get(_SHARDS_KEY)
+        shards = int(recorded)
+        if self._wanted_shards and shards != self._wanted_shards:
+            raise StoreError(f"Redis Cluster at {self._where} splits counters over {shards} shards ({_SHARDS_KEY}), "
+                             f"not the {self._wanted_shards} configured: a batch's shard depends on it, so use "
+                             f"{shards} (or leave it out)")
+        self._shards = shards
+        return shards
+
+    def _shard_tags(self, metric: str) -> tuple[str, ...]:
+        tags = self._tags.get(metric)
+        if tags is None:
+            if len(self._tags) >= 4096:
+                self._tags.clear()
+            tags = self._tags[metric] = shard_tags(metric, self.shard_count())
+        return tags
 
     def observe_flushes(self, observer: FlushObserver) -> None:
         """Call observer(batches, seconds, failed) after every script call that adds batches."""
@@ -175,18 +282,22 @@ class RedisStore(Store):
         """Call observer(target, version_before, version_after, counts) for every target of a
         group this process applied, once the call succeeded (WAIT included), before any of its
         batches' ``add`` returns; observer(target, None, None, None) for every target of a call
-        that failed. See AppliedObserver. Writes of other processes are never observed here."""
+        that failed. See AppliedObserver. Writes of other processes are never observed here.
+        With S > 1 shards the versions are tuples of S with None but at the shard written."""
         self._applied_observers.append(observer)
 
-    def _notify(self, targets: Sequence[CountsKey], before: Sequence[int] | None, after: int,
+    def _notify(self, targets: Sequence[CountsKey], shard: int, before: Sequence[int] | None, after: int,
                 counts: Counts | None) -> None:
+        shards = self._shards
         for i, target in enumerate(targets):
             for observer in self._applied_observers:
                 try:
                     if before is None or before[i] < 0:
                         observer(target, None, None, None)
-                    else:
+                    elif shards == 1:
                         observer(target, before[i], after, counts)
+                    else:
+                        observer(target, _at(shards, shard, before[i]), _at(shards, shard, after), counts)
                 except Exception:  # noqa: BLE001 (an observer must never fail a write)
                     pass
 
@@ -196,7 +307,9 @@ class RedisStore(Store):
         check_write(write)
         if self._coalescer is None:
             return self._observed_group([write])[0]
-        group = (write.metric, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k)
+        tags = self._shard_tags(write.metric)
+        shard = shard_of(write.batch_id, len(tags))
+        group = (write.metric, shard, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k)
         return self._coalescer.submit(group, write)
 
     def _observed_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
@@ -211,10 +324,13 @@ class RedisStore(Store):
                 observer(len(writes), time.perf_counter() - started, failed)
 
     def _write_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
-        """Apply batches of the same metric, targets, dedupe TTL and design; for each, True when
-        this call applied it, False when its id had been applied before (or earlier in writes)."""
+        """Apply batches of the same metric, shard, targets, dedupe TTL and design; for each, True
+        when this call applied it, False when its id had been applied before (or earlier in writes)."""
         first = writes[0]
-        targets = [self._counts_key(key) for key, _ in first.targets]
+        tags = self._shard_tags(first.metric)
+        shard = shard_of(first.batch_id, len(tags))
+        tag = tags[shard]
+        targets = [self._counts_key(key, tag) for key, _ in first.targets]
         expiries = ["" if at is None else int(at) for _, at in first.targets]
         pending: dict[bytes, BatchWrite] = {}
         for write in writes:
@@ -227,7 +343,7 @@ class RedisStore(Store):
             else:
                 counts = Counts(first.counts.weights, sum(pending[i].counts.n for i in ids),
                                 sum(pending[i].counts.v for i in ids))
-            keys = [*(dedupe_key(first.metric, i) for i in ids), *targets]
+            keys = [*(dedupe_key(first.metric, i, tag) for i in ids), *targets]
             increments = _increments_resp(counts) if self._packed else _increments(counts)
             version = 1 + secrets.randbelow(_VERSIONS)  # never 0, which stands for "no version"
             args = [len(ids), int(first.dedupe_ttl), version, *expiries]
@@ -239,12 +355,12 @@ class RedisStore(Store):
                 seen, before = self._run_script(keys, args, len(ids))
             except BaseException:
                 if self._applied_observers:
-                    self._notify([key for key, _ in first.targets], None, version, None)
+                    self._notify([key for key, _ in first.targets], shard, None, version, None)
                 raise
             if not seen:
                 applied.update(ids)
                 if self._applied_observers:
-                    self._notify([key for key, _ in first.targets], before, version, counts)
+                    self._notify([key for key, _ in first.targets], shard, before, version, counts)
                 break
             for position in seen:
                 del pending[ids[int(position) - 1]]
@@ -259,14 +375,24 @@ class RedisStore(Store):
         (none when it applied the group), and when it applied the group each target's version
         before it (0: none; -1: the hash is gone)."""
         with self._boundary("add"):
+            script = self._script()
             if not self._wait_replicas:
-                answer = self._add_batch(keys, args)
+                answer = script(keys, args)
             else:
-                # WAIT counts the writes of its own connection: the script and WAIT share a pipeline.
-                pipe = self._redis.pipeline(transaction=False)
-                self._add_batch(keys, args, client=pipe)
+                # WAIT counts the writes of its own connection: the script and WAIT share a
+                # pipeline, on a cluster to the master of the keys' slot (a MOVED or ASK from it,
+                # while the slot moves, is a StoreUnavailable: the retry finds the new master).
+                client = self._redis
+                if self._cluster:
+                    client = client.get_redis_connection(client.get_node_from_key(keys[0]))
+                pipe = client.pipeline(transaction=False)
+                script(keys, args, client=pipe)
                 pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
-                answer, acked = pipe.execute()
+                try:
+                    answer, acked = pipe.execute()
+                except AskError:
+                    self._redis.nodes_manager.initialize()  # MOVED too (a subclass): the slot map changed
+                    raise
                 if acked < self._wait_replicas:
                     what = "the batch" if batches == 1 else f"a group of {batches} batches"
                     raise StoreUnavailable(
@@ -279,53 +405,61 @@ class RedisStore(Store):
             return [], answer[1:]
         return answer, []
 
-    def _counts_key(self, key: CountsKey) -> str:
-        name = self._keys.get(key)
+    def _counts_key(self, key: CountsKey, tag: str) -> str:
+        name = self._keys.get((key, tag))
         if name is None:
             if len(self._keys) >= 4096:  # buckets turn over: forget the old ones now and then
                 self._keys.clear()
-            name = self._keys[key] = counts_key(key)
+            name = self._keys[key, tag] = counts_key(key, tag)
         return name
+
+    def bucket_hashes(self, key: CountsKey) -> list[str]:
+        """The Redis hashes holding a bucket's counts, one per shard."""
+        return [self._counts_key(key, tag) for tag in self._shard_tags(key.metric)]
 
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
         return self.read_many([(key, weights, k)])[0]
 
     def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
         """read(key, weights, k) of each request, in one round trip (two when a hash holds
-        fields of another design, to name them).
+        fields of another design, to name them; on a cluster one per node, sent at once).
 
         A design with its field names cached (a q-subset design) is read with HMGET of exactly
         its fields, and HLEN: half the reply of HGETALL, which also sends the names. When HLEN
         says the hash has other fields too (or changed in between), HGETALL reads it again."""
         return [counts for _, counts in self.versioned_read((), requests)[1]]
 
-    def versions(self, keys: Sequence[CountsKey]) -> list[int]:
+    def versions(self, keys: Sequence[CountsKey]) -> list[int | tuple[int, ...]]:
         return self.versioned_read(keys, ())[0]
 
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+                       ) -> tuple[list[int | tuple[int, ...]], list[tuple[int | tuple[int, ...], Counts]]]:
         """versions(keys) and read_many(requests) in one pipeline, so one round trip (two as in
         read_many), each bucket read with the version its counts are at: both from one command
         (HMGET with "version" among the fields, or HGETALL), so they belong to the same moment.
         Redis runs the version reads first, so that version may be later than the one
-        versions(keys) gave for the same bucket."""
-        pipe = self._redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.hget(self._counts_key(key), "version")
-        plans = []
-        for key, weights, k in requests:
-            weights = tuple(weights)
-            name = self._counts_key(key)
-            fields = _field_resp(weights, k, True) if self._packed else None
-            if fields is None:
-                pipe.hgetall(name)
-            else:
-                pipe.hlen(name)
-                pipe.execute_command("HMGET", name, fields)
-            plans.append((name, weights, k, fields is not None))
+        versions(keys) gave for the same bucket. With S > 1 shards a version is the tuple of
+        the shards' versions and the counts are the shards' sum, each shard read atomically
+        with its version."""
         with self._boundary("read" if requests else "versions"):
+            key_hashes = [self.bucket_hashes(key) for key in keys]
+            pipe = self._redis.pipeline(transaction=False) if not self._cluster else self._redis.pipeline()
+            for names in key_hashes:
+                for name in names:
+                    pipe.hget(name, "version")
+            plans = []  # one per hash: (name, weights, k, read by field)
+            for key, weights, k in requests:
+                weights = tuple(weights)
+                fields = _field_resp(weights, k, True) if self._packed else None
+                for name in self.bucket_hashes(key):
+                    if fields is None:
+                        pipe.hgetall(name)
+                    else:
+                        pipe.hlen(name)
+                        pipe.execute_command("HMGET", name, fields)
+                    plans.append((name, weights, k, fields is not None))
             found = iter(pipe.execute())
-        versions = [int(next(found) or 0) for _ in keys]
+        versions = [_joined([int(next(found) or 0) for _ in names]) for names in key_hashes]
         counts: list[tuple[int, Counts] | None] = []
         again = []
         for i, (name, weights, k, by_field) in enumerate(plans):
@@ -345,13 +479,16 @@ class RedisStore(Store):
             counts.append((version, Counts(weights, flat[: len(weights)],
                                            flat[len(weights):].reshape(len(weights), k))))
         if again:
-            pipe = self._redis.pipeline(transaction=False)
-            for i in again:
-                pipe.hgetall(plans[i][0])
             with self._boundary("read"):
+                pipe = self._redis.pipeline(transaction=False) if not self._cluster else self._redis.pipeline()
+                for i in again:
+                    pipe.hgetall(plans[i][0])
                 for i, fields in zip(again, pipe.execute(), strict=True):
                     counts[i] = _checked_versioned(plans[i][0], fields, plans[i][1], plans[i][2])
-        return versions, counts  # type: ignore[return-value]
+        shards = len(counts) // len(requests) if requests else 1
+        if shards == 1:
+            return versions, counts  # type: ignore[return-value]
+        return versions, [_summed(counts[i:i + shards]) for i in range(0, len(counts), shards)]  # type: ignore[arg-type]
 
     def since(self, metric: str, fingerprint: str, now: int) -> int:
         """SET NX GET: one round trip records the time unless one is there, and returns the old."""
@@ -360,19 +497,29 @@ class RedisStore(Store):
         return int(now) if found is None else int(found)
 
     def ping(self) -> None:
-        """Redis answers, and with wait_replicas=N at least N replicas are connected: fewer could
-        not acknowledge any write, so the store counts as unavailable (health NOT_SERVING)."""
+        """Redis answers (on a cluster: every master, and the shard count is known), and with
+        wait_replicas=N at least N replicas are connected (to every master): fewer could not
+        acknowledge any write, so the store counts as unavailable (health NOT_SERVING)."""
         with self._boundary("ping"):
-            if not self._wait_replicas:
+            if self._cluster:
+                self.shard_count()
+                if not self._wait_replicas:
+                    self._redis.ping(target_nodes=RedisCluster.PRIMARIES)
+                    return
+                infos = self._redis.info("replication", target_nodes=RedisCluster.PRIMARIES)
+                connected = min(int(info.get("connected_slaves", 0)) for info in infos.values())
+            elif not self._wait_replicas:
                 self._redis.ping()
                 return
-            connected = int(self._redis.info("replication").get("connected_slaves", 0))
+            else:
+                connected = int(self._redis.info("replication").get("connected_slaves", 0))
         if connected < self._wait_replicas:
             raise StoreUnavailable(f"Redis at {self._where} has {connected} of the {self._wait_replicas} replicas "
                                    "each write waits for")
 
     def close(self) -> None:
-        self._redis.close()
+        if self._client is not None:
+            self._client.close()
 
     @contextmanager
     def _boundary(self, what: str) -> Iterator[None]:
@@ -389,6 +536,48 @@ class RedisStore(Store):
             raise StoreError(f"Redis at {self._where} failed {what}: {_line(error)}") from error
         except redis.RedisError as error:
             raise StoreError(f"Redis at {self._where} failed {what}: {_line(error)}") from error
+
+
+def _at(shards: int, shard: int, version: int) -> tuple[int | None, ...]:
+    """A sharded bucket's version as one write sees it: its shard's, None at the others."""
+    return tuple(version if s == shard else None for s in range(shards))
+
+
+def _joined(versions: list[int]) -> int | tuple[int, ...]:
+    """A bucket's version from its shards': the one shard's number, or the tuple of them."""
+    return versions[0] if len(versions) == 1 else tuple(versions)
+
+
+def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[tuple[int, ...], Counts]:
+    """A bucket's (version, counts) from its shards' (version, counts)."""
+    first = shards[0][1]
+    return (tuple(version for version, _ in shards),
+            Counts(first.weights, sum(c.n for _, c in shards), sum(c.v for _, c in shards)))
+
+
+def _cluster_client(url: str, packer: _Packer | None, options: dict[str, object]) -> RedisCluster:
+    """A RedisCluster client for a ``redis+cluster://[user:password@]host:port,host:port`` URL."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    if parts.path not in ("", "/", "/0") or parts.query or parts.fragment:
+        raise ValueError("a cluster URL names hosts only (a cluster has one database, 0).")
+    nodes = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"expected host:port, got {host!r}.")
+        nodes.append(ClusterNode(name.strip("[]"), int(port)))
+    if packer is not None:
+        # The cluster client makes each node's client itself, taking no packer; every new
+        # connection gets it here, before its first command.
+        def use_packer(connection: redis.Connection) -> None:
+            connection._command_packer = packer
+
+        options = {**options, "redis_connect_func": use_packer}
+    return RedisCluster(startup_nodes=nodes, username=unquote(username) or None,
+                        password=unquote(password) or None, ssl=parts.scheme == "rediss+cluster", **options)
+
 
 
 def _increments(counts: Counts) -> list[object]:
@@ -663,6 +852,8 @@ def _rows(t: np.ndarray, row_of: np.ndarray) -> np.ndarray:
 def _address(url: str) -> str:
     """Where the store is, for messages: host:port or socket path, never the password."""
     parts = urlsplit(url)
+    if parts.scheme.endswith("+cluster"):
+        return parts.netloc.rpartition("@")[2]
     return parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}"
 
 

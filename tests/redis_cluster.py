@@ -1,0 +1,124 @@
+"""A real Redis Cluster for tests: 6 redis-server processes (3 masters, 3 replicas) on free ports.
+
+    with RedisClusterServers() as cluster:
+        cluster.url                 # redis+cluster://127.0.0.1:<port>,127.0.0.1:<port>,...
+        cluster.masters()           # the RedisServer of each master now, by CLUSTER NODES
+        cluster.replica_of(master)  # its replica
+        cluster.wait_ok()           # every live node says cluster_state:ok and agrees on the masters
+        cluster.flush()             # FLUSHALL on every master (between tests sharing a cluster)
+
+Each node is a tests/redis_server.py RedisServer (free port, own directory, SIGKILL when the
+starting thread dies); the cluster is made with `redis-cli --cluster create ... --cluster-replicas
+1 --cluster-yes`. Standard library only, as redis_server.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+from redis_server import RedisServer, free_port
+
+__all__ = ["RedisClusterServers"]
+
+NODE_TIMEOUT_MS = 1500  # how long a master may be silent before its replica takes over
+
+
+class RedisClusterServers:
+    def __init__(self, masters: int = 3, *, appendonly: bool = False) -> None:
+        self.cli = shutil.which("redis-cli")
+        if self.cli is None:
+            raise RuntimeError("redis-cli is not installed (Debian package redis-tools, with redis-server).")
+        self.nodes = [
+            RedisServer(appendonly=appendonly, appendfsync="always", args=(
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                # The bus port defaults to port + 10000, which may be taken or past 65535.
+                "--cluster-port", str(free_port()),
+                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                # A replica takes over however long it was cut off (a test kills masters at will).
+                "--cluster-replica-validity-factor", "0",
+            ))  # fmt: skip
+            for _ in range(2 * masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def start(self) -> RedisClusterServers:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [self.cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60,
+        )  # fmt: skip
+        self.wait_ok()
+        return self
+
+    def cluster_nodes(self, via: RedisServer | None = None) -> list[list[str]]:
+        """CLUSTER NODES as seen by `via` (the first live node by default), one split line each."""
+        via = via or next(node for node in self.nodes if node.running)
+        text = self.call(via, "CLUSTER", "NODES")
+        return [line.split() for line in text.splitlines() if line.strip()]
+
+    def masters(self) -> list[RedisServer]:
+        """The live masters that own slots, in port order."""
+        ports = {int(fields[1].split(":")[1].split("@")[0]) for fields in self.cluster_nodes()
+                 if "master" in fields[2] and "fail" not in fields[2] and len(fields) > 8}
+        return [node for node in self.nodes if node.port in ports and node.running]
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        lines = self.cluster_nodes()
+        master_id = next(f[0] for f in lines if f[1].split("@")[0].endswith(f":{master.port}"))
+        port = next(int(f[1].split(":")[1].split("@")[0]) for f in lines if f[3] == master_id)
+        return next(node for node in self.nodes if node.port == port)
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node reports cluster_state:ok, every slot has a live master and each
+        master a replica done with its first sync (as many as the live nodes allow)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                live = [node for node in self.nodes if node.running]
+                if all("cluster_state:ok" in self.call(node, "CLUSTER", "INFO") for node in live):
+                    owned = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1))
+                                for f in self.cluster_nodes() if "master" in f[2] and "fail" not in f[2]
+                                for r in f[8:] if not r.startswith("["))
+                    masters = self.masters()
+                    synced = sum("state=online" in self.call(node, "INFO", "replication") for node in masters)
+                    if owned == 16384 and synced >= min(len(masters), len(live) - len(masters)):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Redis cluster did not become ok in time:\n"
+                                   + "\n".join(" ".join(f) for f in self.cluster_nodes()))
+            time.sleep(0.1)
+
+    def flush(self) -> None:
+        for node in self.masters():
+            self.call(node, "FLUSHALL")
+
+    @staticmethod
+    def call(node: RedisServer, *args: str) -> str:
+        """One command through redis-cli (whose replies, unlike RedisServer.command's, may span lines)."""
+        done = subprocess.run([shutil.which("redis-cli"), "-p", str(node.port), *args], check=True,
+                              capture_output=True, timeout=10)
+        return done.stdout.decode()
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+    def __enter__(self) -> RedisClusterServers:
+        try:
+            return self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
