@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from redis_cluster import RedisClusterServers
 from redis_server import RedisServer
 
 
@@ -30,3 +31,33 @@ def make_redis_server() -> Iterator[Callable[..., RedisServer]]:
     yield make
     for server in made:
         server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def shared_redis_cluster() -> Iterator[RedisClusterServers]:
+    """One real Redis Cluster (3 masters, 3 replicas) for the whole run: start it once (a few
+    seconds); tests that kill or move its nodes make their own with make_redis_cluster."""
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster(shared_redis_cluster: RedisClusterServers) -> RedisClusterServers:
+    """The shared cluster, emptied (FLUSHALL on every master) for this test."""
+    shared_redis_cluster.wait_ok()
+    shared_redis_cluster.flush()
+    return shared_redis_cluster
+
+
+@pytest.fixture
+def make_redis_cluster() -> Iterator[Callable[..., RedisClusterServers]]:
+    """Start a fresh RedisClusterServers(**options), all of its nodes killed after the test."""
+    made: list[RedisClusterServers] = []
+
+    def make(**options: object) -> RedisClusterServers:
+        made.append(RedisClusterServers(**options))
+        return made[-1].start()
+
+    yield make
+    for cluster in made:
+        cluster.cleanup()

@@ -1,4 +1,5 @@
-"""The store under test, once as MemoryStore and once as RedisStore on a fresh redis-server."""
+"""The store under test: MemoryStore, RedisStore on a fresh redis-server, and RedisStore on a
+real Redis Cluster (its counters split over shards), emptied for the test."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from veil.aggregator.store import MemoryStore, RedisStore, Store
 FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}  # a failing test fails quickly
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
     """Opens a handle on one store: the same MemoryStore every time, or a new RedisStore (its
     own connections) on the test's redis-server. Every handle is closed after the test."""
@@ -24,7 +25,8 @@ def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]
         def make() -> Store:
             return memory
     else:
-        url = request.getfixturevalue("redis_server").url
+        server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
+        url = server.url
 
         def make() -> Store:
             handles.append(RedisStore(url, **FAST))

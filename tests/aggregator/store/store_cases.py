@@ -9,7 +9,6 @@ import numpy as np
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.store import BatchWrite, CountsKey, RedisStore
-from veil.aggregator.store._redis import counts_key
 
 # Metric names that would collide, break the key grammar or escape a hash tag if used raw.
 AWKWARD_METRICS = ("a", "a:b", "a:c:fp", "a}", "{a", "{a}", "}{", "a b", "a%3Ab", "ünïcødé 📈", "veil:{a}:c")
@@ -48,7 +47,9 @@ def doubled(counts: Counts, times: int = 2) -> Counts:
 def batches_added(store, keys: Sequence[CountsKey]) -> list[int]:
     """How many batches each bucket has counted: what an exactly-once test checks. MemoryStore's
     version is that number; RedisStore's version is drawn at random by each write, and the count
-    is the hash's "batches" field (read here through the store's own client)."""
+    is the "batches" field of its hash, or the sum over its shards' (read here through the
+    store's own client)."""
     if isinstance(store, RedisStore):
-        return [int(store._redis.hget(counts_key(place), "batches") or 0) for place in keys]
+        return [sum(int(store._redis.hget(name, "batches") or 0) for name in store.bucket_hashes(place))
+                for place in keys]
     return store.versions(keys)

@@ -22,6 +22,7 @@
     timeout = 2.0                 # Redis only: seconds to wait for an answer (and to connect)
     wait_replicas = 0             # Redis only: WAIT for this many replicas after every batch
     wait_timeout_ms = 1000        # Redis only: how long that WAIT may take
+    shards = 12                   # Redis Cluster only: shards per metric (default 4 per master, recorded)
 
     [[metrics]]
     name = "browser"
@@ -250,7 +251,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
                    "workers", "max_concurrent_rpcs", "max_streams", "max_health_streams", "max_inflight_bytes",
                    "http_max_connections", "http_request_timeout", "processes"}, "server.")
-    _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms"}, "store.")
+    _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms", "shards"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise ConfigError("metrics: declare at least one [[metrics]] table.")
@@ -484,9 +485,14 @@ def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:
         options["wait_replicas"] = _whole(store["wait_replicas"], "store.wait_replicas", low=0)
     if "wait_timeout_ms" in store:
         options["wait_timeout_ms"] = _whole(store["wait_timeout_ms"], "store.wait_timeout_ms", low=1)
-    if options and not url.startswith(("redis://", "rediss://", "unix://")):
+    if options and not url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         name = next(k for k in ("timeout", "wait_replicas", "wait_timeout_ms") if k in store)
         raise ConfigError(f"store.{name}: applies to Redis stores only, and the store is {url.split(':')[0]!r}.")
+    if "shards" in store:
+        if not url.startswith(("redis+cluster://", "rediss+cluster://")):
+            raise ConfigError(f"store.shards: applies to a Redis Cluster (redis+cluster://) only, and the store is "
+                              f"{url.split(':')[0]!r}.")
+        options["shards"] = _whole(store["shards"], "store.shards", low=1)
     return options
 
 

@@ -1,7 +1,8 @@
 """The current estimates of every metric and window, recomputed only when their counts change.
 
-Each bucket's counts carry a version (kept by the store, new with every write, never reused),
-so one cheap round trip tells which cached estimates are stale; only those are read and
+Each bucket's counts carry a version (kept by the store, new with every write, never reused;
+a tuple of one per shard where the store splits a bucket over shards), so one cheap round trip
+tells which cached estimates are stale; only those are read and
 recomputed. Several aggregator processes may share a store: the versions see their writes too.
 
 Where the store says what this process's writes did (observe_applied: bucket, version before,
@@ -39,6 +40,8 @@ __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "estimates_json",
 
 log = logging.getLogger("veil.aggregator")
 
+Version = int | tuple[int, ...]  # a bucket's, or the tuple of its shards' (a sharded store)
+
 PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability simplex: a distribution, but biased."
 
 
@@ -54,7 +57,7 @@ class WindowEstimate:
     window: Window
     start: int  # the bucket's start and end, Unix seconds (0, 0 for total)
     end: int
-    version: int  # the store's version of the bucket's counts (Store.versions)
+    version: Version  # the store's version of the bucket's counts (Store.versions)
     n: int
     estimate: Estimate | None  # None when withheld
     reason: str  # why it is withheld; "" otherwise
@@ -158,25 +161,29 @@ class LiveEstimates:
         # (metric, window) -> (key, version, counts): the bucket's counts at that version, from
         # an atomic read or carried forward by applied(). Never mutated: served estimates may
         # share the arrays. Guarded by _lock.
-        self._known: dict[tuple[str, str], tuple[CountsKey, int, Counts]] = {}
+        self._known: dict[tuple[str, str], tuple[CountsKey, Version, Counts]] = {}
         self._since: dict[tuple[str, str], int] = {}  # (metric, fingerprint) -> Store.since, once known
         self._logged: set[tuple[str, str]] = set()  # (metric, error type) of failed estimates logged
         self._lock = threading.Lock()
 
-    def applied(self, key: CountsKey, before: int | None, after: int | None, counts: Counts | None) -> None:
+    def applied(self, key: CountsKey, before: int | tuple | None, after: int | tuple | None,
+                counts: Counts | None) -> None:
         """A write of this process took bucket `key` from version `before` to `after` by adding
         `counts`, atomically (a store's observe_applied hook calls this). The known counts of
         that bucket at exactly `before` become those at `after`; any other known counts of the
-        (metric, window) are forgotten, as they are when before is None (a failed write)."""
+        (metric, window) are forgotten, as they are when before is None (a failed write).
+        A sharded store's write names its shard's versions only (None at the others): the
+        known counts follow it when that shard was at `before`."""
         name = (key.metric, key.window)
         with self._lock:
             held = self._known.pop(name, None)  # forgotten unless carried forward below
             if held is None or before is None or after is None or counts is None:
                 return
             held_key, version, known = held
-            if held_key != key or version != before or known.weights != counts.weights or known.k != counts.k:
+            following = _following(version, before, after)
+            if held_key != key or following is None or known.weights != counts.weights or known.k != counts.k:
                 return
-            self._known[name] = (key, after, Counts(known.weights, known.n + counts.n, known.v + counts.v))
+            self._known[name] = (key, following, Counts(known.weights, known.n + counts.n, known.v + counts.v))
             self._changing.discard(name)  # followed: its counts need not be read along with the versions
 
     def select(self, metric: str | None = None, window: str | None = None) -> list[tuple[MetricConfig, Window]]:
@@ -297,7 +304,7 @@ class LiveEstimates:
             since = self._since[name] = self._store.since(metric.name, metric.spec.fingerprint, int(now))
         return since
 
-    def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: int,
+    def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version,
                  counts: Counts, now: float) -> WindowEstimate:
         spec = metric.spec.mechanism
         n = counts.total
@@ -354,3 +361,17 @@ def duration_text(seconds: int) -> str:
         if seconds % size == 0:
             return f"{seconds // size}-{unit}"
     return f"{seconds}-second"
+
+
+def _following(version: Version, before: int | tuple, after: int | tuple) -> Version | None:
+    """The version after a write from `before` to `after` of a bucket known at `version`; None
+    when the write did not start from it."""
+    if not isinstance(before, tuple):
+        return after if version == before else None
+    if version == 0:  # no shard written yet
+        version = (0,) * len(before)
+    if not isinstance(version, tuple) or len(version) != len(before) or not isinstance(after, tuple):
+        return None
+    if any(b is not None and b != v for b, v in zip(before, version)):
+        return None
+    return tuple(v if a is None else a for v, a in zip(version, after))

@@ -68,8 +68,9 @@ class Store(abc.ABC):
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         """For each bucket, its version: 0 before anything was added, then a number that changes
         with every write and never comes back for the bucket (MemoryStore: the batches added;
-        RedisStore: drawn at random by each write, as a lost write could bring a count back). A
-        cheap way to tell whether cached estimates are stale."""
+        RedisStore: drawn at random by each write, as a lost write could bring a count back; on
+        a cluster with S > 1 shards, the tuple of the S shards' versions once one has one). A cheap way to tell
+        whether cached estimates are stale: compare versions for equality only."""
 
     @abc.abstractmethod
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]

@@ -209,6 +209,7 @@ class RedisStore(Store):
                        max_connections=max_connections, decode_responses=False)
         self._lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
+        self._add_batch: Script | None = None
         if self._cluster:
             self._connect = lambda: _cluster_client(url, packer, options)
             self._wanted_shards = shards
@@ -216,9 +217,9 @@ class RedisStore(Store):
         else:
             options.update({} if packer is None else {"command_packer": packer})
             self._client = redis.Redis.from_url(url, **options)
+            self._add_batch = self._client.register_script(_ADD_BATCH)
             self._shards = 1
         self._packed = packer is not None  # the increments go pre-encoded (see _Resp)
-        self._add_batch: Script | None = None
         self._coalescer: Coalescer[BatchWrite, bool] | None = (
             Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None)
         self._flush_observers: list[FlushObserver] = []
@@ -239,7 +240,8 @@ class RedisStore(Store):
         return client
 
     def _script(self) -> Script:
-        # EVALSHA, loading the script again when Redis answers NOSCRIPT (restart, SCRIPT FLUSH).
+        """add_batch.lua: EVALSHA, loading the script again when Redis answers NOSCRIPT (a
+        restart, SCRIPT FLUSH); on a cluster registered with its client, on first use."""
         if self._add_batch is None:
             self._add_batch = self._redis.register_script(_ADD_BATCH)
         return self._add_batch
@@ -544,14 +546,15 @@ def _at(shards: int, shard: int, version: int) -> tuple[int | None, ...]:
 
 
 def _joined(versions: list[int]) -> int | tuple[int, ...]:
-    """A bucket's version from its shards': the one shard's number, or the tuple of them."""
-    return versions[0] if len(versions) == 1 else tuple(versions)
+    """A bucket's version from its shards': the one shard's number, or the tuple of them; 0
+    (no version) while no shard has one."""
+    return versions[0] if len(versions) == 1 or not any(versions) else tuple(versions)
 
 
-def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[tuple[int, ...], Counts]:
+def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[int | tuple[int, ...], Counts]:
     """A bucket's (version, counts) from its shards' (version, counts)."""
     first = shards[0][1]
-    return (tuple(version for version, _ in shards),
+    return (_joined([version for version, _ in shards]),
             Counts(first.weights, sum(c.n for _, c in shards), sum(c.v for _, c in shards)))
 
 
