@@ -84,8 +84,10 @@ class RedisClusterServers:
             try:
                 live = [node for node in self.nodes if node.running]
                 if all("cluster_state:ok" in self.call(node, "CLUSTER", "INFO") for node in live):
+                    ports = {node.port for node in live}  # a killed master's slots are not served
                     owned = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1))
                                 for f in self.cluster_nodes() if "master" in f[2] and "fail" not in f[2]
+                                and int(f[1].split(":")[1].split("@")[0]) in ports
                                 for r in f[8:] if not r.startswith("["))
                     masters = self.masters()
                     synced = sum("state=online" in self.call(node, "INFO", "replication") for node in masters)
@@ -97,6 +99,40 @@ class RedisClusterServers:
                 raise RuntimeError("the Redis cluster did not become ok in time:\n"
                                    + "\n".join(" ".join(f) for f in self.cluster_nodes()))
             time.sleep(0.1)
+
+    def node_id(self, node: RedisServer) -> str:
+        return self.call(node, "CLUSTER", "MYID").strip()
+
+    def owner(self, slot: int) -> RedisServer:
+        """The master serving a slot now."""
+        for fields in self.cluster_nodes():
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for ranges in fields[8:]:
+                if not ranges.startswith("[") and int(ranges.split("-")[0]) <= slot <= int(ranges.split("-")[-1]):
+                    port = int(fields[1].split(":")[1].split("@")[0])
+                    return next(node for node in self.nodes if node.port == port)
+        raise LookupError(f"no master serves slot {slot}")
+
+    def migrate_slot(self, slot: int, target: RedisServer, *, keys_per_step: int = 5, pause: float = 0.02) -> int:
+        """Move a slot to another master as redis-cli --cluster reshard does (SETSLOT IMPORTING
+        and MIGRATING, MIGRATE the keys a few at a time, SETSLOT NODE), slowly enough for
+        clients to meet ASK and TRYAGAIN on the way; the keys moved."""
+        source = self.owner(slot)
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        self.call(target, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)
+        self.call(source, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)
+        moved = 0
+        while True:
+            keys = self.call(source, "CLUSTER", "GETKEYSINSLOT", str(slot), str(keys_per_step)).split()
+            if not keys:
+                break
+            self.call(source, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(pause)
+        for node in (target, source, *(m for m in self.masters() if m not in (source, target))):
+            self.call(node, "CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+        return moved
 
     def flush(self) -> None:
         for node in self.masters():

@@ -39,7 +39,6 @@ from redis_server import free_port
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.store import CountsKey, RedisStore
-from veil.aggregator.store._redis import counts_key
 from veil.client import Reporter
 from veil.mechanism import MetricSpec, SeededRandomSource
 from veil.wire.v1 import veil_pb2
@@ -400,10 +399,12 @@ def stored_counts(redis_url: str, spec: MetricSpec, window: str = "total") -> Co
         weights, k = spec.mechanism.weight_law().weights, spec.k
         if window == "total":
             return store.read(CountsKey(spec.name, spec.fingerprint, "total", 0), weights, k)
-        pattern = counts_key(CountsKey(spec.name, spec.fingerprint, window, 0))[:-1] + "*"
+        buckets = set()  # every bucket of the window, found in any shard (one unless a cluster)
+        for shard_hash in store.bucket_hashes(CountsKey(spec.name, spec.fingerprint, window, 0)):
+            for name in store._redis.scan_iter(match=shard_hash[:-1] + "*", count=1000):
+                buckets.add(int(name.rsplit(b":", 1)[1]))
         total = Counts.zeros(spec.mechanism)
-        for name in store._redis.scan_iter(match=pattern, count=1000):
-            bucket = int(name.rsplit(b":", 1)[1])
+        for bucket in buckets:
             total.add(store.read(CountsKey(spec.name, spec.fingerprint, window, bucket), weights, k))
         return total
     finally:

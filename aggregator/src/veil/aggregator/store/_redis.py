@@ -67,7 +67,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 from urllib.parse import quote, unquote, urlsplit
 
@@ -502,22 +502,37 @@ class RedisStore(Store):
         """Redis answers (on a cluster: every master, and the shard count is known), and with
         wait_replicas=N at least N replicas are connected (to every master): fewer could not
         acknowledge any write, so the store counts as unavailable (health NOT_SERVING)."""
+        if self._cluster:
+            try:
+                self._ping_cluster()
+            except StoreError:
+                # Maybe the client's map of the masters is out of date (a failover): the next
+                # ping asks the cluster again.
+                if self._client is not None:
+                    with suppress(Exception):
+                        self._client.nodes_manager.initialize()
+                raise
+            return
         with self._boundary("ping"):
-            if self._cluster:
-                self.shard_count()
-                if not self._wait_replicas:
-                    self._redis.ping(target_nodes=RedisCluster.PRIMARIES)
-                    return
-                infos = self._redis.info("replication", target_nodes=RedisCluster.PRIMARIES)
-                connected = min(int(info.get("connected_slaves", 0)) for info in infos.values())
-            elif not self._wait_replicas:
+            if not self._wait_replicas:
                 self._redis.ping()
                 return
-            else:
-                connected = int(self._redis.info("replication").get("connected_slaves", 0))
+            connected = int(self._redis.info("replication").get("connected_slaves", 0))
         if connected < self._wait_replicas:
             raise StoreUnavailable(f"Redis at {self._where} has {connected} of the {self._wait_replicas} replicas "
                                    "each write waits for")
+
+    def _ping_cluster(self) -> None:
+        self.shard_count()
+        with self._boundary("ping"):
+            if not self._wait_replicas:
+                self._redis.ping(target_nodes=RedisCluster.PRIMARIES)
+                return
+            infos = self._redis.info("replication", target_nodes=RedisCluster.PRIMARIES)
+            connected = min(int(info.get("connected_slaves", 0)) for info in infos.values())
+        if connected < self._wait_replicas:
+            raise StoreUnavailable(f"Redis Cluster at {self._where} has a master with {connected} of the "
+                                   f"{self._wait_replicas} replicas each write waits for")
 
     def close(self) -> None:
         if self._client is not None:
