@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 DOCKER = DEPLOY / "docker"
 KUBE = DEPLOY / "kubernetes"
+KUBE_CLUSTER = DEPLOY / "kubernetes-cluster"
 SYSTEMD = DEPLOY / "systemd"
 MAKE_SECRETS = DEPLOY / "make-secrets.sh"
 
@@ -45,7 +46,7 @@ from running import Pki  # noqa: E402
 YAML_FILES = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
 # Not what make-secrets.sh leaves in a git-ignored secrets/ directory (its tokens.toml).
 TOML_FILES = sorted(p for p in DEPLOY.rglob("*.toml") if "secrets" not in p.relative_to(DEPLOY).parts)
-VEIL_CONFIGS = [DOCKER / "veil.toml", KUBE / "veil.toml", SYSTEMD / "veil.toml"]
+VEIL_CONFIGS = [DOCKER / "veil.toml", KUBE / "veil.toml", KUBE_CLUSTER / "veil.toml", SYSTEMD / "veil.toml"]
 
 
 def rel(path: Path) -> str:
@@ -145,9 +146,11 @@ def test_deploy_has_the_expected_files():
                  "docker/Dockerfile.dockerignore", "docker/veil.toml", "docker/constraints.txt",
                  "prometheus/prometheus.yml", "kubernetes/kustomization.yaml", "kubernetes/aggregator.yaml",
                  "kubernetes/redis.yaml", "kubernetes/veil.toml", "kubernetes/secret.env.example",
+                 "kubernetes-cluster/kustomization.yaml", "kubernetes-cluster/redis-cluster.yaml",
+                 "kubernetes-cluster/hpa.yaml", "kubernetes-cluster/veil.toml", "kubernetes-cluster/secret.env.example",
                  "systemd/veil-aggregator.service", "systemd/veil.toml", "systemd/veil.env.example"):
         assert (DEPLOY / name).is_file(), name
-    assert len(YAML_FILES) >= 5 and len(TOML_FILES) == 3
+    assert len(YAML_FILES) >= 5 and len(TOML_FILES) == 4
 
 
 @pytest.mark.parametrize("path", YAML_FILES, ids=rel)
@@ -175,7 +178,7 @@ def test_every_veil_config_passes_check_config(path, stand_ins, tmp_path):
 def test_every_veil_config_serves_tls_and_requires_tokens(path, stand_ins, tmp_path):
     from veil.aggregator.config import load_config
 
-    config = load_config(with_secrets(path, stand_ins, tmp_path), store_url="memory")
+    config = load_config(with_secrets(path, stand_ins, tmp_path))  # parsed only: no store is opened
     assert config.tls is not None and config.auth.enabled
     # The files are named where the deployment mounts them, not relative to the config.
     assert set(secret_paths(path)) == {"tls.cert_file", "tls.key_file", "auth.tokens_file"}
@@ -190,7 +193,7 @@ def test_the_sample_configs_listen_where_the_deploy_files_expect():
     for path in VEIL_CONFIGS:
         config = veil_config(path)
         assert port(config.grpc_address) == 50051 and port(config.http_address) == 8080, path
-    for path in (DOCKER / "veil.toml", KUBE / "veil.toml"):  # a container must bind every interface
+    for path in (DOCKER / "veil.toml", KUBE / "veil.toml", KUBE_CLUSTER / "veil.toml"):  # containers bind all
         assert veil_config(path).grpc_address.startswith("0.0.0.0:"), path
 
 
@@ -860,3 +863,81 @@ def test_the_docker_config_with_make_secrets_output_answers_the_health_check_and
         assert https_get(address, host, "/metrics", context, None).startswith(b"HTTP/1.0 401")
     finally:
         aggregator.stop(grace=0)
+
+
+# --- Kubernetes on a Redis Cluster (kubernetes-cluster/, an overlay of kubernetes/) -------------
+
+def cluster_kustomization() -> dict:
+    (doc,) = load_yaml(KUBE_CLUSTER / "kustomization.yaml")
+    return doc
+
+
+def cluster_object(kind: str, name: str) -> dict:
+    objects = [doc for name_ in cluster_kustomization()["resources"] if not name_.startswith("..")
+               for doc in load_yaml(KUBE_CLUSTER / name_)]
+    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
+
+
+def cluster_patches() -> list[dict]:
+    return [yaml.safe_load(p["patch"]) for p in cluster_kustomization()["patches"]]
+
+
+def test_the_cluster_overlay_is_the_base_without_its_redis_plus_a_cluster_and_an_autoscaler():
+    resources = cluster_kustomization()["resources"]
+    assert resources[0] == "../kubernetes" and (KUBE_CLUSTER / resources[0] / "kustomization.yaml").exists()
+    assert {p.name for p in KUBE_CLUSTER.glob("*.yaml")} - {"kustomization.yaml"} == set(resources[1:])
+    deleted = {(p["kind"], p["metadata"]["name"]) for p in cluster_patches() if p.get("$patch") == "delete"}
+    base = {(o["kind"], o["metadata"]["name"]) for o in load_yaml(KUBE / "redis.yaml")}
+    assert deleted == base  # every object of the single Redis, and nothing else
+    generators = {g["name"]: g for g in [*cluster_kustomization()["configMapGenerator"],
+                                         *cluster_kustomization()["secretGenerator"]]}
+    assert generators["veil-config"] == {"name": "veil-config", "behavior": "replace", "files": ["veil.toml"]}
+    assert generators["veil"] == {"name": "veil", "behavior": "replace", "envs": ["secret.env"]}
+    assert "secret.env" in (KUBE_CLUSTER / ".gitignore").read_text().split()
+
+
+def test_the_autoscaler_scales_the_aggregator_deployment_on_cpu_against_a_one_core_request():
+    hpa = cluster_object("HorizontalPodAutoscaler", "veil-aggregator")["spec"]
+    target = hpa["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "veil-aggregator")
+    kube_object("Deployment", "veil-aggregator")  # the base has it
+    (patch,) = [p for p in cluster_patches() if p["kind"] == "Deployment"]
+    assert patch["spec"]["replicas"] == hpa["minReplicas"] < hpa["maxReplicas"]
+    (metric,) = hpa["metrics"]
+    assert metric["resource"]["name"] == "cpu" and 0 < metric["resource"]["target"]["averageUtilization"] <= 100
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == aggregator_container()["name"] and container["resources"]["requests"]["cpu"] == "1"
+
+
+def test_the_redis_cluster_is_six_fsyncing_nodes_formed_into_three_masters_with_a_replica_each():
+    nodes = cluster_object("StatefulSet", "redis-cluster")["spec"]
+    assert nodes["replicas"] == 6 and nodes["serviceName"] == "redis-cluster"
+    (redis,) = nodes["template"]["spec"]["containers"]
+    command = " ".join(redis["args"])
+    for flag in ("--cluster-enabled yes", "--appendonly yes", "--appendfsync always",
+                 "--cluster-config-file /data/nodes.conf", "--cluster-preferred-endpoint-type hostname"):
+        assert flag in command, flag
+    assert "requirepass" in command and "masterauth" in command and "$REDIS_PASSWORD" not in command.split("<<")[0]
+    service = cluster_object("Service", "redis-cluster")["spec"]
+    assert service["clusterIP"] == "None" and service["selector"] == nodes["selector"]["matchLabels"]
+    assert {p["port"] for p in service["ports"]} == {6379, 16379}
+    (create,) = cluster_object("Job", "redis-cluster-create")["spec"]["template"]["spec"]["containers"]
+    script = create["args"][0]
+    assert "--cluster-replicas 1" in script and "for i in 0 1 2 3 4 5" in script and "cluster_state:ok" in script
+
+
+def test_the_cluster_config_and_secret_name_the_cluster_s_nodes_and_shards_over_its_masters():
+    from veil.aggregator.store._redis import MAX_SHARDS
+
+    pods = {f"redis-cluster-{i}.redis-cluster:6379" for i in range(6)}
+    secret = dict(line.split("=", 1) for line in (KUBE_CLUSTER / "secret.env.example").read_text().splitlines()
+                  if line and not line.startswith("#"))
+    url = urlsplit(secret["VEIL_STORE_URL"])
+    assert url.scheme == "redis+cluster" and url.password == secret["REDIS_PASSWORD"]
+    assert set(url.netloc.rpartition("@")[2].split(",")) <= pods
+    config = veil_config(KUBE_CLUSTER / "veil.toml")
+    assert set(urlsplit(config.store_url).netloc.split(",")) <= pods
+    shards = config.store_options["shards"]
+    assert shards % 3 == 0 and shards <= MAX_SHARDS  # the same number on every master
+    assert config.store_options["wait_replicas"] == 1

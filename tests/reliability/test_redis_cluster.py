@@ -22,6 +22,7 @@ from veil.wire.v1 import veil_pb2_grpc
 CLUSTER_STORE = {"timeout": 1.0}
 
 
+@pytest.mark.slow  # some 20 s: a failover, then the old master back as a replica
 def test_a_master_killed_under_sdk_load_its_replica_takes_over_and_every_acknowledged_batch_counts_once(
         make_redis_cluster, make_aggregator, make_device):
     """SIGKILL a master (no persistence) while devices report through the SDK: with
