@@ -1,0 +1,286 @@
+"""A capacity model, measured: CPU per upload of the aggregator and of each Redis master, and what
+N aggregator cores and M masters would then carry.
+
+For each store (memory, redis, cluster: a real 3-master, 3-replica Redis Cluster this benchmark
+starts) and k in {16, 128, 1024}, bench_ingest's load processes (the same grpc.aio generator,
+pre-serialized uploads, fresh batch ids) send 10-report uploads (64 in flight) and 1000-report
+uploads (16 in flight) to one aggregator process; every run is checked exactly (bench_ingest's
+Ledger). Measured per run: the aggregator's CPU from /proc/PID/stat and each master's from INFO
+cpu (used_cpu_sys + used_cpu_user), as microseconds per upload. Medians over --rounds.
+
+Model: an aggregator core carries 1e6 / (aggregator us per upload) uploads/s; the masters, with
+the shards spread evenly over M of them, 1e6 * M / (sum over masters of us per upload). The
+prediction for N cores and M masters is the smaller of the two (reports/s: times the batch).
+
+Checks, where one machine allows: the per-master CPU of the cluster within 10% of its mean (the
+shards of each metric spread evenly), and 1 vs 2 aggregator processes (server.processes = 2) on
+the cluster. Efficiency: 10-report uploads per aggregator CPU second as a ratio to the calls per
+CPU second of a grpcio server whose handler does nothing (bench/PROFILES.md), same load
+generator, same run; the target is 75%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_ingest import (
+    GRAIN,
+    SHAPES,
+    TESTS_DIR,
+    UPLOAD_PATH,
+    AggregatorProcess,
+    Ledger,
+    LoadProcesses,
+    config_dict,
+    cpu_seconds,
+    metric_name,
+    run_once,
+)
+from benchlib import RESULTS_DIR, machine_info, progress, write_results
+
+KS = (16, 128, 1024)
+STORES = ("memory", "redis", "cluster")
+CORES = (8, 32, 128)
+EFFICIENCY_GOAL = 0.75
+EVEN_GOAL = 0.10
+
+
+def null_server(port_file: str) -> int:
+    """A grpcio server (as the aggregator's: sync, 16 threads) whose Upload handler returns an
+    empty response at once: what the RPC alone costs."""
+    from concurrent import futures
+
+    import grpc
+
+    def handle(request: bytes, context: Any) -> bytes:
+        return b""
+
+    handler = grpc.method_handlers_generic_handler("veil.wire.v1.Collector", {
+        "Upload": grpc.unary_unary_rpc_method_handler(handle, request_deserializer=None, response_serializer=None)})
+    server = grpc.server(futures.ThreadPoolExecutor(16), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    Path(port_file).write_text(str(port))
+    server.wait_for_termination()
+    return 0
+
+
+class Masters:
+    """The CPU seconds (INFO cpu: used_cpu_sys + used_cpu_user) of each master of a store."""
+
+    def __init__(self, nodes: list[Any]) -> None:
+        self.nodes = nodes
+
+    def seconds(self) -> list[float]:
+        out = []
+        for node in self.nodes:
+            info = node.command("INFO", "cpu", timeout=10).decode()
+            fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+            out.append(float(fields["used_cpu_sys"]) + float(fields["used_cpu_user"]))
+        return out
+
+
+def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters | None, shape_name: str, k: int,
+            reports: int, rounds: int, ledger: Ledger) -> dict[str, Any]:
+    shape = SHAPES[shape_name]
+    metric = metric_name(k, 1.0)
+    run_once(load, aggregator, shape, metric, GRAIN, {"aggregator": aggregator.pids}, ledger)  # warm-up
+    samples = []
+    for _ in range(rounds):
+        before_cpu = cpu_seconds(aggregator.pids)
+        before = masters.seconds() if masters else []
+        result = run_once(load, aggregator, shape, metric, reports, {}, ledger)
+        after = masters.seconds() if masters else []
+        uploads = result["uploads"]
+        samples.append({
+            "uploads_per_second": result["uploads_per_second"],
+            "aggregator_us": (cpu_seconds(aggregator.pids) - before_cpu) / uploads * 1e6,
+            "master_us": [(a - b) / uploads * 1e6 for a, b in zip(after, before)],
+            "exact": result["exact"],
+        })
+    master_us = [statistics.median(s["master_us"][i] for s in samples) for i in range(len(samples[0]["master_us"]))]
+    return {
+        "shape": shape_name, "k": k, "batch": shape.batch, "in_flight": shape.in_flight,
+        "uploads_per_second": statistics.median(s["uploads_per_second"] for s in samples),
+        "aggregator_us_per_upload": statistics.median(s["aggregator_us"] for s in samples),
+        "master_us_per_upload": master_us,
+        "exact": all(s["exact"] for s in samples),
+    }
+
+
+def predict(row: dict[str, Any], cores: int, masters: int) -> dict[str, float]:
+    aggregator = cores * 1e6 / row["aggregator_us_per_upload"]
+    redis_us = sum(row["master_us_per_upload"])
+    redis = math.inf if not redis_us else masters * 1e6 / redis_us
+    uploads = min(aggregator, redis)
+    return {"uploads_per_second": uploads, "reports_per_second": uploads * row["batch"],
+            "bound": "aggregator" if aggregator <= redis else "redis"}
+
+
+def masters_needed(row: dict[str, Any], cores: int) -> int:
+    """The fewest masters that keep up with `cores` aggregator cores."""
+    redis_us = sum(row["master_us_per_upload"])
+    return max(1, math.ceil(cores * redis_us / row["aggregator_us_per_upload"]))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny runs, numbers mean nothing")
+    parser.add_argument("--rounds", type=int, help="runs per cell (default 3; 1 with --quick)")
+    parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
+    parser.add_argument("--load-processes", type=int, default=2)
+    parser.add_argument("--output", type=Path, help="results JSON (default bench/results/capacity.json)")
+    parser.add_argument("--null-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.output = args.output or RESULTS_DIR / "capacity.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.null_server:
+        return null_server(args.null_server)
+    started = time.perf_counter()
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.append(str(TESTS_DIR))
+    from redis_cluster import RedisClusterServers
+    from redis_server import RedisServer
+
+    from veil.aggregator.store import RedisStore
+
+    small, large = (1000, 20_000) if args.quick else (10_000, 200_000)  # reports per load process and run
+    machine = machine_info(("grpcio", "redis", "hiredis", "veil"))
+    ledger = Ledger()
+    rows: list[dict[str, Any]] = []
+    checks: dict[str, Any] = {}
+    cleanup: list[Any] = []
+    load = LoadProcesses(args.load_processes)
+    with tempfile.TemporaryDirectory(prefix="veil-bench-capacity-") as scratch:
+        try:
+            port_file = Path(scratch) / "null.port"
+            null = subprocess.Popen([sys.executable, __file__, "--null-server", str(port_file)])
+            cleanup.append(null.kill)
+            while not port_file.exists() or not port_file.read_text():
+                time.sleep(0.05)
+            null_endpoint = f"127.0.0.1:{port_file.read_text()}"
+            for store in args.stores:
+                masters = None
+                if store == "memory":
+                    url = "memory"
+                elif store == "redis":
+                    server = RedisServer().start()
+                    cleanup.append(server.cleanup)
+                    url, masters = server.url, Masters([server])
+                else:
+                    cluster = RedisClusterServers().start()
+                    cleanup.append(cluster.cleanup)
+                    url, masters = cluster.url, Masters(cluster.masters())
+                aggregator = AggregatorProcess(store, url, config_dict(args.ks, [1.0], url), Path(scratch))
+                cleanup.append(aggregator.stop)
+                if store != "memory":
+                    aggregator.redis = RedisStore(url)
+                progress(f"{store}: aggregator pid {aggregator.pid}, {len(masters.nodes) if masters else 0} masters")
+                for k in args.ks:
+                    load.command("cell", {"k": k, "epsilon": 1.0, "seed": 20240601})
+                    load.command("extend", large)
+                    for shape, reports in (("small", small), ("large", large)):
+                        row = measure(load, aggregator, masters, shape, k, reports, args.rounds, ledger)
+                        row["store"] = store
+                        rows.append(row)
+                        progress(f"{store} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
+                                 f"{row['aggregator_us_per_upload']:.0f} us/upload, masters "
+                                 f"{[round(u) for u in row['master_us_per_upload']]} us/upload")
+                    if k == args.ks[0]:
+                        # Same run, same load: the do-nothing server, then this store's small uploads.
+                        before = cpu_seconds(null.pid)
+                        result = load.run(null_endpoint, SHAPES["small"], small, {})
+                        null_us = (cpu_seconds(null.pid) - before) / result["uploads"] * 1e6
+                        mine = next(r for r in rows if r["store"] == store and r["k"] == k and r["shape"] == "small")
+                        checks[f"efficiency_{store}"] = {
+                            "null_calls_per_second": result["uploads_per_second"] if "uploads_per_second" in result
+                            else result["uploads"] / result["seconds"],
+                            "null_us_per_call": null_us, "aggregator_us_per_upload": mine["aggregator_us_per_upload"],
+                            "ratio": null_us / mine["aggregator_us_per_upload"], "goal": EFFICIENCY_GOAL}
+                if store == "cluster":
+                    for row in (r for r in rows if r["store"] == "cluster"):
+                        us = row["master_us_per_upload"]
+                        row["master_spread"] = (max(us) - min(us)) / statistics.mean(us)
+                    spreads = [r["master_spread"] for r in rows if r["store"] == "cluster"]
+                    checks["cluster_masters_even"] = {"max_spread": max(spreads), "goal": EVEN_GOAL,
+                                                      "ok": max(spreads) <= EVEN_GOAL}
+                    # 1 vs 2 aggregator processes on the cluster, 10-report uploads at the first k.
+                    two = AggregatorProcess("cluster2", url, config_dict(args.ks, [1.0], url, processes=2),
+                                            Path(scratch))
+                    cleanup.append(two.stop)
+                    two.redis = aggregator.redis
+                    ledger.expected.update({("cluster2", m): v for (s, m), v in ledger.expected.items()
+                                            if s == "cluster"})
+                    load.command("cell", {"k": args.ks[0], "epsilon": 1.0, "seed": 20240601})
+                    load.command("extend", large)
+                    row = measure(load, two, masters, "small", args.ks[0], small, args.rounds, ledger)
+                    one = next(r for r in rows if r["store"] == "cluster" and r["k"] == args.ks[0]
+                               and r["shape"] == "small")
+                    checks["cluster_processes"] = {"one": one["uploads_per_second"], "two": row["uploads_per_second"],
+                                                   "one_us": one["aggregator_us_per_upload"],
+                                                   "two_us": row["aggregator_us_per_upload"]}
+                    two.redis = None
+        finally:
+            load.stop()
+            for step in reversed(cleanup):
+                step()
+
+    predictions = []
+    for row in rows:
+        if row["store"] != "cluster":
+            continue
+        for cores in CORES:
+            masters = masters_needed(row, cores)
+            predictions.append({"k": row["k"], "shape": row["shape"], "cores": cores, "masters": masters,
+                                **predict(row, cores, masters)})
+    results = {
+        "benchmark": "capacity",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "machine": machine,
+        "settings": {"quick": args.quick, "rounds": args.rounds, "ks": args.ks, "stores": args.stores,
+                     "reports_per_process": {"small": small, "large": large}},
+        "rows": rows,
+        "predictions": predictions,
+        "checks": checks,
+        "exact_counts": {"ok": not ledger.failures, "checks": ledger.checks, "failures": ledger.failures},
+        "wall_seconds": time.perf_counter() - started,
+    }
+    write_results(args.output, results)
+    print_tables(results)
+    return 0 if not ledger.failures else 1
+
+
+def print_tables(results: dict[str, Any]) -> None:
+    print("\nCPU per upload (median), us: aggregator | each master")
+    for row in results["rows"]:
+        masters = " ".join(f"{u:.0f}" for u in row["master_us_per_upload"]) or "-"
+        print(f"  {row['store']:8} k={row['k']:<5} {row['batch']:>4}-report: {row['uploads_per_second']:8.0f} uploads/s"
+              f"  aggregator {row['aggregator_us_per_upload']:6.0f} | masters {masters}")
+    print("\nPredicted (cluster measurements): N aggregator cores, the masters that keep up with them")
+    for p in results["predictions"]:
+        print(f"  k={p['k']:<5} {p['shape']:5} N={p['cores']:<4} M={p['masters']:<3} {p['uploads_per_second']:>12,.0f} "
+              f"uploads/s {p['reports_per_second']:>14,.0f} reports/s ({p['bound']}-bound)")
+    print("\nChecks")
+    for name, check in results["checks"].items():
+        print(f"  {name}: {check}")
+    exact = results["exact_counts"]
+    print(f"Exact-count checks: {exact['checks'] - len(exact['failures'])} of {exact['checks']} OK")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
