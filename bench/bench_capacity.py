@@ -90,12 +90,20 @@ class Masters:
 
 
 def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters | None, shape_name: str, k: int,
-            reports: int, rounds: int, ledger: Ledger) -> dict[str, Any]:
+            reports: int, rounds: int, ledger: Ledger, null: tuple[str, int] | None = None) -> dict[str, Any]:
+    """Median CPU per upload over the rounds; with `null` (the do-nothing server's endpoint and
+    pid) each round first sends the same load to it, for the efficiency ratio."""
     shape = SHAPES[shape_name]
     metric = metric_name(k, 1.0)
     run_once(load, aggregator, shape, metric, GRAIN, {"aggregator": aggregator.pids}, ledger)  # warm-up
     samples = []
+    nulls = []
     for _ in range(rounds):
+        if null is not None:
+            before = cpu_seconds(null[1])
+            result = load.run(null[0], shape, reports, {})
+            nulls.append({"us": (cpu_seconds(null[1]) - before) / result["uploads"] * 1e6,
+                          "calls_per_second": result["uploads"] / result["seconds"]})
         before_cpu = cpu_seconds(aggregator.pids)
         before = masters.seconds() if masters else []
         result = run_once(load, aggregator, shape, metric, reports, {}, ledger)
@@ -108,7 +116,11 @@ def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters
             "exact": result["exact"],
         })
     master_us = [statistics.median(s["master_us"][i] for s in samples) for i in range(len(samples[0]["master_us"]))]
-    return {
+    extra = {}
+    if nulls:
+        extra["null"] = {"us_per_call": statistics.median(n["us"] for n in nulls),
+                         "calls_per_second": statistics.median(n["calls_per_second"] for n in nulls)}
+    return {**extra,
         "shape": shape_name, "k": k, "batch": shape.batch, "in_flight": shape.in_flight,
         "uploads_per_second": statistics.median(s["uploads_per_second"] for s in samples),
         "aggregator_us_per_upload": statistics.median(s["aggregator_us"] for s in samples),
@@ -138,6 +150,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="runs per cell (default 3; 1 with --quick)")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
+    parser.add_argument("--cluster-shards", type=int, nargs="+", default=[12, 3],
+                        help="store.shards of the cluster variants (default 12, the default for 3 masters, and 3)")
     parser.add_argument("--load-processes", type=int, default=2)
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/capacity.json)")
     parser.add_argument("--null-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
@@ -172,10 +186,18 @@ def main(argv: list[str] | None = None) -> int:
             null = subprocess.Popen([sys.executable, __file__, "--null-server", str(port_file)])
             cleanup.append(null.kill)
             while not port_file.exists() or not port_file.read_text():
+                if null.poll() is not None:
+                    raise RuntimeError(f"the do-nothing server exited with {null.returncode}")
                 time.sleep(0.05)
             null_endpoint = f"127.0.0.1:{port_file.read_text()}"
-            for store in args.stores:
+            variants = [(store, None) for store in args.stores if store != "cluster"]
+            if "cluster" in args.stores:
+                variants += [("cluster", shards) for shards in args.cluster_shards]
+            cluster = None
+            for store, shards in variants:
+                name = store if shards is None else f"cluster-s{shards}"
                 masters = None
+                config_store: dict[str, Any] = {}
                 if store == "memory":
                     url = "memory"
                 elif store == "redis":
@@ -183,55 +205,62 @@ def main(argv: list[str] | None = None) -> int:
                     cleanup.append(server.cleanup)
                     url, masters = server.url, Masters([server])
                 else:
-                    cluster = RedisClusterServers().start()
-                    cleanup.append(cluster.cleanup)
+                    if cluster is None:
+                        cluster = RedisClusterServers().start()
+                        cleanup.append(cluster.cleanup)
+                    cluster.flush()  # the shard count is recorded in the cluster: each variant starts afresh
                     url, masters = cluster.url, Masters(cluster.masters())
-                aggregator = AggregatorProcess(store, url, config_dict(args.ks, [1.0], url), Path(scratch))
+                    config_store = {"shards": shards} if shards else {}
+                config = config_dict(args.ks, [1.0], url)
+                config["store"].update(config_store)
+                aggregator = AggregatorProcess(name, url, config, Path(scratch))
                 cleanup.append(aggregator.stop)
                 if store != "memory":
                     aggregator.redis = RedisStore(url)
-                progress(f"{store}: aggregator pid {aggregator.pid}, {len(masters.nodes) if masters else 0} masters")
+                progress(f"{name}: aggregator pid {aggregator.pid}, {len(masters.nodes) if masters else 0} masters")
                 for k in args.ks:
                     load.command("cell", {"k": k, "epsilon": 1.0, "seed": 20240601})
                     load.command("extend", large)
                     for shape, reports in (("small", small), ("large", large)):
-                        row = measure(load, aggregator, masters, shape, k, reports, args.rounds, ledger)
-                        row["store"] = store
+                        # At the first k the do-nothing server gets the same small uploads, interleaved.
+                        beside = (null_endpoint, null.pid) if shape == "small" and k == args.ks[0] else None
+                        row = measure(load, aggregator, masters, shape, k, reports, args.rounds, ledger, beside)
+                        row["store"] = name
                         rows.append(row)
-                        progress(f"{store} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
+                        progress(f"{name} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
                                  f"{row['aggregator_us_per_upload']:.0f} us/upload, masters "
                                  f"{[round(u) for u in row['master_us_per_upload']]} us/upload")
-                    if k == args.ks[0]:
-                        # Same run, same load: the do-nothing server, then this store's small uploads.
-                        before = cpu_seconds(null.pid)
-                        result = load.run(null_endpoint, SHAPES["small"], small, {})
-                        null_us = (cpu_seconds(null.pid) - before) / result["uploads"] * 1e6
-                        mine = next(r for r in rows if r["store"] == store and r["k"] == k and r["shape"] == "small")
-                        checks[f"efficiency_{store}"] = {
-                            "null_calls_per_second": result["uploads_per_second"] if "uploads_per_second" in result
-                            else result["uploads"] / result["seconds"],
-                            "null_us_per_call": null_us, "aggregator_us_per_upload": mine["aggregator_us_per_upload"],
-                            "ratio": null_us / mine["aggregator_us_per_upload"], "goal": EFFICIENCY_GOAL}
+                        if "null" in row:
+                            checks[f"efficiency_{name}"] = {
+                                **row["null"], "aggregator_us_per_upload": row["aggregator_us_per_upload"],
+                                "ratio": row["null"]["us_per_call"] / row["aggregator_us_per_upload"],
+                                "goal": EFFICIENCY_GOAL}
                 if store == "cluster":
-                    for row in (r for r in rows if r["store"] == "cluster"):
+                    mine = [r for r in rows if r["store"] == name]
+                    for row in mine:
                         us = row["master_us_per_upload"]
                         row["master_spread"] = (max(us) - min(us)) / statistics.mean(us)
-                    spreads = [r["master_spread"] for r in rows if r["store"] == "cluster"]
-                    checks["cluster_masters_even"] = {"max_spread": max(spreads), "goal": EVEN_GOAL,
-                                                      "ok": max(spreads) <= EVEN_GOAL}
+                    # The whole run's load per master: every cell's CPU per upload, weighted by its uploads.
+                    total = [sum(r["master_us_per_upload"][i] for r in mine) for i in range(len(mine[0]["master_us_per_upload"]))]
+                    checks[f"{name}_masters_even"] = {
+                        "per_cell_max_spread": max(r["master_spread"] for r in mine),
+                        "overall_spread": (max(total) - min(total)) / statistics.mean(total),
+                        "goal": EVEN_GOAL}
+                    checks[f"{name}_masters_even"]["ok"] = checks[f"{name}_masters_even"]["overall_spread"] <= EVEN_GOAL
+                    if shards != args.cluster_shards[0]:
+                        continue
                     # 1 vs 2 aggregator processes on the cluster, 10-report uploads at the first k.
-                    two = AggregatorProcess("cluster2", url, config_dict(args.ks, [1.0], url, processes=2),
-                                            Path(scratch))
+                    config = config_dict(args.ks, [1.0], url, processes=2)
+                    config["store"].update(config_store)
+                    two = AggregatorProcess(f"{name}-2", url, config, Path(scratch))
                     cleanup.append(two.stop)
                     two.redis = aggregator.redis
-                    ledger.expected.update({("cluster2", m): v for (s, m), v in ledger.expected.items()
-                                            if s == "cluster"})
+                    ledger.expected.update({(two.store, m): v for (s, m), v in ledger.expected.items() if s == name})
                     load.command("cell", {"k": args.ks[0], "epsilon": 1.0, "seed": 20240601})
                     load.command("extend", large)
                     row = measure(load, two, masters, "small", args.ks[0], small, args.rounds, ledger)
-                    one = next(r for r in rows if r["store"] == "cluster" and r["k"] == args.ks[0]
-                               and r["shape"] == "small")
-                    checks["cluster_processes"] = {"one": one["uploads_per_second"], "two": row["uploads_per_second"],
+                    one = next(r for r in mine if r["k"] == args.ks[0] and r["shape"] == "small")
+                    checks[f"{name}_processes"] = {"one": one["uploads_per_second"], "two": row["uploads_per_second"],
                                                    "one_us": one["aggregator_us_per_upload"],
                                                    "two_us": row["aggregator_us_per_upload"]}
                     two.redis = None
@@ -242,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
     predictions = []
     for row in rows:
-        if row["store"] != "cluster":
+        if row["store"] != f"cluster-s{args.cluster_shards[0]}":
             continue
         for cores in CORES:
             masters = masters_needed(row, cores)
@@ -253,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join([sys.executable, *sys.argv]),
         "machine": machine,
         "settings": {"quick": args.quick, "rounds": args.rounds, "ks": args.ks, "stores": args.stores,
+                     "cluster_shards": args.cluster_shards,
                      "reports_per_process": {"small": small, "large": large}},
         "rows": rows,
         "predictions": predictions,
@@ -269,9 +299,10 @@ def print_tables(results: dict[str, Any]) -> None:
     print("\nCPU per upload (median), us: aggregator | each master")
     for row in results["rows"]:
         masters = " ".join(f"{u:.0f}" for u in row["master_us_per_upload"]) or "-"
-        print(f"  {row['store']:8} k={row['k']:<5} {row['batch']:>4}-report: {row['uploads_per_second']:8.0f} uploads/s"
+        print(f"  {row['store']:11} k={row['k']:<5} {row['batch']:>4}-report: {row['uploads_per_second']:8.0f} uploads/s"
               f"  aggregator {row['aggregator_us_per_upload']:6.0f} | masters {masters}")
-    print("\nPredicted (cluster measurements): N aggregator cores, the masters that keep up with them")
+    print(f"\nPredicted (cluster-s{results['settings']['cluster_shards'][0]} measurements): N aggregator cores, "
+          "the masters that keep up with them")
     for p in results["predictions"]:
         print(f"  k={p['k']:<5} {p['shape']:5} N={p['cores']:<4} M={p['masters']:<3} {p['uploads_per_second']:>12,.0f} "
               f"uploads/s {p['reports_per_second']:>14,.0f} reports/s ({p['bound']}-bound)")

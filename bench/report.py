@@ -49,7 +49,8 @@ from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, progress, write_results
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-BENCHMARKS = {"randomize": "bench_randomize.py", "client": "bench_client.py", "ingest": "bench_ingest.py"}
+BENCHMARKS = {"randomize": "bench_randomize.py", "client": "bench_client.py", "ingest": "bench_ingest.py",
+              "capacity": "bench_capacity.py"}
 LATEST, PLOT = "latest.json", "throughput.png"
 # The README's performance table sits between these lines; --update-readme replaces what is between.
 README_BEGIN = "<!-- bench/report.py --markdown: begin -->"
@@ -351,6 +352,10 @@ def correctness(results: dict[str, Any]) -> dict[str, Any]:
         checks["ingest_exact_count_checks"] = exact["checks"]
         checks["ingest_exact_count_failures"] = exact["failures"]
         checks["ingest_latency_sanity_ok"] = bool(results["ingest"]["summary"]["latency_sanity_ok"])
+    if "capacity" in results:
+        exact = results["capacity"]["exact_counts"]
+        checks["capacity_exact_counts_ok"] = bool(exact["ok"])
+        checks["capacity_exact_count_failures"] = exact["failures"]
     if "client" in results:
         dropped = [f"{phase} {cell} {mode}" for phase in ("up", "down")
                    for cell, modes in results["client"]["latency"][phase].items()
@@ -497,6 +502,28 @@ def ingest_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def capacity_table(data: dict[str, Any]) -> Table:
+    """bench_capacity.py's predictions: N aggregator cores, the masters that keep up, uploads/s."""
+    checks = data["checks"]
+    efficiency = ", ".join(f"{name.removeprefix('efficiency_')} {check['ratio']:.0%}"
+                           for name, check in checks.items() if name.startswith("efficiency_"))
+    even = next((check for name, check in checks.items() if name.endswith("_masters_even")), None)
+    table = Table(f"Capacity model (Redis Cluster, store.shards = {data['settings']['cluster_shards'][0]}): "
+                  "N one-core aggregators and the M masters that keep up",
+                  ["k", "uploads", "N cores", "M masters", "uploads/s", "reports/s", "bound by"],
+                  right={0, 2, 3, 4, 5},
+                  note=f"CPU us per upload measured by bench_capacity.py (median of {rounds(data['settings']['rounds'])}). "
+                       f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
+                       f"server: {efficiency} (goal 75%)."
+                       + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)."
+                          if even else ""))
+    for p in data["predictions"]:
+        batch = 10 if p["shape"] == "small" else 1000
+        table.add(p["k"], f"{batch}-report", p["cores"], p["masters"], si(p["uploads_per_second"]),
+                  si(p["reports_per_second"]), p["bound"])
+    return table
+
+
 def latency_table(data: dict[str, Any]) -> Table | None:
     latency = data.get("latency")
     if not latency:
@@ -571,6 +598,8 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
         latency = latency_table(results["ingest"])
         if latency is not None:
             tables.append(latency)
+    if "capacity" in results:
+        tables.append(capacity_table(results["capacity"]))
     tables.append(targets_table(document["targets"]))
     for table in tables:
         out += ["", table.render(markdown)]
