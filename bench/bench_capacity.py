@@ -150,8 +150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="runs per cell (default 3; 1 with --quick)")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
-    parser.add_argument("--cluster-shards", type=int, nargs="+", default=[12, 3],
-                        help="store.shards of the cluster variants (default 12, the default for 3 masters, and 3)")
+    parser.add_argument("--cluster-shards", type=int, nargs="+", default=[3, 12],
+                        help="store.shards of the cluster variants; the first is modelled (default 3, one per "
+                             "master as by default, and 12)")
     parser.add_argument("--load-processes", type=int, default=2)
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/capacity.json)")
     parser.add_argument("--null-server", metavar="PORT_FILE", help=argparse.SUPPRESS)

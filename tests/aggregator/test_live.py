@@ -39,12 +39,12 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 def store(request):
     if request.param == "memory":
         made = MemoryStore(clock=lambda: START)  # nothing expires during a test
-    else:
-        made = RedisStore(request.getfixturevalue("redis_server").url)
+    else:  # a cluster splits each bucket over shards: versions are tuples, counts summed
+        made = RedisStore(request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster").url)
     yield made
     made.close()
 
@@ -201,9 +201,10 @@ def fresh_get_reads_nothing(spy, live, store, config, what=None):
     return served
 
 
-@pytest.mark.parametrize("coalesce", [64, 1])
-def test_own_writes_are_followed_without_reading_the_counts(redis_server, coalesce):
-    store = RedisStore(redis_server.url, coalesce=coalesce)
+@pytest.mark.parametrize(("where", "coalesce"), [("redis_server", 64), ("redis_server", 1), ("redis_cluster", 64)])
+def test_own_writes_are_followed_without_reading_the_counts(request, where, coalesce):
+    """On a cluster each write changes one shard of each bucket (its version at that shard)."""
+    store = RedisStore(request.getfixturevalue(where).url, coalesce=coalesce)
     clock = Clock()
     config, live = setup(store, clock)
     store.observe_applied(live.applied)

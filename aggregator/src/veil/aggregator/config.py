@@ -22,7 +22,7 @@
     timeout = 2.0                 # Redis only: seconds to wait for an answer (and to connect)
     wait_replicas = 0             # Redis only: WAIT for this many replicas after every batch
     wait_timeout_ms = 1000        # Redis only: how long that WAIT may take
-    shards = 12                   # Redis Cluster only: shards per metric (default 4 per master, recorded)
+    shards = 3                    # Redis Cluster only: shards per metric (default one per master; recorded)
 
     [[metrics]]
     name = "browser"

@@ -21,9 +21,11 @@ makes, holds S / masters shards each). A batch goes to the shard crc32(batch id)
 (dedupe key and counter hashes, one slot, one atomic script): a retry lands on the same shard,
 so exactly once holds as on one Redis. Reads sum the shards, with one pipeline per node (sent to
 all nodes at once); a bucket's version is then the tuple of its shards' versions. S is
-``shards`` (default 4 per master), recorded in the cluster (key ``veil:shards``) by the first
-aggregator to use it: later ones use the recorded number, and refuse to start with another
-configured, as a batch id's shard, and so exactly once, depends on it.
+``shards`` (default: one per master), recorded in the cluster (key ``veil:shards``) by the
+first aggregator to use it: later ones use the recorded number, and refuse to start with
+another configured, as a batch id's shard, and so exactly once, depends on it. Group commit is
+per shard, so more shards mean smaller groups and more Redis CPU per batch (bench_capacity.py
+measures it); more shards than masters only leave room to spread over masters added later.
 
 Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua).
 
@@ -212,7 +214,8 @@ class RedisStore(Store):
         self._client: redis.Redis | RedisCluster | None = None
         self._add_batch: Script | None = None
         if self._cluster:
-            self._connect = lambda: _cluster_client(url, packer, options)
+            seeds = _cluster_seeds(url)  # a bad URL is refused now; the nodes are asked on first use
+            self._connect = lambda: _cluster_client(seeds, packer, options)
             self._wanted_shards = shards
             self._shards = 0  # found on first use: the count recorded in the cluster
         else:
@@ -250,15 +253,15 @@ class RedisStore(Store):
 
     def shard_count(self) -> int:
         """S, the shards each metric's counters are split over: 1 on one Redis; on a cluster the
-        number recorded there, or, for the first aggregator, the configured one (default 4 per
-        master), recorded. StoreError when the configured number differs from the recorded one."""
+        number recorded there, or, for the first aggregator, the configured one (default: one
+        per master), recorded. StoreError when the configured number differs from the recorded one."""
         if self._shards:
             return self._shards
         with self._boundary("shards"):
             client = self._redis
             recorded = client.get(_SHARDS_KEY)
             if recorded is None:
-                client.set(_SHARDS_KEY, self._wanted_shards or 4 * len(client.get_primaries()), nx=True)
+                client.set(_SHARDS_KEY, self._wanted_shards or len(client.get_primaries()), nx=True)
                 recorded = client.get(_SHARDS_KEY)
         shards = int(recorded)
         if self._wanted_shards and shards != self._wanted_shards:
@@ -600,8 +603,9 @@ def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[int | tuple[int, ...]
             Counts(first.weights, sum(c.n for _, c in shards), sum(c.v for _, c in shards)))
 
 
-def _cluster_client(url: str, packer: _Packer | None, options: dict[str, object]) -> RedisCluster:
-    """A RedisCluster client for a ``redis+cluster://[user:password@]host:port,host:port`` URL."""
+def _cluster_seeds(url: str) -> dict[str, object]:
+    """RedisCluster's startup nodes, credentials and TLS from a
+    ``redis+cluster://[user:password@]host:port,host:port`` URL; ValueError when it is not one."""
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     username, _, password = userinfo.partition(":")
@@ -613,6 +617,11 @@ def _cluster_client(url: str, packer: _Packer | None, options: dict[str, object]
         if not name or not port.isdigit():
             raise ValueError(f"expected host:port, got {host!r}.")
         nodes.append(ClusterNode(name.strip("[]"), int(port)))
+    return {"startup_nodes": nodes, "username": unquote(username) or None, "password": unquote(password) or None,
+            "ssl": parts.scheme == "rediss+cluster"}
+
+
+def _cluster_client(seeds: dict[str, object], packer: _Packer | None, options: dict[str, object]) -> RedisCluster:
     if packer is not None:
         # The cluster client makes each node's client itself, taking no packer; every new
         # connection gets it here, before its first command.
@@ -620,8 +629,7 @@ def _cluster_client(url: str, packer: _Packer | None, options: dict[str, object]
             connection._command_packer = packer
 
         options = {**options, "redis_connect_func": use_packer}
-    return RedisCluster(startup_nodes=nodes, username=unquote(username) or None,
-                        password=unquote(password) or None, ssl=parts.scheme == "rediss+cluster", **options)
+    return RedisCluster(**seeds, **options)
 
 
 

@@ -1,0 +1,125 @@
+"""RedisStore on a real Redis Cluster: shards over the masters, the shard count recorded once,
+a batch's shard fixed by its id (exactly once under retries), reads summed over the shards.
+The store contract itself runs on the cluster too (test_store_contract.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+
+import pytest
+from redis.crc import key_slot
+from redis_server import free_port
+from store_cases import batch, batches_added, key, random_counts
+
+from veil.aggregator.counts import Counts
+from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable, open_store
+from veil.aggregator.store._redis import shard_of, shard_tags
+
+FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+
+
+@pytest.fixture
+def stores(redis_cluster):
+    made: list[RedisStore] = []
+
+    def make(**options) -> RedisStore:
+        made.append(RedisStore(redis_cluster.url, **FAST, **options))
+        return made[-1]
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def masters_of(cluster, store: RedisStore, metric: str) -> Counter:
+    """How many of the metric's shards each master serves."""
+    return Counter(cluster.owner(key_slot(tag.encode())).port for tag in shard_tags(metric, store.shard_count()))
+
+
+@pytest.mark.parametrize("shards", [None, 12])
+def test_a_metric_s_shards_spread_evenly_over_every_master(redis_cluster, stores, shards):
+    store = stores(shards=shards)
+    assert store.shard_count() == (shards or 3)  # default: one per master
+    for metric in ("m", "browser", "ünïcødé 📈"):
+        spread = masters_of(redis_cluster, store, metric)
+        assert sorted(spread.values()) == [store.shard_count() // 3] * 3, (metric, spread)
+
+
+def test_the_shard_count_is_recorded_once_and_a_different_one_is_refused(stores):
+    first = stores(shards=6)
+    first.ping()  # records 6
+    assert stores().shard_count() == 6  # not configured: the recorded number, whatever the masters
+    assert stores(shards=6).shard_count() == 6
+    with pytest.raises(StoreError, match="splits counters over 6 shards") as refused:
+        stores(shards=12).ping()
+    assert not isinstance(refused.value, StoreUnavailable)  # a configuration mistake: not worth retrying
+
+
+def test_batches_retried_from_many_handles_count_once_on_every_shard(stores, rng):
+    """Each of 120 batches is added by 4 handles at once (as retries of an unacknowledged batch
+    reach several aggregators): each lands on its id's shard, whichever handle sends it, and
+    counts once; the bucket's counts are the sum over its shards."""
+    writes = [batch(random_counts((2, 3), 16, rng), key(), key(window="1h", bucket=3600)) for _ in range(120)]
+    handles = [stores() for _ in range(4)]
+    results: list[list[bool]] = [[] for _ in handles]
+    start = threading.Barrier(len(handles))
+
+    def send(i: int) -> None:
+        start.wait()
+        results[i] = [handles[i].add(write) for write in (writes if i % 2 else writes[::-1])]
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(handles))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sum(sum(r) for r in results) == len(writes)  # each applied by exactly one handle
+    expected = Counts((2, 3), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+    for target in (key(), key(window="1h", bucket=3600)):
+        assert handles[0].read(target, (2, 3), 16) == expected
+        assert batches_added(handles[0], [target]) == [len(writes)]
+    shards = handles[0].shard_count()
+    used = Counter(shard_of(w.batch_id, shards) for w in writes)
+    assert set(used) == set(range(shards))  # every shard took some
+    per_shard = [int(handles[0]._redis.hget(name, "batches") or 0) for name in handles[0].bucket_hashes(key())]
+    assert per_shard == [used[s] for s in range(shards)]
+
+
+def test_versions_are_per_shard_and_a_write_changes_only_its_shard_s(stores, rng):
+    store = stores()
+    seen = []
+    store.observe_applied(lambda target, before, after, counts: seen.append((before, after)))
+    assert store.versions([key()]) == [0]
+    write = batch(random_counts((1,), 4, rng), key())
+    assert store.add(write)
+    (version,) = store.versions([key()])
+    shard = shard_of(write.batch_id, store.shard_count())
+    assert len(version) == 3 and [bool(v) for v in version] == [s == shard for s in range(3)]
+    (before, after), = seen
+    assert before == tuple(0 if s == shard else None for s in range(3))
+    assert after == tuple(version[s] if s == shard else None for s in range(3))
+
+
+def test_open_store_takes_cluster_urls_and_names_a_bad_one(redis_cluster):
+    store = open_store(redis_cluster.url)
+    try:
+        store.ping()
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="host:port"):
+        open_store("redis+cluster://127.0.0.1:1,nohost")
+    with pytest.raises(ValueError, match="cluster"):
+        RedisStore("redis://127.0.0.1:6379/0", shards=3)
+
+
+def test_a_cluster_nobody_answers_is_unavailable():
+    store = RedisStore(f"redis+cluster://127.0.0.1:{free_port()}", **FAST)  # made at once: asked on first use
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.ping()
+        with pytest.raises(StoreUnavailable):
+            store.add(batch(Counts((1,), [1], [[1, 0]]), key(), batch_id=os.urandom(16)))
+    finally:
+        store.close()
