@@ -50,7 +50,7 @@ test: $(VENV)/.dev redis-server chromium
 test-all: $(VENV)/.dev redis-server chromium
 	$(PY) -m pytest -q
 
-# Runs bench_randomize.py, bench_client.py and bench_ingest.py (each writes its own JSON), then
+# Runs bench_randomize.py, bench_client.py, bench_ingest.py and bench_capacity.py (each writes its own JSON), then
 # combines them: bench/results/latest.json, bench/results/throughput.png and one table on stdout.
 # Exits non-zero when an exact-count or sanity check failed or a benchmark did not finish.
 bench: $(VENV)/.dev redis-server

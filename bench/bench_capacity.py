@@ -149,7 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny runs, numbers mean nothing")
     parser.add_argument("--rounds", type=int, help="runs per cell (default 3; 1 with --quick)")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
-    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES))
+    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES),
+                        help="memory, redis, cluster (default all); report.py passes its --stores")
     parser.add_argument("--cluster-shards", type=int, nargs="+", default=[3, 12],
                         help="store.shards of the cluster variants; the first is modelled (default 3, one per "
                              "master as by default, and 12)")
@@ -158,6 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--null-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.quick:
+        args.cluster_shards = args.cluster_shards[:1]
     args.output = args.output or RESULTS_DIR / "capacity.json"
     return args
 

@@ -1,13 +1,14 @@
-"""Combine the three benchmarks' results into one document, one table and one plot.
+"""Combine the four benchmarks' results into one document, one table and one plot.
 
     .venv/bin/python bench/report.py                # bench/results/{randomize,client,ingest}.json
     .venv/bin/python bench/report.py --markdown     # the same table as Markdown (the README's)
     .venv/bin/python bench/report.py --update-readme  # ... and put it into README.md's performance section
-    .venv/bin/python bench/report.py --run          # run the three benchmarks first (`make bench`)
+    .venv/bin/python bench/report.py --run          # run the four benchmarks first (`make bench`)
     .venv/bin/python bench/report.py --run --quick  # smoke runs in bench/results/quick/ (`make bench-quick`)
 
-Reads randomize.json (bench_randomize.py), client.json (bench_client.py) and ingest.json
-(bench_ingest.py) from the results directory and writes beside them:
+Reads randomize.json (bench_randomize.py), client.json (bench_client.py), ingest.json
+(bench_ingest.py) and capacity.json (bench_capacity.py) from the results directory and writes
+beside them:
 
   latest.json     one document: the machine, each benchmark's results as it wrote them, the
                   correctness checks, and a ``targets`` list (target, goal, measured, met, and
@@ -18,9 +19,10 @@ Reads randomize.json (bench_randomize.py), client.json (bench_client.py) and ing
 
 and prints one table (stdout; progress and the benchmarks' own tables go to stderr): the
 randomize cells with Veil / peer ratios measured in the same run, report() latency per k,
-ingest per store and shape with the exact-count verdict, estimate latency, and the targets.
+ingest per store and shape with the exact-count verdict, estimate latency, the capacity model's
+predictions, and the targets.
 
-With --run the three benchmarks run first, one after the other, each writing its own JSON into
+With --run the four benchmarks run first, one after the other, each writing its own JSON into
 the results directory; a benchmark that fails still lets the others run, and the report then
 combines what this run wrote (never an older file left from an earlier run).
 
@@ -751,12 +753,12 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
         command = [sys.executable, str(BENCH_DIR / script), "--output", str(output)]
         if args.quick:
             command.append("--quick")
-        if name in ("randomize", "ingest"):
+        if name in ("randomize", "ingest", "capacity"):
             if args.ks:
                 command += ["--ks", *map(str, args.ks)]
-            if args.epsilons:
+            if args.epsilons and name != "capacity":  # capacity measures epsilon = 1 only
                 command += ["--epsilons", *(f"{e:g}" for e in args.epsilons)]
-        if name == "ingest" and args.stores:
+        if name in ("ingest", "capacity") and args.stores:
             command += ["--stores", *args.stores]
         progress(f"=== {name}: {shlex.join(command)}")
         started = time.perf_counter()
@@ -774,7 +776,7 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__)
-    parser.add_argument("--run", action="store_true", help="run the three benchmarks first (what `make bench` does)")
+    parser.add_argument("--run", action="store_true", help="run the four benchmarks first (what `make bench` does)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke runs; results in {shown(QUICK_RESULTS_DIR)}/ unless --results-dir is given")
     parser.add_argument("--results-dir", type=Path,

@@ -1,7 +1,7 @@
 """The benchmarks and their report run end to end (smoke runs: their numbers mean nothing, and
 nothing here asserts on a time).
 
-One quick run of all three benchmarks through the report's --run (what `make bench-quick` does),
+One quick run of all four benchmarks through the report's --run (what `make bench-quick` does),
 on a few cells, into a scratch directory; the tests then check what it wrote and run the report
 again on those files.
 """
@@ -82,7 +82,12 @@ def test_quick_run_writes_every_benchmark_and_the_combined_results(quick_run):
     assert ingest["summary"]["exact_counts_ok"] is True and ingest["exact_counts"]["checks"] > 0
     assert ingest["settings"]["stores"] == ["memory", "redis"]
 
-    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest"}
+    capacity = json.loads((directory / "capacity.json").read_text())
+    assert capacity["exact_counts"]["ok"] is True and capacity["exact_counts"]["checks"] > 0
+    assert {row["store"] for row in capacity["rows"]} == {"memory", "redis"}
+    assert {name for name in capacity["checks"]} == {"efficiency_memory", "efficiency_redis"}
+
+    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity"}
     assert latest["benchmarks"]["ingest"] == ingest  # each benchmark's results as it wrote them
     assert latest["quick"] is True and latest["summary"]["ok"] is True and not latest["problems"]
     assert latest["machine"]["cpu_count"] >= 1 and latest["machine"]["python"]
