@@ -63,6 +63,8 @@ def test_window_buckets_are_aligned():
     ({"metrics": [METRIC], "auth": {"upload_rate_limit": -1}}, "auth.upload_rate_limit: expected uploads per second"),
     ({"metrics": [METRIC], "auth": {"upload_rate_limit": 10, "upload_rate_burst": 0.5}},
      "auth.upload_rate_burst: expected at least 1 upload"),
+    ({"metrics": [METRIC], "store": {"url": "redis://h/0", "shards": 3}}, "store.shards: applies to a Redis Cluster"),
+    ({"metrics": [METRIC], "store": {"url": "redis+cluster://h:1,h:2", "shards": 0}}, "store.shards:"),
 ])
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as err:
@@ -101,6 +103,9 @@ def test_store_options_reach_the_redis_store(monkeypatch):
     monkeypatch.delenv(ENV_STORE_URL, raising=False)
     config = parse_config({"metrics": [METRIC], "store": {"url": "redis://h:1/0", "timeout": 0.5, "wait_replicas": 1}})
     assert config.store_options == {"socket_timeout": 0.5, "socket_connect_timeout": 0.5, "wait_replicas": 1}
+    cluster = parse_config({"metrics": [METRIC], "store": {"url": "rediss+cluster://h:1,h:2", "shards": 6,
+                                                           "wait_replicas": 1}})
+    assert cluster.store_options == {"shards": 6, "wait_replicas": 1}
 
 
 @pytest.mark.parametrize("address, local", [
