@@ -82,6 +82,7 @@ def test_slots_moved_between_masters_under_sdk_load_count_exactly(redis_cluster,
     print(f"\n{len(slots)} slots moved ({moved} keys) under load (WAIT {wait_replicas}): {summary}")
 
 
+@pytest.mark.slow  # some 17 s: six nodes killed and started again (test_store_cluster checks the refusal fast)
 def test_the_whole_cluster_down_is_unavailable_and_not_serving_until_it_is_back(make_redis_cluster, make_aggregator,
                                                                              make_device):
     cluster = make_redis_cluster()
