@@ -22,8 +22,9 @@ makes, holds S / masters shards each). A batch goes to the shard crc32(batch id)
 so exactly once holds as on one Redis. Reads sum the shards, with one pipeline per node (sent to
 all nodes at once); a bucket's version is then the tuple of its shards' versions. S is
 ``shards`` (default: one per master), recorded in the cluster (key ``veil:shards``) by the
-first aggregator to use it: later ones use the recorded number, and refuse to start with
-another configured, as a batch id's shard, and so exactly once, depends on it. Group commit is
+first aggregator to use it: later ones use the recorded number, and one configured with
+another raises StoreError (its ping too, so health says NOT_SERVING), as a batch id's shard,
+and so exactly once, depends on it. Group commit is
 per shard, so more shards mean smaller groups and more Redis CPU per batch (bench_capacity.py
 measures it); more shards than masters only leave room to spread over masters added later.
 
