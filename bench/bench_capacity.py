@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                         us = row["master_us_per_upload"]
                         row["master_spread"] = (max(us) - min(us)) / statistics.mean(us)
                     # The whole run's load per master: every cell's CPU per upload, weighted by its uploads.
-                    total = [sum(r["master_us_per_upload"][i] for r in mine) for i in range(len(mine[0]["master_us_per_upload"]))]
+                    total = [sum(r["master_us_per_upload"][i] for r in mine)
+                             for i in range(len(mine[0]["master_us_per_upload"]))]
                     checks[f"{name}_masters_even"] = {
                         "per_cell_max_spread": max(r["master_spread"] for r in mine),
                         "overall_spread": (max(total) - min(total)) / statistics.mean(total),
@@ -303,7 +304,8 @@ def print_tables(results: dict[str, Any]) -> None:
     print("\nCPU per upload (median), us: aggregator | each master")
     for row in results["rows"]:
         masters = " ".join(f"{u:.0f}" for u in row["master_us_per_upload"]) or "-"
-        print(f"  {row['store']:11} k={row['k']:<5} {row['batch']:>4}-report: {row['uploads_per_second']:8.0f} uploads/s"
+        print(f"  {row['store']:11} k={row['k']:<5} {row['batch']:>4}-report: "
+              f"{row['uploads_per_second']:8.0f} uploads/s"
               f"  aggregator {row['aggregator_us_per_upload']:6.0f} | masters {masters}")
     print(f"\nPredicted (cluster-s{results['settings']['cluster_shards'][0]} measurements): N aggregator cores, "
           "the masters that keep up with them")

@@ -514,7 +514,8 @@ def capacity_table(data: dict[str, Any]) -> Table:
                   "N one-core aggregators and the M masters that keep up",
                   ["k", "uploads", "N cores", "M masters", "uploads/s", "reports/s", "bound by"],
                   right={0, 2, 3, 4, 5},
-                  note=f"CPU us per upload measured by bench_capacity.py (median of {rounds(data['settings']['rounds'])}). "
+                  note=f"CPU us per upload measured by bench_capacity.py "
+                       f"(median of {rounds(data['settings']['rounds'])}). "
                        f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
                        f"server: {efficiency} (goal 75%)."
                        + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)."

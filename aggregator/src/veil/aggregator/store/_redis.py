@@ -24,9 +24,9 @@ all nodes at once); a bucket's version is then the tuple of its shards' versions
 ``shards`` (default: one per master), recorded in the cluster (key ``veil:shards``) by the
 first aggregator to use it: later ones use the recorded number, and one configured with
 another raises StoreError (its ping too, so health says NOT_SERVING), as a batch id's shard,
-and so exactly once, depends on it. Group commit is
-per shard, so more shards mean smaller groups and more Redis CPU per batch (bench_capacity.py
-measures it); more shards than masters only leave room to spread over masters added later.
+and so exactly once, depends on it. Group commit is per shard, so more shards mean smaller
+groups and more Redis CPU per batch (bench_capacity.py measures it); more shards than masters
+only leave room to spread over masters added later.
 
 Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua).
 
@@ -36,8 +36,8 @@ along with its counts, not the number of batches: after a failover or a restore 
 drawn version does not come back (the chance is 2^-63 per write).
 
 Group commit: concurrent ``add`` calls for the same buckets (same metric, shard, targets,
-dedupe TTL and design) are written together by one script call (see _coalesce): the script checks every
-batch id of the group first and, when all are new, remembers them all and adds the group's
+dedupe TTL and design) are written together by one script call (see _coalesce): the script
+checks every batch id of the group first and, when all are new, remembers them all and adds the group's
 summed counts once per target; when some were already applied it adds nothing and names them,
 and the rest go again, summed again. So a script call costs about what one batch did, however
 many batches it carries, and every id is still counted at most once: the check and the
@@ -82,11 +82,11 @@ from redis.commands.core import Script
 from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
-    MovedError,
     AuthenticationError,
     AuthorizationError,
     ClusterDownError,
     ClusterError,
+    MovedError,
     ReadOnlyError,
     RedisClusterException,
     ResponseError,
@@ -103,8 +103,9 @@ __all__ = ["AppliedObserver", "MAX_SHARDS", "RedisStore", "counts_key", "dedupe_
 
 # Called after every script call with observer(target, version_before, version_after, counts):
 # the group's summed counts took the target from version_before to version_after in one
-# atomic step (with S > 1 shards: tuples of S, None at every shard but the one written). (target, None, None, None) when the target changed in a way
-# not known here (the call failed, or the hash is already gone): forget what is known of it.
+# atomic step (with S > 1 shards: tuples of S, None at every shard but the one written).
+# (target, None, None, None) when the target changed in a way not known here (the call failed,
+# or the hash is already gone): forget what is known of it.
 AppliedObserver = Callable[[CountsKey, "int | tuple | None", "int | tuple | None", "Counts | None"], None]
 
 _VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1: Redis integers, never 0
@@ -521,7 +522,8 @@ class RedisStore(Store):
         shards = len(counts) // len(requests) if requests else 1
         if shards == 1:
             return versions, counts  # type: ignore[return-value]
-        return versions, [_summed(counts[i:i + shards]) for i in range(0, len(counts), shards)]  # type: ignore[arg-type]
+        summed = [_summed(counts[i:i + shards]) for i in range(0, len(counts), shards)]  # type: ignore[arg-type]
+        return versions, summed
 
     def since(self, metric: str, fingerprint: str, now: int) -> int:
         """SET NX GET: one round trip records the time unless one is there, and returns the old."""
