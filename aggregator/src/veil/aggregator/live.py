@@ -321,7 +321,7 @@ class LiveEstimates:
             return self._failed(metric, window, start, end, version, n, err, per_device)
         return WindowEstimate(metric, window, start, end, version, n, computed, "", per_device, what)
 
-    def _failed(self, metric: MetricConfig, window: Window, start: int, end: int, version: int, n: int,
+    def _failed(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version, n: int,
                 err: Exception, per_device: int | None = None) -> WindowEstimate:
         """The estimate withheld because computing it raised `err`; logged once per metric and
         kind of error (it is cached like any estimate, so tried again only when counts change)."""
