@@ -16,7 +16,8 @@ import pytest
 from redis.crc import key_slot
 from reliability_kit import Load, RawBatch, assert_exact, flush_all, wait_until
 
-from veil.aggregator.store import CountsKey, RedisStore
+from veil.aggregator.store import RedisStore
+from veil.aggregator.store._redis import dedupe_key, shard_tags
 from veil.wire.v1 import veil_pb2_grpc
 
 CLUSTER_STORE = {"timeout": 1.0}
@@ -63,10 +64,17 @@ def test_slots_moved_between_masters_under_sdk_load_count_exactly(redis_cluster,
     spec = devices[0].reporter.metrics["browser"]
     store = RedisStore(redis_cluster.url)
     try:
-        slots = [key_slot(name.encode()) for name in store.bucket_hashes(CountsKey(spec.name, spec.fingerprint,
-                                                                                   "total", 0))]
+        tags = shard_tags(spec.name, store.shard_count())
+        # A real slot holds the ids of 48 h of batches: 300 old ones each, so that moving a slot
+        # takes a while (a few keys a step), and uploads meet it half moved.
+        pipe = store._redis.pipeline()
+        for tag in tags:
+            for _ in range(300):
+                pipe.set(dedupe_key(spec.name, os.urandom(16), tag), "1", ex=3600)
+        pipe.execute()
     finally:
         store.close()
+    slots = [key_slot(tag.encode()) for tag in tags]
     moved = 0
     with Load(devices, rate=600):
         assert all(d.reporter.wait_for_specs(30) for d in devices)
@@ -74,11 +82,13 @@ def test_slots_moved_between_masters_under_sdk_load_count_exactly(redis_cluster,
         for slot in slots:
             masters = redis_cluster.masters()
             owner = redis_cluster.owner(slot)
-            moved += redis_cluster.migrate_slot(slot, masters[(masters.index(owner) + 1) % len(masters)])
+            moved += redis_cluster.migrate_slot(slot, masters[(masters.index(owner) + 1) % len(masters)],
+                                                keys_per_step=10, pause=0.01)
         time.sleep(1.0)
     flush_all(devices)
     summary = assert_exact(devices, redis_cluster.url)
-    assert moved > 0
+    assert moved >= 300 * len(slots)
+    assert summary["retried"] > 0, summary  # uploads met the slots half moved, were refused and came again
     print(f"\n{len(slots)} slots moved ({moved} keys) under load (WAIT {wait_replicas}): {summary}")
 
 
