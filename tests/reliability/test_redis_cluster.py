@@ -136,7 +136,10 @@ def test_several_aggregators_on_one_cluster_count_exactly_and_agree_on_the_estim
 
 
 def _estimates(serve) -> dict[str, dict]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{serve.http_port}/v1/estimates?window=total", timeout=10) as r:
+    # With server.processes = 2 only worker 0 listens for HTTP: its start line names the port.
+    port = next(line["http_port"] for line in serve.log_lines()
+                if line.get("msg") == "aggregator started" and line.get("http_port"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/estimates?window=total", timeout=10) as r:
         body = json.load(r)
     return {e["metric"]: {"n": e["n"], "categories": e["categories"]} for e in body["estimates"]}
 
