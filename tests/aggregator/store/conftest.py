@@ -1,5 +1,6 @@
-"""The store under test: MemoryStore, RedisStore on a fresh redis-server, and RedisStore on a
-real Redis Cluster (its counters split over shards), emptied for the test."""
+"""The store under test: MemoryStore, RedisStore on a fresh redis-server, RedisStore on a real
+Redis Cluster (its counters split over shards), emptied for the test, and SqliteStore on a fresh
+file."""
 
 from __future__ import annotations
 
@@ -8,22 +9,24 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from veil.aggregator.store import MemoryStore, RedisStore, Store
+from veil.aggregator.store import MemoryStore, RedisStore, SqliteStore, Store
 
 FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}  # a failing test fails quickly
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+@pytest.fixture(params=["memory", "redis", "cluster", "sqlite"])
 def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
-    """Opens a handle on one store: the same MemoryStore every time, or a new RedisStore (its
-    own connections) on the test's redis-server. Every handle is closed after the test."""
+    """Opens a handle on one store: the same MemoryStore or SqliteStore every time (a SQLite file
+    has one process writing it; its threads share the store), or a new RedisStore (its own
+    connections) on the test's redis-server. Every handle is closed after the test."""
     handles: list[Store] = []
-    if request.param == "memory":
-        memory = MemoryStore()
-        handles.append(memory)
+    if request.param in ("memory", "sqlite"):
+        tmp_path = request.getfixturevalue("tmp_path")
+        one = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "veil.db")
+        handles.append(one)
 
         def make() -> Store:
-            return memory
+            return one
     else:
         server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
         url = server.url

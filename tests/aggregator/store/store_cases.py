@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import BatchWrite, CountsKey, RedisStore
+from veil.aggregator.store import BatchWrite, CountsKey, RedisStore, SqliteStore
 
 # Metric names that would collide, break the key grammar or escape a hash tag if used raw.
 AWKWARD_METRICS = ("a", "a:b", "a:c:fp", "a}", "{a", "{a}", "}{", "a b", "a%3Ab", "ünïcødé 📈", "veil:{a}:c")
@@ -48,8 +51,15 @@ def batches_added(store, keys: Sequence[CountsKey]) -> list[int]:
     """How many batches each bucket has counted: what an exactly-once test checks. MemoryStore's
     version is that number; RedisStore's version is drawn at random by each write, and the count
     is the "batches" field of its hash, or the sum over its shards' (read here through the
-    store's own client)."""
+    store's own client); SqliteStore's, the bucket row's (read here on a connection of the
+    test's own)."""
     if isinstance(store, RedisStore):
         return [sum(int(store._redis.hget(name, "batches") or 0) for name in store.bucket_hashes(place))
                 for place in keys]
+    if isinstance(store, SqliteStore):
+        with contextlib.closing(sqlite3.connect(store.path)) as db:
+            return [(db.execute("SELECT batches FROM buckets WHERE metric = ? AND fingerprint = ? AND window = ? "
+                                "AND start = ? AND (expires_at IS NULL OR expires_at > ?)",
+                                (p.metric, p.fingerprint, p.window, p.bucket, time.time())).fetchone() or [0])[0]
+                    for p in keys]
     return store.versions(keys)

@@ -1,9 +1,11 @@
-"""Stores of integer counters: MemoryStore (embedded mode, the demo) and RedisStore."""
+"""Stores of integer counters: SqliteStore (the single-node default), RedisStore (shared by
+several aggregators) and MemoryStore (volatile: tests, and where losing everything is fine)."""
 
 from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 from ._memory import MemoryStore
 from ._open import open_store
 from ._redis import RedisStore
+from ._sqlite import SqliteStore
 
 __all__ = [
     "Store",
@@ -13,5 +15,6 @@ __all__ = [
     "BatchWrite",
     "MemoryStore",
     "RedisStore",
+    "SqliteStore",
     "open_store",
 ]

@@ -40,18 +40,19 @@ class BatchWrite:
 
 
 class Store(abc.ABC):
-    """Counters for every metric, window and bucket. Implementations: MemoryStore, RedisStore.
+    """Counters for every metric, window and bucket. Implementations: MemoryStore, RedisStore, SqliteStore.
 
     Optional methods, found by getattr (LiveEstimates and the daemon use them where present):
 
     - ``read_many(requests)``: several reads at once.
-    - ``observe_flushes(observer)``: observer(batches, seconds, failed) per write call (RedisStore).
+    - ``observe_flushes(observer)``: observer(batches, seconds, failed) per write call (RedisStore,
+      SqliteStore).
     - ``observe_applied(observer)``: observer(key, version_before, version_after, counts) for
       every bucket this process's writes took from version_before to version_after by adding
       counts, atomically, called once the write succeeded and before ``add`` returns;
       observer(key, None, None, None) when a write failed and the bucket may have changed in
       a way not known. Writes by other processes are not observed (their versions show them).
-      RedisStore only: the memory store's reads are in-process copies, not worth skipping.
+      RedisStore and SqliteStore: the memory store's reads are in-process copies, not worth skipping.
     """
 
     @abc.abstractmethod
@@ -91,4 +92,4 @@ class Store(abc.ABC):
         """Return when the store is reachable; raise StoreUnavailable otherwise."""
 
     def close(self) -> None:
-        """Release connections (and, for the memory store, write its snapshot)."""
+        """Release connections (and SqliteStore's file lock)."""

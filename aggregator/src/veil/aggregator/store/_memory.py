@@ -1,19 +1,19 @@
-"""MemoryStore: the store contract in this process, for the embedded single-node mode and the demo.
+"""MemoryStore: the store contract in this process, volatile: everything is lost at exit (tests,
+and the `memory` store URL where that is the point; SqliteStore keeps counts on one node).
 
 Counters are int64 numpy arrays per bucket behind one lock. Batch ids and buckets that expire
 are forgotten lazily: every call first drops whatever a min-heap of expiry times says is due,
-so memory stays bounded by what the TTLs keep alive. An optional snapshot file (see _snapshot)
-is reloaded by the constructor and written by ``save()`` and ``close()``.
+so memory stays bounded by what the TTLs keep alive.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -21,11 +21,19 @@ import numpy as np
 from ..counts import Counts
 from ._base import BatchWrite, CountsKey, Store, StoreError
 from ._checks import check_write
-from ._snapshot import Bucket, Seen, load_snapshot, save_snapshot
 
 __all__ = ["MemoryStore"]
 
 T = TypeVar("T", bound=Hashable)
+
+
+@dataclass(eq=False)
+class _Bucket:
+    """One bucket: its counts, how many batches made them, when it may go (None: never)."""
+
+    counts: Counts
+    batches: int = 0
+    expires_at: int | None = None
 
 
 class _Expiries(Generic[T]):
@@ -48,27 +56,16 @@ class _Expiries(Generic[T]):
 
 
 class MemoryStore(Store):
-    """Counters in this process; with ``snapshot_path``, kept across restarts in that file."""
+    """Counters in this process, lost when it exits."""
 
-    def __init__(
-        self, snapshot_path: str | os.PathLike[str] | None = None, *, clock: Callable[[], float] = time.time
-    ) -> None:
-        self._path = None if snapshot_path is None else os.fspath(snapshot_path)
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock  # Unix seconds, like the targets' expiry times
         self._lock = threading.Lock()
-        self._buckets: dict[CountsKey, Bucket] = {}
-        self._seen: Seen = {}
+        self._buckets: dict[CountsKey, _Bucket] = {}
+        self._seen: dict[tuple[str, bytes], float] = {}  # (metric, batch id) -> when it may be forgotten
         self._since: dict[tuple[str, str], int] = {}
         self._bucket_expiries: _Expiries[CountsKey] = _Expiries()
         self._seen_expiries: _Expiries[tuple[str, bytes]] = _Expiries()
-        loaded = None if self._path is None else load_snapshot(self._path)
-        if loaded is not None:
-            self._buckets, self._seen = loaded
-            for key, bucket in self._buckets.items():
-                if bucket.expires_at is not None:
-                    self._bucket_expiries.push(bucket.expires_at, key)
-            for batch, at in self._seen.items():
-                self._seen_expiries.push(at, batch)
 
     def add(self, write: BatchWrite) -> bool:
         check_write(write)
@@ -131,23 +128,11 @@ class MemoryStore(Store):
     def ping(self) -> None:
         """Always reachable."""
 
-    def save(self) -> None:
-        """Write the snapshot now (atomically); StoreError if the file cannot be written."""
-        if self._path is None:
-            raise ValueError("This MemoryStore has no snapshot_path to save to.")
-        with self._lock:  # the file holds one moment of the store; adds wait while it is written
-            self._purge(self._clock())
-            save_snapshot(self._path, self._buckets, self._seen)
-
-    def close(self) -> None:
-        if self._path is not None:
-            self.save()
-
-    def _add_to(self, key: CountsKey, bucket: Bucket | None, expires_at: int | None, counts: Counts) -> None:
+    def _add_to(self, key: CountsKey, bucket: _Bucket | None, expires_at: int | None, counts: Counts) -> None:
         """Add counts to the bucket at key (None: there is none yet), whose design was checked."""
         if bucket is None:
             own = Counts(counts.weights, counts.n.copy(), counts.v.copy())
-            self._buckets[key] = Bucket(own, 1, expires_at)
+            self._buckets[key] = _Bucket(own, 1, expires_at)
             if expires_at is not None:
                 self._bucket_expiries.push(expires_at, key)
             return
@@ -166,7 +151,7 @@ class MemoryStore(Store):
             self._check_bucket(key, bucket, weights, k)
 
     @staticmethod
-    def _check_bucket(key: CountsKey, bucket: Bucket, weights: tuple[int, ...], k: int) -> None:
+    def _check_bucket(key: CountsKey, bucket: _Bucket, weights: tuple[int, ...], k: int) -> None:
         if bucket.counts.weights != weights or bucket.counts.v.shape[1] != k:
             held = f"{len(bucket.counts.weights)} weights, k = {bucket.counts.k}"
             raise StoreError(f"Bucket {key} holds counts of another design ({held}).")

@@ -7,29 +7,35 @@ from urllib.parse import unquote, urlsplit
 from ._base import Store
 from ._memory import MemoryStore
 from ._redis import RedisStore
+from ._sqlite import SqliteStore
 
 __all__ = ["open_store"]
 
 
 def open_store(url: str, **options: object) -> Store:
-    """``memory`` -> MemoryStore; ``memory:///path/to/snapshot`` -> MemoryStore with that snapshot
-    file; ``redis://``, ``rediss://`` or ``unix://`` URLs, and ``redis+cluster://host:port,...`` or
-    ``rediss+cluster://`` for a Redis Cluster -> RedisStore(url, **options)."""
+    """``sqlite:///path/to/veil.db`` -> SqliteStore(path, **options); ``memory`` -> MemoryStore
+    (volatile: everything is lost at exit); ``redis://``, ``rediss://`` or ``unix://`` URLs, and
+    ``redis+cluster://host:port,...`` or ``rediss+cluster://`` for a Redis Cluster ->
+    RedisStore(url, **options)."""
     shown = _redact(url)
     if url == "memory":
         return MemoryStore(**options)
     parts = urlsplit(url)
     if parts.scheme == "memory":
+        raise ValueError(f"Bad store URL {shown!r}: the memory store no longer writes a snapshot (a crash lost every "
+                         f"batch since the last clean stop), so use 'sqlite:///path/to/veil.db' to keep counts, or "
+                         f"'memory' to keep none.")
+    if parts.scheme == "sqlite":
         path = unquote(parts.path)
-        if parts.netloc or parts.query or parts.fragment or not path or path.endswith("/"):
-            raise ValueError(f"Bad memory store URL {shown!r}: use 'memory' or 'memory:///path/to/snapshot'.")
-        return MemoryStore(path, **options)
+        if parts.netloc or parts.query or parts.fragment or not path.startswith("/") or path.endswith("/"):
+            raise ValueError(f"Bad store URL {shown!r}: use 'sqlite:///absolute/path/to/veil.db'.")
+        return SqliteStore(path, **options)
     if parts.scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         try:
             return RedisStore(url, **options)
         except ValueError as error:  # e.g. a port that is not a number
             raise ValueError(f"Bad store URL {shown!r}: {error}") from error
-    raise ValueError(f"Bad store URL {shown!r}: expected memory, memory:///path, redis://, rediss://, "
+    raise ValueError(f"Bad store URL {shown!r}: expected sqlite:///path, memory, redis://, rediss://, "
                      "unix://, redis+cluster:// or rediss+cluster://.")
 
 

@@ -1,0 +1,586 @@
+"""SqliteStore: the store contract in one SQLite file (the standard library's sqlite3), the
+single-node default.
+
+Durability: WAL with ``synchronous = FULL``. Every commit appends its pages to the write-ahead
+log and fsyncs it before COMMIT returns, and ``add`` returns (the aggregator acknowledges the
+batch) only after that, so neither a SIGKILL of the process nor a power loss of the host loses
+an acknowledged batch. ``synchronous = NORMAL``, the usual companion of WAL, fsyncs the log only
+at checkpoints: commits survive a crash of the process, but a power loss or a kernel crash can
+roll back the last ones, which the SDKs have by then deleted from their queues.
+
+Layout (schema version ``SCHEMA_VERSION`` in ``PRAGMA user_version``; ``PRAGMA application_id``
+is ``APPLICATION_ID``, "Veil"):
+
+    buckets   one row per window bucket: metric, fingerprint, window, start, the design (k,
+              weights), batches added, version (drawn at random by each write), expires_at
+    counters  one row per bucket and report weight: n, and V_j as a BLOB of k little-endian int64
+    batches   one row per batch id counted (metric, id), until expires_ms
+
+Writes: one connection, one writer at a time. Concurrent ``add`` calls are written together
+(group commit, see _coalesce): whichever caller leads writes every queued batch, of any metric,
+in one transaction and so one fsync; batches with the same targets and design are summed and
+added once per target, as RedisStore does. Reads: each thread has its own connection; WAL lets
+it read a consistent snapshot while the writer writes.
+
+Expiry: reads and writes take expired batch ids and buckets as gone at once. A maintenance
+thread deletes them in chunks of ``_PURGE_CHUNK`` rows, each its own short transaction, so a
+write waits for one chunk at most, logs every bucket deleted, and checkpoints the WAL (the
+writer never does, so no upload waits on a checkpoint).
+
+Faults: a full disk or an I/O error rolls the transaction back and raises StoreUnavailable
+(nothing of the group was counted; every client retries under its own batch id, counted at
+most once), and ``ping`` fails (health NOT_SERVING) until a probe write succeeds again. A file
+that is not a SQLite database, belongs to another program, has a newer schema or fails
+``PRAGMA quick_check`` is refused with a StoreError of one sentence, as is a file another
+process serves: each store holds an exclusive flock on ``<file>.lock`` while open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..counts import Counts
+from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
+from ._checks import check_write
+from ._coalesce import Coalescer, FlushObserver
+from ._redis import AppliedObserver
+
+__all__ = ["SqliteStore", "APPLICATION_ID", "SCHEMA_VERSION", "check_database", "open_database_readonly"]
+
+log = logging.getLogger("veil.aggregator.store")
+
+APPLICATION_ID = 0x5665696C  # b"Veil"
+_MAGIC = b"SQLite format 3\x00"
+_VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1 (SQLite integers), never 0
+_PURGE_CHUNK = 1000  # expired rows deleted per transaction by the maintenance thread
+_QUICK_CHECK_BYTES = 1 << 30  # files up to this size are checked at open; larger: `veil store check`
+
+# Schema migrations: _MIGRATIONS[i] takes a database from version i to i + 1, in one transaction.
+_MIGRATIONS = (
+    """
+    CREATE TABLE buckets (
+        id INTEGER PRIMARY KEY,
+        metric TEXT NOT NULL, fingerprint TEXT NOT NULL, window TEXT NOT NULL, start INTEGER NOT NULL,
+        k INTEGER NOT NULL, weights TEXT NOT NULL,
+        batches INTEGER NOT NULL, version INTEGER NOT NULL, expires_at INTEGER,
+        UNIQUE (metric, fingerprint, window, start)
+    );
+    CREATE INDEX buckets_by_expiry ON buckets (expires_at) WHERE expires_at IS NOT NULL;
+    CREATE TABLE counters (
+        bucket INTEGER NOT NULL, weight INTEGER NOT NULL, n INTEGER NOT NULL, v BLOB NOT NULL,
+        PRIMARY KEY (bucket, weight)
+    );
+    CREATE TABLE batches (
+        metric TEXT NOT NULL, id BLOB NOT NULL, expires_ms INTEGER NOT NULL,
+        PRIMARY KEY (metric, id)
+    ) WITHOUT ROWID;
+    CREATE INDEX batches_by_expiry ON batches (expires_ms);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+    """,
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+# Errors after which the same write may succeed later (disk full, I/O error, locked, out of memory).
+_TRANSIENT_CODES = {"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_NOMEM", "SQLITE_CANTOPEN",
+                    "SQLITE_READONLY"}
+
+_Group = tuple[str, tuple[tuple[CountsKey, "int | None"], ...], tuple[int, ...], int]
+
+
+class SqliteStore(Store):
+    """Counters in one SQLite file (``sqlite:///path`` URL); see the module doc."""
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+                 coalesce: int = 256, maintenance_interval: float = 1.0, busy_timeout: float = 2.0) -> None:
+        if coalesce < 1:
+            raise ValueError("coalesce must be at least 1 (1: every batch in its own transaction).")
+        self._path = os.path.abspath(os.fspath(path))
+        self._clock = clock
+        self._busy_timeout = busy_timeout
+        self._lock_fd = _lock(self._path)
+        try:
+            self._writer = _open_checked(self._path, busy_timeout)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._writer.create_function("veil_add", 2, _add_blobs, deterministic=True)
+        self._write_lock = threading.Lock()
+        self._write_failed: str | None = None  # why the last write failed, while it may pass later
+        self._coalescer: Coalescer[BatchWrite, bool | StoreError] = Coalescer(self._flush, max_batches=coalesce)
+        self._applied_observers: list[AppliedObserver] = []
+        self._readers = threading.local()
+        self._reader_connections: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._maintenance_interval = maintenance_interval
+        self._maintenance = threading.Thread(target=self._maintain, name="veil-sqlite-maintenance", daemon=True)
+        self._maintenance.start()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    # --- observers -------------------------------------------------------------------------
+
+    def observe_flushes(self, observer: FlushObserver) -> None:
+        """Call observer(batches, seconds, failed) after every transaction that adds batches."""
+        self._coalescer.observe(observer)
+
+    def observe_applied(self, observer: AppliedObserver) -> None:
+        """As RedisStore.observe_applied: observer(target, version_before, version_after, counts)
+        for every bucket a committed transaction changed, before any of its batches' ``add``
+        returns; observer(target, None, None, None) for the targets of a failed one."""
+        self._applied_observers.append(observer)
+
+    def _notify(self, target: CountsKey, before: int | None, after: int | None, counts: Counts | None) -> None:
+        for observer in self._applied_observers:
+            try:
+                observer(target, before, after, counts)
+            except Exception:  # noqa: BLE001 (an observer must never fail a write)
+                pass
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def add(self, write: BatchWrite) -> bool:
+        check_write(write)
+        result = self._coalescer.submit(None, write)  # one group: every batch in the next transaction
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    def _flush(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
+        """Write a group of batches in one transaction; for each, True when applied now, False
+        when its id was counted before (or earlier in writes), or the StoreError of a batch
+        whose bucket holds another design (nothing of it is written)."""
+        now = self._clock()
+        now_ms = int(now * 1000)
+        results: list[bool | StoreError] = [False] * len(writes)
+        applied: list[tuple[CountsKey, int | None, int | None, Counts | None]] = []
+        with self._write_lock, self._boundary("add", writing=True):
+            db = self._writer
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                # Each group: the writes with the same targets and design whose ids are new.
+                groups: dict[_Group, list[int]] = {}
+                taken: set[tuple[str, bytes]] = set()
+                for i, write in enumerate(writes):
+                    batch = (write.metric, write.batch_id)
+                    if batch in taken or _seen(db, write, now_ms):
+                        continue
+                    taken.add(batch)
+                    group = (write.metric, write.targets, write.counts.weights, write.counts.k)
+                    groups.setdefault(group, []).append(i)
+                for (metric, targets, weights, k), members in groups.items():
+                    other = _other_designs(db, targets, weights, k, now)
+                    if other is not None:
+                        for i in members:  # each caller raises its own exception object
+                            results[i] = _other_design(*other)
+                        continue
+                    counts = writes[members[0]].counts
+                    if len(members) > 1:
+                        counts = Counts(weights, sum(writes[i].counts.n for i in members),
+                                        sum(writes[i].counts.v for i in members))
+                    db.executemany("INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES (?, ?, ?)",
+                                   [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl)
+                                    for i in members])
+                    for target, expires_at in targets:
+                        applied.append(_add_to_bucket(db, target, expires_at, counts, len(members), now))
+                    for i in members:
+                        results[i] = True
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                if self._applied_observers:
+                    for write in writes:
+                        for target, _ in write.targets:
+                            self._notify(target, None, None, None)
+                raise
+        self._write_failed = None
+        for target, before, after, counts in applied:
+            self._notify(target, before, after, counts)
+        return results
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
+        return self.versioned_read((), [(key, weights, k)])[1][0][1]
+
+    def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
+        """read(key, weights, k) of each request, all from one snapshot."""
+        return [counts for _, counts in self.versioned_read((), requests)[1]]
+
+    def versions(self, keys: Sequence[CountsKey]) -> list[int]:
+        return self.versioned_read(keys, ())[0]
+
+    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+        """versions(keys) and read_many(requests), every bucket with the version its counts are
+        at, all in one read transaction (one snapshot of the file)."""
+        now = self._clock()
+        db = self._reader()
+        with self._boundary("read"):
+            db.execute("BEGIN")
+            try:
+                versions = []
+                for key in keys:
+                    row = _live_bucket(db, key, now)
+                    versions.append(0 if row is None else row[3])
+                read = [_read_bucket(db, key, tuple(weights), k, now) for key, weights, k in requests]
+            finally:
+                _rollback(db)  # a read transaction: nothing to commit
+        return versions, read
+
+    def _reader(self) -> sqlite3.Connection:
+        db = getattr(self._readers, "db", None)
+        if db is None:
+            if self._closed.is_set():
+                raise StoreUnavailable(f"The SQLite store {self._path} is closed.")
+            with self._boundary("read"):
+                db = _connect(self._path, self._busy_timeout)
+                db.execute("PRAGMA query_only = ON")
+            with self._readers_lock:
+                self._reader_connections.append(db)
+            self._readers.db = db
+        return db
+
+    # --- health and maintenance ------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Reachable unless closed, or the last write failed in a way that can pass (a full
+        disk, an I/O error) and a probe write fails too."""
+        if self._closed.is_set():
+            raise StoreUnavailable(f"The SQLite store {self._path} is closed.")
+        if self._write_failed is None:
+            return
+        with self._write_lock, self._boundary("probe", writing=True):
+            try:
+                self._writer.execute("BEGIN IMMEDIATE")
+                self._writer.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('probe', ?)", (time.time(),))
+                self._writer.execute("COMMIT")
+            except BaseException:
+                _rollback(self._writer)
+                raise
+        log.info("SQLite store writable again", extra={"path": self._path})
+        self._write_failed = None
+
+    def _maintain(self) -> None:
+        try:
+            checkpointer = _connect(self._path, self._busy_timeout)
+        except sqlite3.Error as error:
+            log.error("SQLite maintenance cannot start: expired rows stay until the next start",
+                      extra={"path": self._path, "error": str(error)})
+            return
+        try:
+            while not self._closed.wait(self._maintenance_interval):
+                try:
+                    self.purge()
+                    checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except (StoreError, sqlite3.Error) as error:
+                    log.warning("SQLite maintenance failed; retried in a moment",
+                                extra={"path": self._path, "error": str(error)})
+        finally:
+            checkpointer.close()
+
+    def purge(self) -> tuple[int, int]:
+        """Delete expired batch ids and buckets now, a chunk per transaction; (ids, buckets)
+        deleted. The maintenance thread calls this every ``maintenance_interval`` seconds."""
+        ids = buckets = 0
+        while not self._closed.is_set():
+            now = self._clock()
+            with self._write_lock, self._boundary("purge", writing=True):
+                db = self._writer
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    gone = db.execute("DELETE FROM batches WHERE (metric, id) IN (SELECT metric, id FROM batches "
+                                      "WHERE expires_ms <= ? LIMIT ?)", (int(now * 1000), _PURGE_CHUNK)).rowcount
+                    expired = db.execute("SELECT id, metric, window, start FROM buckets WHERE expires_at <= ? "
+                                         "LIMIT ?", (now, _PURGE_CHUNK)).fetchall()
+                    for row in expired:
+                        db.execute("DELETE FROM counters WHERE bucket = ?", (row[0],))
+                        db.execute("DELETE FROM buckets WHERE id = ?", (row[0],))
+                    db.execute("COMMIT")
+                except BaseException:
+                    _rollback(db)
+                    raise
+            ids += gone
+            buckets += len(expired)
+            if expired:
+                log.info("expired buckets deleted (window retention)", extra={
+                    "path": self._path, "buckets": len(expired),
+                    "windows": sorted({f"{metric}/{window}" for _, metric, window, _ in expired})})
+            if gone < _PURGE_CHUNK and len(expired) < _PURGE_CHUNK:
+                return ids, buckets
+        return ids, buckets
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._maintenance.join(10)
+        with self._readers_lock:
+            for db in self._reader_connections:
+                with contextlib.suppress(sqlite3.Error):
+                    db.close()
+            self._reader_connections.clear()
+        with self._write_lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._writer.close()
+        os.close(self._lock_fd)
+
+    @contextlib.contextmanager
+    def _boundary(self, what: str, *, writing: bool = False) -> Iterator[None]:
+        """sqlite3's errors as the store's, in one sentence; a failed write that may pass later
+        (disk full, I/O) makes ping() probe until a write succeeds."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            message = f"The SQLite store {self._path} failed {what}: {error}."
+            code = "_".join((getattr(error, "sqlite_errorname", None) or "").split("_")[:2])  # SQLITE_IOERR_FSYNC -> SQLITE_IOERR
+            if code in _TRANSIENT_CODES:
+                if writing:
+                    if self._write_failed is None:
+                        log.error("SQLite write failed: the batches of this transaction were not counted, "
+                                  "their clients retry them", extra={"path": self._path, "error": str(error)})
+                    self._write_failed = str(error)
+                raise StoreUnavailable(message) from error
+            log.error("SQLite store error", extra={"path": self._path, "error": str(error)})
+            raise StoreError(message) from error
+
+
+# --- the write path -------------------------------------------------------------------------
+
+
+def _seen(db: sqlite3.Connection, write: BatchWrite, now_ms: int) -> bool:
+    row = db.execute("SELECT expires_ms FROM batches WHERE metric = ? AND id = ?",
+                     (write.metric, write.batch_id)).fetchone()
+    return row is not None and row[0] > now_ms
+
+
+def _other_designs(db: sqlite3.Connection, targets, weights: tuple[int, ...], k: int,
+                   now: float) -> tuple[CountsKey, tuple] | None:
+    """The first target holding counts of another design, with that design; None when none does."""
+    text = _weights_text(weights)
+    for target, _ in targets:
+        row = _live_bucket(db, target, now)
+        if row is not None and (row[1] != k or row[2] != text):
+            return target, row[1:3]
+    return None
+
+
+def _add_to_bucket(db: sqlite3.Connection, target: CountsKey, expires_at: int | None, counts: Counts,
+                   batches: int, now: float) -> tuple[CountsKey, int | None, int | None, Counts | None]:
+    """Add counts (of `batches` batches) to a bucket whose design was checked; what observers
+    hear of it: (target, version before, version after, counts), or Nones when it is gone."""
+    row = db.execute("SELECT id, version, expires_at FROM buckets WHERE metric = ? AND fingerprint = ? "
+                     "AND window = ? AND start = ?", _where(target)).fetchone()
+    if row is not None and row[2] is not None and row[2] <= now:  # expired, not yet purged: gone
+        _delete_bucket(db, row[0])
+        row = None
+    if row is not None:
+        # Only ever the later expiry; a bucket without one (a total window) keeps none.
+        held = row[2]
+        expiry = None if held is None else (held if expires_at is None else max(held, expires_at))
+    else:
+        expiry = expires_at
+    if expiry is not None and expiry <= now:  # a target already past its expiry goes at once
+        if row is not None:
+            _delete_bucket(db, row[0])
+        return target, None, None, None
+    version = 1 + secrets.randbelow(_VERSIONS)
+    if row is None:
+        bucket = db.execute("INSERT INTO buckets (metric, fingerprint, window, start, k, weights, batches, version, "
+                            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (*_where(target), counts.k, _weights_text(counts.weights), batches, version,
+                             expiry)).lastrowid
+        before = 0
+    else:
+        bucket, before = row[0], row[1]
+        db.execute("UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ? WHERE id = ?",
+                   (batches, version, expiry, bucket))
+    rows = [(bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
+            for r, t in enumerate(counts.weights) if counts.n[r] or counts.v[r].any()]
+    db.executemany("INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
+                   "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)", rows)
+    return target, before, version, counts
+
+
+def _add_blobs(held: bytes, added: bytes) -> bytes:
+    """veil_add(v, w): the element-wise sum of two int64 vectors (SQL function of the writer)."""
+    return (np.frombuffer(held, "<i8") + np.frombuffer(added, "<i8")).tobytes()
+
+
+def _delete_bucket(db: sqlite3.Connection, bucket: int) -> None:
+    db.execute("DELETE FROM counters WHERE bucket = ?", (bucket,))
+    db.execute("DELETE FROM buckets WHERE id = ?", (bucket,))
+
+
+# --- the read path --------------------------------------------------------------------------
+
+
+def _where(key: CountsKey) -> tuple[str, str, str, int]:
+    return key.metric, key.fingerprint, key.window, int(key.bucket)
+
+
+def _weights_text(weights: Sequence[int]) -> str:
+    return ",".join(str(int(t)) for t in weights)
+
+
+def _live_bucket(db: sqlite3.Connection, key: CountsKey, now: float) -> tuple | None:
+    return db.execute("SELECT id, k, weights, version FROM buckets WHERE metric = ? AND fingerprint = ? "
+                      "AND window = ? AND start = ? AND (expires_at IS NULL OR expires_at > ?)",
+                      (*_where(key), now)).fetchone()
+
+
+def _read_bucket(db: sqlite3.Connection, key: CountsKey, weights: tuple[int, ...], k: int,
+                 now: float) -> tuple[int, Counts]:
+    counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
+    row = _live_bucket(db, key, now)
+    if row is None:
+        return 0, counts
+    if row[1] != k or row[2] != _weights_text(weights):
+        raise _other_design(key, row[1:3])
+    rows = {t: r for r, t in enumerate(weights)}
+    for t, n, v in db.execute("SELECT weight, n, v FROM counters WHERE bucket = ?", (row[0],)):
+        r = rows[t]
+        counts.n[r] = n
+        counts.v[r] = np.frombuffer(v, "<i8")
+    return row[3], counts
+
+
+def _other_design(key: CountsKey, held: Sequence[object]) -> StoreError:
+    k, weights = held[0], str(held[1])
+    return StoreError(f"Bucket {key} holds counts of another design ({len(weights.split(','))} weights, k = {k}).")
+
+
+# --- opening a file -------------------------------------------------------------------------
+
+
+def _connect(path: str, busy_timeout: float, *, readonly: bool = False) -> sqlite3.Connection:
+    uri = Path(path).as_uri() + ("?mode=ro" if readonly else "")
+    return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+
+
+def _lock(path: str) -> int:
+    """An exclusive flock on <path>.lock, held while the store is open (the file descriptor);
+    StoreError when another process holds it."""
+    directory = os.path.dirname(path)
+    try:
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            log.info("data directory created", extra={"path": directory})
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise StoreError(f"Cannot open the SQLite store {path}: {error.strerror or error}.") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreError(f"The SQLite store {path} is in use by another process (pid {holder}): one aggregator "
+                         f"serves a SQLite file at a time.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """The writer's connection to a checked file, migrated to SCHEMA_VERSION and in WAL mode."""
+    problem = check_database(path, full=os.path.exists(path) and os.path.getsize(path) <= _QUICK_CHECK_BYTES,
+                             missing_ok=True)
+    if problem is not None:
+        raise StoreError(problem)
+    try:
+        db = _connect(path, busy_timeout)
+    except sqlite3.Error as error:
+        raise StoreError(f"Cannot open the SQLite store {path}: {error}.") from None
+    try:
+        if db.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
+            raise StoreError(f"The SQLite store {path} cannot use a write-ahead log (WAL) here.")
+        db.execute("PRAGMA synchronous = FULL")  # see the module doc: an acknowledged batch is on disk
+        db.execute("PRAGMA wal_autocheckpoint = 0")  # the maintenance thread checkpoints, not an upload
+        db.execute("PRAGMA journal_size_limit = 67108864")  # the WAL shrinks back to 64 MiB after a checkpoint
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _MIGRATIONS[target - 1].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version = {target}")
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+            log.info("SQLite store schema migrated" if version else "SQLite store created",
+                     extra={"path": path, "schema_version": target})
+    except sqlite3.Error as error:
+        db.close()
+        raise StoreError(f"Cannot open the SQLite store {path}: {error}.") from None
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def open_database_readonly(path: str) -> sqlite3.Connection:
+    """A read-only connection to an existing file (for `veil store check`)."""
+    return _connect(path, 2.0, readonly=True)
+
+
+def check_database(path: str, *, full: bool = True, missing_ok: bool = False) -> str | None:
+    """None when the file can be served by this version (a Veil database of schema version at
+    most SCHEMA_VERSION, or an empty or missing file when missing_ok), else the problem in one
+    sentence. full: also run PRAGMA quick_check (O(file size)). Changes nothing."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_MAGIC))
+    except FileNotFoundError:
+        return None if missing_ok else f"There is no SQLite store at {path}."
+    except OSError as error:
+        return f"Cannot read the SQLite store {path}: {error.strerror or error}."
+    if not head and missing_ok:
+        return None
+    if head != _MAGIC:
+        return f"{path} is not a SQLite database; move it away or point store.url elsewhere."
+    try:
+        db = _connect(path, 2.0, readonly=True)
+    except sqlite3.Error as error:
+        return f"Cannot open the SQLite store {path}: {error}."
+    try:
+        application_id = db.execute("PRAGMA application_id").fetchone()[0]
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
+        if application_id != APPLICATION_ID and (application_id != 0 or tables):
+            return (f"{path} is a SQLite database of another program (application_id {application_id:#x}), not a "
+                    f"Veil store; point store.url elsewhere.")
+        if version > SCHEMA_VERSION:
+            return (f"{path} has schema version {version}, written by a newer Veil; this one reads versions up to "
+                    f"{SCHEMA_VERSION}, so upgrade Veil or point store.url elsewhere.")
+        if full:
+            found = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+            if found != ["ok"]:
+                return (f"{path} is corrupt (quick_check: {found[0]}); restore it from a backup, or move it away "
+                        f"to start empty.")
+    except sqlite3.DatabaseError as error:
+        return f"{path} is corrupt or not a Veil store ({error}); restore it from a backup, or move it away."
+    finally:
+        db.close()
+    return None
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
