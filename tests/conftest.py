@@ -3,11 +3,19 @@ that directory's conftest."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 from redis_cluster import RedisClusterServers
 from redis_server import RedisServer
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The default SQLite store of any config without a store URL goes to a directory of this
+    session, never the user's data directory (VEIL_DATA_DIR; `veil serve` processes inherit it)."""
+    os.environ["VEIL_DATA_DIR"] = str(tmp_path_factory.mktemp("veil-data"))
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_intervals():
@@ -15,6 +16,8 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
     )
     assert out.returncode == 0, out.stderr
     assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/", out.stdout)
+    directory = re.search(r"aggregator on SQLite \((.+)/veil\.db, removed at exit\)", out.stdout).group(1)
+    assert not Path(directory).exists()  # the temporary data directory is gone
     last = out.stdout.rsplit("estimates over all reports so far", 1)[1]
     for name in ("browser", "country", "crash_screen"):
         n = int(re.search(rf"{name} .*n = ([\d,]+)", last).group(1).replace(",", ""))

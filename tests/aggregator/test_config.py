@@ -7,22 +7,42 @@ import threading
 import pytest
 
 from veil.aggregator._errors import ConfigError
-from veil.aggregator.config import (ENV_CONFIG, ENV_STORE_URL, Window, is_loopback, load_config, parse_config,
-                                    parse_duration)
+from veil.aggregator.config import (ENV_CONFIG, ENV_DATA_DIR, ENV_STORE_URL, Window, default_data_dir, is_loopback,
+                                    load_config, parse_config, parse_duration)
 
 METRIC = {"name": "browser", "labels": ["a", "b", "c"], "epsilon": 1.0}
 
 
 def test_defaults_and_a_full_metric(monkeypatch):
     monkeypatch.delenv(ENV_STORE_URL, raising=False)
+    monkeypatch.setenv(ENV_DATA_DIR, "/srv/veil-data")
     config = parse_config({"metrics": [METRIC]})
-    assert config.store_url == "memory" and config.min_n == 100 and config.dedupe_ttl == 48 * 3600
+    assert config.store_url == "sqlite:///srv/veil-data/veil.db" and config.min_n == 100
+    assert config.dedupe_ttl == 48 * 3600
     metric = config.metrics[0]
     assert metric.spec.mechanism.name == "subset" and [w.name for w in metric.windows] == ["total"]
     config = parse_config({"metrics": [{**METRIC, "mechanism": "rappor", "windows": [
         "total", "1h", {"span": "1d", "retention": "30d"}]}]})
     total, hour, day = config.metrics[0].windows
     assert (total.span, hour.span, hour.retention, day.span, day.retention) == (None, 3600, 7 * 3600, 86400, 30 * 86400)
+
+
+def test_the_default_store_is_sqlite_in_the_data_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_STORE_URL, raising=False)
+    monkeypatch.setenv(ENV_DATA_DIR, "/from/env")
+    assert parse_config({"metrics": [METRIC]}, data_dir=tmp_path / "d").store_url == f"sqlite://{tmp_path}/d/veil.db"
+    assert parse_config({"metrics": [METRIC]}).store_url == "sqlite:///from/env/veil.db"
+    assert parse_config({"metrics": [METRIC], "store": {"url": "memory"}}, data_dir="/x").store_url == "memory"
+    monkeypatch.delenv(ENV_DATA_DIR)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    assert default_data_dir().as_posix() == "/var/lib/veil"
+    assert parse_config({"metrics": [METRIC]}).store_url == "sqlite:///var/lib/veil/veil.db"
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_DATA_HOME", "/home/u/data")
+    assert default_data_dir().as_posix() == "/home/u/data/veil"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", "/home/u")
+    assert default_data_dir().as_posix() == "/home/u/.local/share/veil"
 
 
 def test_window_buckets_are_aligned():

@@ -185,9 +185,16 @@ def serve_once(tmp_path, data: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_configs_that_cannot_run_several_processes_fail_in_one_line(tmp_path, redis_server):
-    out = serve_once(tmp_path, config_dict("memory", free_port()), "--processes", "2")
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert out.stderr.startswith("veil serve: store.url: ") and "server.processes = 2" in out.stderr
+    for store in ("memory", f"sqlite://{tmp_path}/veil.db"):
+        out = serve_once(tmp_path, config_dict(store, free_port()), "--processes", "2")
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith("veil serve: store.url: ") and "server.processes = 2" in out.stderr
+    data = config_dict("", free_port())
+    del data["store"]  # the default store: SQLite in the data directory
+    out = serve_once(tmp_path, data, "--processes", "2")
+    assert out.returncode == 2 and out.stderr.startswith("veil serve: store.url: a SQLite store is written by one "
+                                                         "process"), out.stderr
+    assert not (tmp_path / "veil.db").exists()
 
     out = serve_once(tmp_path, config_dict(redis_server.url, 0, processes=2))
     assert out.returncode == 2 and out.stderr.startswith("veil serve: server.grpc: port 0"), out.stderr

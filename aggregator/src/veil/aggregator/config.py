@@ -18,7 +18,8 @@
     processes = 1                 # worker processes sharing the gRPC port (SO_REUSEPORT); > 1 needs Redis
 
     [store]
-    url = "memory"                # or "memory:///path/snapshot.json", "redis://host:6379/0", "rediss://..."
+    url = "sqlite:///var/lib/veil/veil.db"   # default: veil.db in the data directory (below); or "memory"
+                                  # (volatile), "redis://host:6379/0", "rediss://..."
     timeout = 2.0                 # Redis only: seconds to wait for an answer (and to connect)
     wait_replicas = 0             # Redis only: WAIT for this many replicas after every batch
     wait_timeout_ms = 1000        # Redis only: how long that WAIT may take
@@ -59,7 +60,9 @@
 
 Relative file paths are relative to the config file's directory. Every error names the key it
 is about, never a token's value; tokens are kept only as SHA-256 digests. Precedence for the file and the store: an explicit
-argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults below.
+argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults below. With no store URL at all the
+counts go to SQLite, veil.db in the data directory: the `data_dir` argument (`--data-dir`), else
+VEIL_DATA_DIR, else default_data_dir().
 """
 
 from __future__ import annotations
@@ -81,14 +84,15 @@ from ._errors import ConfigError
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
            "parse_config", "parse_duration", "check_private_file", "token_digest", "is_loopback", "ENV_CONFIG",
-           "ENV_STORE_URL"]
+           "ENV_STORE_URL", "ENV_DATA_DIR", "default_data_dir"]
 
 ENV_CONFIG = "VEIL_CONFIG"
 ENV_STORE_URL = "VEIL_STORE_URL"
+ENV_DATA_DIR = "VEIL_DATA_DIR"
 
 _DEFAULT_GRPC = "127.0.0.1:50051"
 _DEFAULT_HTTP = "127.0.0.1:8080"
-_DEFAULT_STORE_URL = "memory"
+_DEFAULT_STORE_URL = "memory"  # of an AggregatorConfig built in code; a config file's default is SQLite
 _DEFAULT_MIN_N = 100
 _DEFAULT_MAX_BATCH = 10_000
 _DEFAULT_DEDUPE_TTL = 48 * 3600
@@ -226,9 +230,9 @@ class AggregatorConfig:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | None = None,
-                processes: int | None = None) -> AggregatorConfig:
+                processes: int | None = None, data_dir: str | os.PathLike[str] | None = None) -> AggregatorConfig:
     """Read and check a config file (argument, else $VEIL_CONFIG); `processes` overrides
-    server.processes (`veil serve --processes`)."""
+    server.processes (`veil serve --processes`); `data_dir` is where the default store goes."""
     path = path or os.environ.get(ENV_CONFIG)
     if not path:
         raise ConfigError(f"No config file: pass --config or set {ENV_CONFIG}.")
@@ -238,11 +242,27 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
         raise ConfigError(f"{path}: cannot read the config file ({err.strerror or err}).") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err}).") from None
-    return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes)
+    return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes,
+                        data_dir=data_dir)
+
+
+def default_data_dir() -> Path:
+    """Where the default SQLite store lives: /var/lib/veil for root (a system service's state, as
+    the FHS and systemd's StateDirectory have it), else $XDG_DATA_HOME/veil, by default
+    ~/.local/share/veil (the XDG base directories: a user's own data, kept across reboots)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/veil")
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "veil"
+
+
+def _default_store_url(data_dir: str | os.PathLike[str] | None) -> str:
+    directory = Path(data_dir or os.environ.get(ENV_DATA_DIR) or default_data_dir()).expanduser().absolute()
+    return "sqlite://" + (directory / "veil.db").as_posix()
 
 
 def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_url: str | None = None,
-                 base: str | os.PathLike[str] | None = None, processes: int | None = None) -> AggregatorConfig:
+                 base: str | os.PathLike[str] | None = None, processes: int | None = None,
+                 data_dir: str | os.PathLike[str] | None = None) -> AggregatorConfig:
     """Check a parsed config; relative file paths are taken relative to `base` (default: the
     working directory)."""
     _only(data, {"server", "store", "metrics", "tls", "auth"}, "")
@@ -260,7 +280,8 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
-    url = store_url or os.environ.get(ENV_STORE_URL) or _text(store.get("url", _DEFAULT_STORE_URL), "store.url")
+    url = store_url or os.environ.get(ENV_STORE_URL) or (
+        _text(store["url"], "store.url") if "url" in store else _default_store_url(data_dir))
     base_dir = Path(base) if base is not None else Path.cwd()
     workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
@@ -311,6 +332,10 @@ def _processes(value: object, url: str, grpc_address: str) -> int:
     if url == "memory" or url.startswith("memory:"):
         # Each process would count into its own memory: estimates would see a share of the reports.
         raise ConfigError(f"store.url: the memory store lives inside one process, so server.processes = "
+                          f"{processes} needs a shared store (redis://...); use server.processes = 1.")
+    if url.startswith("sqlite:"):
+        # One process writes a SQLite store (its file lock); the others could not count.
+        raise ConfigError(f"store.url: a SQLite store is written by one process, so server.processes = "
                           f"{processes} needs a shared store (redis://...); use server.processes = 1.")
     if grpc_address.rpartition(":")[2] == "0":
         raise ConfigError(f"server.grpc: port 0 gives each of the server.processes = {processes} workers a port "

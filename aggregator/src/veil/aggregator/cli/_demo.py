@@ -1,6 +1,7 @@
 """`veil demo`: the whole system on one machine.
 
-An aggregator on the embedded memory store (or Redis with --redis), simulated devices that
+An aggregator on the embedded SQLite store (in a temporary directory removed at exit, or
+--data-dir to keep the counts; Redis with --redis), simulated devices that
 report through the real SDK over gRPC, the dashboard on the HTTP listener, and a terminal table
 of live estimates (read over gRPC) with their 95% intervals beside the truth. Ctrl-C stops
 everything cleanly.
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 _ROWS_SHOWN = 6
 
@@ -62,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the first are kept on the device (default 5)")
     parser.add_argument("--churn", type=float, default=0.05, metavar="P",
                         help="share of devices that draw a new value at each period's turn (default 0.05)")
-    parser.add_argument("--redis", metavar="URL", help="count in this Redis instead of the embedded memory store")
+    parser.add_argument("--redis", metavar="URL", help="count in this Redis instead of the embedded SQLite store")
+    parser.add_argument("--data-dir", metavar="PATH",
+                        help="keep the SQLite store (veil.db) in this directory, and its counts across runs "
+                             "(default: a temporary directory, removed at exit)")
     parser.add_argument("--grpc", default="127.0.0.1:50051", metavar="HOST:PORT",
                         help="gRPC listener (default 127.0.0.1:50051; a free port if taken)")
     parser.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
@@ -72,26 +79,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="seed the hidden population's draws")
 
 
-def _config(args: argparse.Namespace, grpc_address: str, http_address: str):
+def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_address: str):
     from ..config import parse_config
 
     return parse_config({
         "server": {"grpc": grpc_address, "http": http_address, "min_n": 100, "watch_interval": 0.5,
                    "grace_period": 2.0},
-        "store": {"url": args.redis or "memory"},
+        "store": {"url": store_url},
         "metrics": [{"name": m.name, "labels": list(m.labels), "mechanism": m.mechanism, "epsilon": m.epsilon,
                      "period": args.period, "windows": ["total", args.period, "1h"]} for m in DEMO_METRICS],
     })
 
 
-def _start_aggregator(args: argparse.Namespace):
+def _start_aggregator(args: argparse.Namespace, store_url: str):
     """The aggregator on the asked-for ports, or free ones where those are taken."""
     from .._errors import ConfigError
     from ..daemon import Aggregator
 
     for grpc_address, http_address in ((args.grpc, args.http), ("127.0.0.1:0", "127.0.0.1:0")):
         try:
-            aggregator = Aggregator(_config(args, grpc_address, http_address))
+            aggregator = Aggregator(_config(args, store_url, grpc_address, http_address))
         except ConfigError as err:
             if "cannot listen" not in str(err):
                 raise
@@ -162,10 +169,6 @@ def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import grpc
-
-    from veil.wire.v1 import veil_pb2, veil_pb2_grpc
-
     from . import CliError
 
     from ..config import ConfigError, parse_duration
@@ -177,13 +180,33 @@ def run(args: argparse.Namespace) -> int:
         period = parse_duration(args.period, "--period")
     except ConfigError as err:
         raise CliError(str(err)) from None
-    aggregator = _start_aggregator(args)
+    temporary = None
+    if args.redis:
+        store_url, where = args.redis, "Redis"
+    else:
+        directory = Path(args.data_dir or tempfile.mkdtemp(prefix="veil-demo-")).absolute()
+        temporary = None if args.data_dir else directory
+        store_url, where = f"sqlite://{directory.as_posix()}/veil.db", f"SQLite ({directory}/veil.db"
+        where += ", removed at exit)" if temporary else ")"
+    try:
+        return _run(args, store_url, where, period)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> int:
+    import grpc
+
+    from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+
+    aggregator = _start_aggregator(args, store_url)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     devices = [_devices(endpoint, args, period, stop)]
     live = sys.stdout.isatty()
-    print(f"Veil demo: aggregator on {'Redis' if args.redis else 'the embedded memory store'}, gRPC {endpoint}.")
+    print(f"Veil demo: aggregator on {where}, gRPC {endpoint}.")
     print(f"Dashboard: http://127.0.0.1:{aggregator.http_port}/   (JSON: /v1/estimates, Prometheus: /metrics)")
     print(f"{args.devices} simulated devices, each a Reporter with the SDK's defaults, call report() about "
           f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per period. "

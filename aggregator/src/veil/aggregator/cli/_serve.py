@@ -11,8 +11,12 @@ import threading
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="PATH", help="the config file (default: $VEIL_CONFIG)")
     parser.add_argument("--store", metavar="URL",
-                        help="override [store] url: memory, memory:///path/snapshot.json, redis://host:port/db, "
-                             "rediss://... (default: $VEIL_STORE_URL, then the config)")
+                        help="override [store] url: sqlite:///path/veil.db, redis://host:port/db, rediss://..., or "
+                             "memory (volatile: lost at exit) (default: $VEIL_STORE_URL, then the config, then "
+                             "SQLite in the data directory)")
+    parser.add_argument("--data-dir", metavar="PATH",
+                        help="where the default store (SQLite, veil.db) goes when no store URL is given (default: "
+                             "$VEIL_DATA_DIR, else /var/lib/veil as root, else ~/.local/share/veil)")
     parser.add_argument("--check-config", action="store_true",
                         help="check the config file and the store URL, say whether the store answers from here, "
                              "and exit: 0 when the config is good")
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
 
     def reload():  # the config as at the start: the same file, overrides and environment
-        return load_config(args.config, store_url=args.store, processes=args.processes)
+        return load_config(args.config, store_url=args.store, processes=args.processes, data_dir=args.data_dir)
 
     config = reload()
     if args.worker_index is not None:
@@ -58,14 +62,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.check_config:
         inflight_bytes(config)  # a budget no upload fits in is a config error
-        store = open_configured_store(config)
         try:
-            store.ping()
+            store = open_configured_store(config)  # a SQLite store in use by a running aggregator is refused
+            try:
+                store.ping()
+            finally:
+                store.close()
             reach = "reachable"
         except StoreError as err:
             reach = f"not reachable from here ({err})"
-        finally:
-            store.close()
         print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")
         print(f"access: {_access(config)}" + (f"; {config.processes} worker processes" if config.processes > 1 else ""))
         return 0
