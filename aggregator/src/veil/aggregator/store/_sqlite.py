@@ -569,10 +569,12 @@ def check_database(path: str, *, full: bool = True, missing_ok: bool = False) ->
             return (f"{path} has schema version {version}, written by a newer Veil; this one reads versions up to "
                     f"{SCHEMA_VERSION}, so upgrade Veil or point store.url elsewhere.")
         if full:
-            found = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+            found = [row[0] for row in db.execute("PRAGMA quick_check(1)")]
             if found != ["ok"]:
-                return (f"{path} is corrupt (quick_check: {found[0]}); restore it from a backup, or move it away "
-                        f"to start empty.")
+                lines = [line for line in found[0].splitlines() if line.strip() and not line.startswith("***")]
+                first = " ".join((lines or found)[0].split())[:200]
+                return (f"{path} is corrupt (quick_check: {first}); restore it from a backup, or move it away to "
+                        f"start empty.")
     except sqlite3.DatabaseError as error:
         return f"{path} is corrupt or not a Veil store ({error}); restore it from a backup, or move it away."
     finally:
