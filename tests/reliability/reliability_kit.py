@@ -1,5 +1,5 @@
 """What the reliability tests share: a `veil serve` process that can be killed and restarted, seeded
-SDK devices that know the ground truth of what they sent, and exact reads of Redis.
+SDK devices that know the ground truth of what they sent, and exact reads of Redis and of SQLite files.
 
     serve = AggregatorProcess(tmp_path, redis.url).start()     # waits for "aggregator started"
     devices = [Device(serve.endpoint, seed) for seed in range(3)]
@@ -17,6 +17,7 @@ acknowledged ones, and Redis must hold exactly their counts.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
@@ -25,6 +26,7 @@ import random
 import selectors
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from config_toml import LOAD, config_toml
 from redis_server import free_port
@@ -392,9 +395,12 @@ def counts_of(spec: MetricSpec, reports: Iterable[tuple[int, ...]]) -> Counts:
     return counts
 
 
-def stored_counts(redis_url: str, spec: MetricSpec, window: str = "total") -> Counts:
-    """The counts in Redis for a metric's window, summed over every bucket of the window."""
-    store = RedisStore(redis_url)
+def stored_counts(store_url: str, spec: MetricSpec, window: str = "total") -> Counts:
+    """The counts in the store (Redis, or a SQLite file) for a metric's window, summed over every
+    bucket of the window."""
+    if store_url.startswith("sqlite://"):
+        return sqlite_counts(store_url.removeprefix("sqlite://"), spec, window)
+    store = RedisStore(store_url)
     try:
         weights, k = spec.mechanism.weight_law().weights, spec.k
         if window == "total":
@@ -411,12 +417,27 @@ def stored_counts(redis_url: str, spec: MetricSpec, window: str = "total") -> Co
         store.close()
 
 
+def sqlite_counts(path: str, spec: MetricSpec, window: str = "total") -> Counts:
+    """As stored_counts, from a SQLite store's file, read here from its tables (read-only: an
+    aggregator may be serving it), unexpired buckets only."""
+    total = Counts.zeros(spec.mechanism)
+    rows = total.row_of_weight()
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        for weight, n, v in db.execute(
+                "SELECT c.weight, c.n, c.v FROM counters c JOIN buckets b ON b.id = c.bucket WHERE b.metric = ? AND "
+                "b.fingerprint = ? AND b.window = ? AND (b.expires_at IS NULL OR b.expires_at > ?)",
+                (spec.name, spec.fingerprint, window, time.time())):
+            total.n[rows[weight]] += n
+            total.v[rows[weight]] += np.frombuffer(v, "<i8")
+    return total
+
+
 def describe(counts: Counts) -> str:
     return f"n = {counts.total} (per weight {counts.n.tolist()}), V = {counts.totals.tolist()}"
 
 
-def assert_exact(devices: Sequence[Device], redis_url: str, extra: dict[str, Counts] | None = None) -> dict:
-    """Every device ended with nothing dropped, failed or queued, and Redis holds exactly the
+def assert_exact(devices: Sequence[Device], store_url: str, extra: dict[str, Counts] | None = None) -> dict:
+    """Every device ended with nothing dropped, failed or queued, and the store holds exactly the
     counts of the reports they queued (plus ``extra``, counts acknowledged outside the SDK), in
     every window. Returns a summary for messages."""
     counters = [d.reporter.counters() for d in devices]
@@ -433,9 +454,9 @@ def assert_exact(devices: Sequence[Device], redis_url: str, extra: dict[str, Cou
             expected.add(extra[metric])
         windows = next(m.get("windows", ["total"]) for m in METRICS if m["name"] == metric)
         for window in windows:
-            stored = stored_counts(redis_url, spec, window)
+            stored = stored_counts(store_url, spec, window)
             assert stored == expected, (
-                f"{metric} [{window}]: Redis holds {describe(stored)}; the acknowledged ground truth is "
+                f"{metric} [{window}]: the store holds {describe(stored)}; the acknowledged ground truth is "
                 f"{describe(expected)}")
         checked[metric] = expected.total
     assert sum(c.sent for c in counters) == sum(v for m, v in checked.items() if not extra or m not in extra)

@@ -28,6 +28,7 @@ _COMMANDS = {
     "health": ("_health", "ask an aggregator's gRPC health service (grpc.health.v1); exit 0 when SERVING"),
     "release": ("_release", "release a table of records you hold so no one can be re-identified: pram, dp-pram, mask, example"),
     "demo": ("_demo", "the whole system on this machine: aggregator, simulated devices, live estimates"),
+    "store": ("_store", "check a counter store (a SQLite file's integrity and schema, or Redis) and what it holds"),
 }
 
 

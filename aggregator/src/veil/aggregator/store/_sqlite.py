@@ -24,8 +24,13 @@ it read a consistent snapshot while the writer writes.
 
 Expiry: reads and writes take expired batch ids and buckets as gone at once. A maintenance
 thread deletes them in chunks of ``_PURGE_CHUNK`` rows, each its own short transaction, so a
-write waits for one chunk at most, logs every bucket deleted, and checkpoints the WAL (the
-writer never does, so no upload waits on a checkpoint).
+write waits for one chunk at most, and logs every bucket deleted.
+
+Checkpoints: the same thread copies the WAL back into the database every ``_CHECKPOINT_EVERY``
+transactions (or each ``maintenance_interval``), on a connection of its own while writes go on,
+then catches up on the last few frames holding the write lock: a checkpoint racing a steady
+writer never finishes, and the WAL only starts over once one has, so without that last step it
+would grow for as long as uploads keep coming.
 
 Faults: a full disk or an I/O error rolls the transaction back and raises StoreUnavailable
 (nothing of the group was counted; every client retries under its own batch id, counted at
@@ -56,7 +61,7 @@ from ._checks import check_write
 from ._coalesce import Coalescer, FlushObserver
 from ._redis import AppliedObserver
 
-__all__ = ["SqliteStore", "APPLICATION_ID", "SCHEMA_VERSION", "check_database", "open_database_readonly"]
+__all__ = ["SqliteStore", "APPLICATION_ID", "SCHEMA_VERSION", "check_database", "describe_database"]
 
 log = logging.getLogger("veil.aggregator.store")
 
@@ -64,6 +69,7 @@ APPLICATION_ID = 0x5665696C  # b"Veil"
 _MAGIC = b"SQLite format 3\x00"
 _VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1 (SQLite integers), never 0
 _PURGE_CHUNK = 1000  # expired rows deleted per transaction by the maintenance thread
+_CHECKPOINT_EVERY = 128  # transactions between checkpoints (some 2-5 MiB of WAL)
 _QUICK_CHECK_BYTES = 1 << 30  # files up to this size are checked at open; larger: `veil store check`
 
 # Schema migrations: _MIGRATIONS[i] takes a database from version i to i + 1, in one transaction.
@@ -124,6 +130,8 @@ class SqliteStore(Store):
         self._readers_lock = threading.Lock()
         self._closed = threading.Event()
         self._maintenance_interval = maintenance_interval
+        self._commits = 0  # transactions since the last checkpoint
+        self._checkpoint_due = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="veil-sqlite-maintenance", daemon=True)
         self._maintenance.start()
 
@@ -207,6 +215,9 @@ class SqliteStore(Store):
                             self._notify(target, None, None, None)
                 raise
         self._write_failed = None
+        self._commits += 1
+        if self._commits >= _CHECKPOINT_EVERY:
+            self._checkpoint_due.set()
         for target, before, after, counts in applied:
             self._notify(target, before, after, counts)
         return results
@@ -281,16 +292,31 @@ class SqliteStore(Store):
             log.error("SQLite maintenance cannot start: expired rows stay until the next start",
                       extra={"path": self._path, "error": str(error)})
             return
+        purged = time.monotonic()
         try:
-            while not self._closed.wait(self._maintenance_interval):
+            while not self._closed.is_set():
+                self._checkpoint_due.wait(self._maintenance_interval)
+                self._checkpoint_due.clear()
                 try:
-                    self.purge()
-                    checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    if time.monotonic() - purged >= self._maintenance_interval:
+                        purged = time.monotonic()
+                        self.purge()
+                    self._checkpoint(checkpointer)
                 except (StoreError, sqlite3.Error) as error:
                     log.warning("SQLite maintenance failed; retried in a moment",
                                 extra={"path": self._path, "error": str(error)})
         finally:
             checkpointer.close()
+
+    def _checkpoint(self, checkpointer: sqlite3.Connection) -> None:
+        """Copy the WAL into the database: the bulk beside the writer, the rest holding the write
+        lock, so the next transaction starts the WAL over (see the module doc)."""
+        self._commits = 0
+        checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        with self._write_lock:
+            if not self._closed.is_set():
+                with self._boundary("checkpoint", writing=True):
+                    self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def purge(self) -> tuple[int, int]:
         """Delete expired batch ids and buckets now, a chunk per transaction; (ids, buckets)
@@ -327,6 +353,7 @@ class SqliteStore(Store):
         if self._closed.is_set():
             return
         self._closed.set()
+        self._checkpoint_due.set()
         self._maintenance.join(10)
         with self._readers_lock:
             for db in self._reader_connections:
@@ -509,7 +536,7 @@ def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
             raise StoreError(f"The SQLite store {path} cannot use a write-ahead log (WAL) here.")
         db.execute("PRAGMA synchronous = FULL")  # see the module doc: an acknowledged batch is on disk
         db.execute("PRAGMA wal_autocheckpoint = 0")  # the maintenance thread checkpoints, not an upload
-        db.execute("PRAGMA journal_size_limit = 67108864")  # the WAL shrinks back to 64 MiB after a checkpoint
+        db.execute("PRAGMA journal_size_limit = 16777216")  # the WAL file shrinks back to 16 MiB after a checkpoint
         version = db.execute("PRAGMA user_version").fetchone()[0]
         for target in range(version + 1, SCHEMA_VERSION + 1):
             db.execute("BEGIN IMMEDIATE")
@@ -534,15 +561,35 @@ def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
     return db
 
 
-def open_database_readonly(path: str) -> sqlite3.Connection:
-    """A read-only connection to an existing file (for `veil store check`)."""
-    return _connect(path, 2.0, readonly=True)
+def describe_database(path: str) -> list[str]:
+    """What a checked Veil database holds, a line each: sizes, schema, batch ids, and per metric
+    and window its buckets and reports (for `veil store check`; read-only)."""
+    now = time.time()
+    db = _connect(path, 2.0, readonly=True)
+    try:
+        wal = Path(path + "-wal")
+        lines = [f"file {os.path.getsize(path):,} bytes, write-ahead log {wal.stat().st_size if wal.exists() else 0:,} "
+                 f"bytes; schema version {db.execute('PRAGMA user_version').fetchone()[0]} (this Veil: "
+                 f"{SCHEMA_VERSION})"]
+        live, expired = db.execute("SELECT count(*) FILTER (WHERE expires_ms > ?), count(*) FILTER (WHERE expires_ms "
+                                   "<= ?) FROM batches", (now * 1000, now * 1000)).fetchone()
+        lines.append(f"batch ids: {live:,} remembered, {expired:,} expired and not yet purged")
+        for metric, window, buckets, stale, reports in db.execute(
+                "SELECT b.metric, b.window, count(DISTINCT b.id), count(DISTINCT b.id) FILTER (WHERE b.expires_at <= ?), "
+                "coalesce(sum(c.n) FILTER (WHERE b.expires_at IS NULL OR b.expires_at > ?), 0) FROM buckets b "
+                "LEFT JOIN counters c ON c.bucket = b.id GROUP BY b.metric, b.window ORDER BY 1, 2", (now, now)):
+            lines.append(f"{metric} [{window}]: {buckets - stale:,} bucket{'s' * (buckets - stale != 1)}"
+                         + (f" (and {stale:,} expired)" if stale else "") + f", {reports:,} reports")
+        return lines
+    finally:
+        db.close()
 
 
-def check_database(path: str, *, full: bool = True, missing_ok: bool = False) -> str | None:
+def check_database(path: str, *, full: bool = True, missing_ok: bool = False, integrity: bool = False) -> str | None:
     """None when the file can be served by this version (a Veil database of schema version at
     most SCHEMA_VERSION, or an empty or missing file when missing_ok), else the problem in one
-    sentence. full: also run PRAGMA quick_check (O(file size)). Changes nothing."""
+    sentence. full: also run PRAGMA quick_check (O(file size)), or with integrity PRAGMA
+    integrity_check (slower: indexes too). Changes nothing."""
     try:
         with open(path, "rb") as file:
             head = file.read(len(_MAGIC))
@@ -569,11 +616,12 @@ def check_database(path: str, *, full: bool = True, missing_ok: bool = False) ->
             return (f"{path} has schema version {version}, written by a newer Veil; this one reads versions up to "
                     f"{SCHEMA_VERSION}, so upgrade Veil or point store.url elsewhere.")
         if full:
-            found = [row[0] for row in db.execute("PRAGMA quick_check(1)")]
+            check = "integrity_check" if integrity else "quick_check"
+            found = [row[0] for row in db.execute(f"PRAGMA {check}(1)")]
             if found != ["ok"]:
                 lines = [line for line in found[0].splitlines() if line.strip() and not line.startswith("***")]
                 first = " ".join((lines or found)[0].split())[:200]
-                return (f"{path} is corrupt (quick_check: {first}); restore it from a backup, or move it away to "
+                return (f"{path} is corrupt ({check}: {first}); restore it from a backup, or move it away to "
                         f"start empty.")
     except sqlite3.DatabaseError as error:
         return f"{path} is corrupt or not a Veil store ({error}); restore it from a backup, or move it away."
