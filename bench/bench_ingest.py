@@ -1,10 +1,11 @@
-"""Aggregator ingest throughput and estimate-read latency, on the memory store and on Redis.
+"""Aggregator ingest throughput and estimate-read latency, on the memory, SQLite and Redis stores.
 
 Ingest: subset-mechanism reports are uploaded through real gRPC over loopback into an aggregator
 running as a separate process (the daemon's own Aggregator class, config file and logging, as
 `python -m veil.aggregator --config FILE` runs it; more under --help), for every cell
-k in {16, 128, 1024} x epsilon in {1, 4}, on two stores: the in-process memory store and a real
-redis-server this benchmark starts. Two load shapes:
+k in {16, 128, 1024} x epsilon in {1, 4}, on three stores: the in-process memory store, SQLite (a
+file in a temporary directory on the disk of --sqlite-dir, every commit fsynced) and a real
+redis-server this benchmark starts (no persistence). Two load shapes:
 
   large   1000-report uploads, 16 calls in flight  (busy clients; with 4 in flight a Redis
           script's ~5-8 ms at k = 1024 bounds throughput, since a group holds at most 4 batches)
@@ -19,12 +20,12 @@ divided by the wall time from the first process's start to the last one's end; C
 aggregator, redis-server and the load processes over the same interval is recorded beside it.
 
 Exactness: after every run, including warm-up and sizing runs, the store is read back (Redis
-directly, the memory store through the aggregator) and every window of the metric must hold
+directly, the memory and SQLite stores through the aggregator) and every window of the metric must hold
 exactly n = the reports sent, and per category V = the sum of count_reports over the sent
 batches' own report arrays. A mismatch, a refused upload or a duplicate makes the exit status 1.
 
 Latency: Estimates.Get over gRPC and GET /v1/estimates/{metric} over HTTP, one call at a time,
-for the largest k (3 windows: total, 1h, 1d, all holding counts), both stores; median and p99.
+for the largest k (3 windows: total, 1h, 1d, all holding counts), every store; median and p99.
 "cached" calls find the counts unchanged since the last call; "fresh" calls each follow an
 (untimed) upload, so the aggregator reads the counts and recomputes three estimates first.
 """
@@ -39,6 +40,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -62,7 +64,7 @@ KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)
 MECHANISM = "subset"
 WINDOWS = ("total", "1h", "1d")
-STORES = ("memory", "redis")
+STORES = ("memory", "sqlite", "redis")
 ZIPF_EXPONENT = 1.1
 
 UPLOAD_PATH = "/veil.wire.v1.Collector/Upload"
@@ -885,7 +887,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 The aggregator: this file run with --serve CONFIG, one process per store, does what `veil serve
 --config CONFIG` does (same JSON logging at info, load_config, Aggregator with its defaults:
 16 handler threads, max_batch 10000) and adds one page, /bench/counts, on the aggregator's HTTP
-listener, through which the benchmark reads the memory store back. Redis is read directly.
+listener, through which the benchmark reads the memory and SQLite stores back. Redis is read directly.
 
 Prints a table per cell and store (reports/s, uploads/s, CPU cores busy per process), the
 issue's targets for information, and the latency table; writes all of it, with machine facts,
@@ -904,7 +906,10 @@ duplicate, the encoding differs from the SDK's, or an estimates response is malf
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS), help=f"category counts (default {KS})")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS),
                         help=f"privacy levels (default {EPSILONS})")
-    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES), help="stores (default both)")
+    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES), help="stores (default all)")
+    parser.add_argument("--sqlite-dir", type=Path, default=Path(tempfile.gettempdir()),
+                        help="where the SQLite store's temporary directory goes: a disk, for fsync to mean what "
+                             "it does in production, not a tmpfs (default: the system's temporary directory)")
     parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
                         help="load shapes: large = 1000-report uploads, 16 in flight; small = 10-report uploads, "
                         "64 in flight (default both)")
@@ -920,7 +925,7 @@ duplicate, the encoding differs from the SDK's, or an estimates response is malf
                         help="fresh (recomputing) estimate calls per store and protocol (default 200; 8 with --quick)")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="server.processes of the Redis store's aggregator: N worker processes sharing the "
-                             "gRPC port, run by `veil serve` (the memory store keeps 1; default 1)")
+                             "gRPC port, run by `veil serve` (the memory and SQLite stores keep 1; default 1)")
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the true values and of FastKeystream")
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/ingest.json)")
     parser.add_argument("--serve", metavar="CONFIG", help=argparse.SUPPRESS)
@@ -972,6 +977,7 @@ def main(argv: list[str] | None = None) -> int:
     latency = None
     aggregators: dict[str, AggregatorProcess] = {}
     redis_server = None
+    sqlite_dir = sqlite_bytes = None
     load = None
     with tempfile.TemporaryDirectory(prefix="veil-bench-ingest-") as scratch:
         try:
@@ -982,9 +988,12 @@ def main(argv: list[str] | None = None) -> int:
                 if store == "redis":
                     redis_server = RedisServer().start()
                     url = redis_server.url
+                elif store == "sqlite":
+                    sqlite_dir = tempfile.mkdtemp(prefix="veil-bench-sqlite-", dir=args.sqlite_dir)
+                    url = f"sqlite://{sqlite_dir}/veil.db"
                 else:
                     url = "memory"
-                processes = args.processes if store == "redis" else 1  # memory counts live in one process
+                processes = args.processes if store == "redis" else 1  # memory and SQLite: one process
                 aggregator = AggregatorProcess(store, url, config_dict(args.ks, args.epsilons, url, processes),
                                                Path(scratch))
                 if store == "redis":
@@ -1023,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
                 aggregator.stop()
             if redis_server is not None:
                 redis_server.cleanup()
+            if sqlite_dir is not None:
+                sqlite_bytes = sqlite_sizes(sqlite_dir)
+                shutil.rmtree(sqlite_dir, ignore_errors=True)
 
     sane = latency is None or all(row["sanity"]["ok"] for protocols in latency["results"].values()
                                   for modes in protocols.values() for row in modes.values())
@@ -1053,6 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"{args.seed}; counts per prefix by veil.aggregator.simulate.count_reports",
             "latency_calls": args.latency_calls,
             "fresh_calls": args.fresh_calls,
+            "sqlite": None if sqlite_bytes is None else {"directory": str(args.sqlite_dir), **sqlite_bytes},
         },
         "ingest": cells,
         "latency": latency,
@@ -1072,6 +1085,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Exact-count checks: {ledger.checks - len(ledger.failures)} of {ledger.checks} OK; estimate responses "
           f"{'OK' if sane else 'MALFORMED'}; {results['summary']['wall_seconds']:.0f} s; results in {args.output}")
     return 0 if exact and sane else 1
+
+
+def sqlite_sizes(directory: str) -> dict[str, int]:
+    """The SQLite store's files at the end (bytes): the database and what its WAL holds."""
+    sizes = {}
+    for name in ("veil.db", "veil.db-wal"):
+        path = Path(directory) / name
+        sizes[name.replace("veil.db", "database").replace("-wal", "_wal") + "_bytes"] = (
+            path.stat().st_size if path.exists() else 0)
+    return sizes
 
 
 def check_specs(aggregators: dict[str, AggregatorProcess], args: argparse.Namespace) -> None:

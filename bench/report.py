@@ -65,6 +65,7 @@ ENCODING_GOAL = 1_000_000  # q-subset reports/s at k = 1024, epsilon = 1, one co
 LARGE_1024_GOAL = 1_000_000  # end-to-end reports/s at k = 1024, epsilon = 1, 1000-report uploads
 LARGE_SMALL_K_GOAL = 3_000_000  # end-to-end reports/s at k <= 128, 1000-report uploads
 SMALL_UPLOADS_GOAL = 25_000  # uploads/s of 10-report uploads
+SQLITE_SMALL_RATIO_GOAL = 0.8  # SQLite's 10-report uploads/s over Redis's, same run: within 20% (issue 14)
 GET_P99_GOAL_MS = 5.0  # Estimates.Get p99 at k = 1024 with 3 windows
 CLIENT_KS = (16, 128, 1024)  # report() median and p99 published for these k
 
@@ -226,7 +227,7 @@ def randomize_targets(data: dict[str, Any] | None, file: str | None) -> list[dic
 def ingest_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str, Any]]:
     entries = []
     cells = [] if data is None else data["ingest"]
-    stores = ("memory", "redis") if data is None else data["settings"]["stores"]
+    stores = ("memory", "sqlite", "redis") if data is None else data["settings"]["stores"]
 
     def rate(k: int, epsilon: float, store: str, shape: str, field: str) -> tuple[float | None, str | None]:
         for i, cell in enumerate(cells):
@@ -253,6 +254,16 @@ def ingest_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
                 entries.append(target(f"end to end, 10-report uploads, {store}",
                                       "end-to-end ingest of 10-report uploads", ">=", SMALL_UPLOADS_GOAL, "uploads/s",
                                       f"{store} k={k} eps={epsilon:g}", value, file, path))
+    if "sqlite" in stores and "redis" in stores:
+        for k in (16, 128, 1024):
+            for epsilon in (1.0, 4.0):
+                value, path = rate(k, epsilon, "sqlite", "small", "uploads_per_second")
+                redis, redis_path = rate(k, epsilon, "redis", "small", "uploads_per_second")
+                ratio = value / redis if value is not None and redis else None
+                entries.append(target("end to end, 10-report uploads, sqlite / redis",
+                                      "SQLite's 10-report uploads/s within 20% of Redis's, same run (issue 14)", ">=",
+                                      SQLITE_SMALL_RATIO_GOAL, "x", f"k={k} eps={epsilon:g}", ratio, file, path,
+                                      None if ratio is None else f"over {redis_path}"))
     latency = None if data is None else data.get("latency")
     for store in stores:
         for mode in ("cached", "fresh"):
@@ -640,8 +651,8 @@ RANDOMIZE_SERIES = (
     ("Veil krr fast", "#006d2c"), ("Veil krr AES", "#41ab5d"),
     (SS_PEER, "#d94801"), (GRR_PEER, "#fd8d3c"), (OUE_PEER, "#737373"),
 )
-INGEST_COLORS = {("memory", "large"): "#08519c", ("redis", "large"): "#a50f15",
-                 ("memory", "small"): "#6baed6", ("redis", "small"): "#fb6a4a"}
+INGEST_COLORS = {("memory", "large"): "#08519c", ("redis", "large"): "#a50f15", ("sqlite", "large"): "#006d2c",
+                 ("memory", "small"): "#6baed6", ("redis", "small"): "#fb6a4a", ("sqlite", "small"): "#74c476"}
 
 
 def grouped_bars(axis: Any, groups: list[str], series: list[tuple[str, str, list[float | None]]]) -> None:
@@ -792,8 +803,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "bench_ingest (default theirs: 16 128 1024)")
     parser.add_argument("--epsilons", type=float, nargs="+", help="with --run: privacy levels for bench_randomize "
                         "and bench_ingest (default theirs: 1 4)")
-    parser.add_argument("--stores", nargs="+", choices=("memory", "redis"),
-                        help="with --run: stores for bench_ingest (default both)")
+    parser.add_argument("--stores", nargs="+", choices=("memory", "sqlite", "redis"),
+                        help="with --run: stores for bench_ingest (default all three)")
     args = parser.parse_args(argv)
     if (args.ks or args.epsilons or args.stores) and not args.run:
         parser.error("--ks, --epsilons and --stores choose what --run measures")

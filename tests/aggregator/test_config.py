@@ -34,6 +34,9 @@ def test_the_default_store_is_sqlite_in_the_data_directory(monkeypatch, tmp_path
     assert parse_config({"metrics": [METRIC]}).store_url == "sqlite:///from/env/veil.db"
     assert parse_config({"metrics": [METRIC], "store": {"url": "memory"}}, data_dir="/x").store_url == "memory"
     monkeypatch.delenv(ENV_DATA_DIR)
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/veil-unit:/var/lib/other")  # systemd's StateDirectory=
+    assert default_data_dir().as_posix() == "/var/lib/veil-unit"
+    monkeypatch.delenv("STATE_DIRECTORY")
     monkeypatch.setattr("os.geteuid", lambda: 0)
     assert default_data_dir().as_posix() == "/var/lib/veil"
     assert parse_config({"metrics": [METRIC]}).store_url == "sqlite:///var/lib/veil/veil.db"

@@ -247,9 +247,12 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
 
 
 def default_data_dir() -> Path:
-    """Where the default SQLite store lives: /var/lib/veil for root (a system service's state, as
-    the FHS and systemd's StateDirectory have it), else $XDG_DATA_HOME/veil, by default
-    ~/.local/share/veil (the XDG base directories: a user's own data, kept across reboots)."""
+    """Where the default SQLite store lives: $STATE_DIRECTORY when systemd gives the service one
+    (StateDirectory=, e.g. /var/lib/veil); else /var/lib/veil for root (a system service's state,
+    as the FHS has it); else $XDG_DATA_HOME/veil, by default ~/.local/share/veil (the XDG base
+    directories: a user's own data, kept across reboots)."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
     if os.geteuid() == 0:
         return Path("/var/lib/veil")
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "veil"
