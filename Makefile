@@ -10,7 +10,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium clean help
 
 help:
-	@echo "make demo      run Veil end to end on this machine (the main job)"
+	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
+	@echo "               embedded SQLite store (a temporary file), simulated devices, the dashboard"
 	@echo "make test      run the test suite (installs what it needs)"
 	@echo "make test-all  the test suite with the slow statistical tests"
 	@echo "make bench     run the benchmarks against the peer libraries (bench/results/)"
