@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -259,3 +260,16 @@ def test_a_new_file_gets_the_schema_and_the_application_id(path, opened):
     path2.write_bytes(b"")  # an empty file is a new database
     opened(SqliteStore(path2))
     assert sql(path2, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+
+
+def test_reads_from_short_lived_threads_leave_no_connections_behind(path, opened, rng):
+    """HTTP serves each connection on a thread of its own: a read connection per thread would pile up."""
+    store = opened(SqliteStore(path))
+    assert store.add(batch(random_counts((3,), 16, rng), key()))
+    store.read(key(), (3,), 16)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(100):
+        thread = threading.Thread(target=store.read, args=(key(), (3,), 16))
+        thread.start()
+        thread.join()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2

@@ -69,6 +69,7 @@ APPLICATION_ID = 0x5665696C  # b"Veil"
 _MAGIC = b"SQLite format 3\x00"
 _VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1 (SQLite integers), never 0
 _PURGE_CHUNK = 1000  # expired rows deleted per transaction by the maintenance thread
+_IDLE_READERS = 16  # read connections kept open between reads
 _CHECKPOINT_EVERY = 128  # transactions between checkpoints (some 2-5 MiB of WAL)
 _QUICK_CHECK_BYTES = 1 << 30  # files up to this size are checked at open; larger: `veil store check`
 
@@ -125,8 +126,7 @@ class SqliteStore(Store):
         self._write_failed: str | None = None  # why the last write failed, while it may pass later
         self._coalescer: Coalescer[BatchWrite, bool | StoreError] = Coalescer(self._flush, max_batches=coalesce)
         self._applied_observers: list[AppliedObserver] = []
-        self._readers = threading.local()
-        self._reader_connections: list[sqlite3.Connection] = []
+        self._idle_readers: list[sqlite3.Connection] = []  # read connections not in use; see _reading
         self._readers_lock = threading.Lock()
         self._closed = threading.Event()
         self._maintenance_interval = maintenance_interval
@@ -239,8 +239,7 @@ class SqliteStore(Store):
         """versions(keys) and read_many(requests), every bucket with the version its counts are
         at, all in one read transaction (one snapshot of the file)."""
         now = self._clock()
-        db = self._reader()
-        with self._boundary("read"):
+        with self._reading() as db, self._boundary("read"):
             db.execute("BEGIN")
             try:
                 versions = []
@@ -252,18 +251,28 @@ class SqliteStore(Store):
                 _rollback(db)  # a read transaction: nothing to commit
         return versions, read
 
-    def _reader(self) -> sqlite3.Connection:
-        db = getattr(self._readers, "db", None)
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A read connection of this store's pool for the block, opened when none is idle (one
+        per concurrent reader: HTTP serves each connection on a thread of its own, so a
+        connection per thread would pile up), at most _IDLE_READERS kept."""
+        if self._closed.is_set():
+            raise StoreUnavailable(f"The SQLite store {self._path} is closed.")
+        with self._readers_lock:
+            db = self._idle_readers.pop() if self._idle_readers else None
         if db is None:
-            if self._closed.is_set():
-                raise StoreUnavailable(f"The SQLite store {self._path} is closed.")
             with self._boundary("read"):
                 db = _connect(self._path, self._busy_timeout)
                 db.execute("PRAGMA query_only = ON")
+        try:
+            yield db
+        finally:
             with self._readers_lock:
-                self._reader_connections.append(db)
-            self._readers.db = db
-        return db
+                keep = not self._closed.is_set() and len(self._idle_readers) < _IDLE_READERS
+                if keep:
+                    self._idle_readers.append(db)
+            if not keep:
+                db.close()
 
     # --- health and maintenance ------------------------------------------------------------
 
@@ -356,10 +365,10 @@ class SqliteStore(Store):
         self._checkpoint_due.set()
         self._maintenance.join(10)
         with self._readers_lock:
-            for db in self._reader_connections:
+            for db in self._idle_readers:  # those in use close when their read ends
                 with contextlib.suppress(sqlite3.Error):
                     db.close()
-            self._reader_connections.clear()
+            self._idle_readers.clear()
         with self._write_lock:
             with contextlib.suppress(sqlite3.Error):
                 self._writer.close()
