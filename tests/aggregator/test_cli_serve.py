@@ -42,3 +42,18 @@ def test_bad_configs_fail_with_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("veil serve: store: Bad store URL")
     out = check(tmp_path / "missing.toml")
     assert out.returncode == 2 and "cannot read the config file" in out.stderr
+
+
+def test_the_default_sqlite_store_is_checked_never_created(tmp_path):
+    path = tmp_path / "veil.toml"
+    data = config_dict()
+    del data["store"]
+    path.write_text(config_toml(data))
+    out = check(path, "--data-dir", str(tmp_path / "data"))
+    assert out.returncode == 0, out.stderr
+    assert f"store sqlite://{tmp_path}/data/veil.db: usable)" in out.stdout
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "veil.db").write_text("a text file, not a database" * 20)
+    out = check(path, "--data-dir", str(tmp_path / "data"))
+    assert out.returncode == 0 and "not usable (" in out.stdout and "is not a SQLite database" in out.stdout

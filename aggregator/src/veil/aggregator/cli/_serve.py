@@ -62,15 +62,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.check_config:
         inflight_bytes(config)  # a budget no upload fits in is a config error
-        try:
-            store = open_configured_store(config)  # a SQLite store in use by a running aggregator is refused
+        if config.store_url.startswith("sqlite:"):
+            # Checked, never opened: opening would create the file (as whoever runs the check) and
+            # a running aggregator holds its lock.
+            from urllib.parse import unquote, urlsplit
+
+            from ..store._sqlite import check_database
+
+            problem = check_database(unquote(urlsplit(config.store_url).path), full=False, missing_ok=True)
+            reach = "usable" if problem is None else f"not usable ({problem})"
+        else:
             try:
-                store.ping()
-            finally:
-                store.close()
-            reach = "reachable"
-        except StoreError as err:
-            reach = f"not reachable from here ({err})"
+                store = open_configured_store(config)
+                try:
+                    store.ping()
+                finally:
+                    store.close()
+                reach = "reachable"
+            except StoreError as err:
+                reach = f"not reachable from here ({err})"
         print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")
         print(f"access: {_access(config)}" + (f"; {config.processes} worker processes" if config.processes > 1 else ""))
         return 0

@@ -134,6 +134,8 @@ class SqliteStore(Store):
         self._checkpoint_due = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="veil-sqlite-maintenance", daemon=True)
         self._maintenance.start()
+        log.info("SQLite store open", extra={"path": self._path, "schema_version": SCHEMA_VERSION,
+                                             "bytes": os.path.getsize(self._path), "synchronous": "FULL"})
 
     @property
     def path(self) -> str:
@@ -532,10 +534,13 @@ def _lock(path: str) -> int:
 
 def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
     """The writer's connection to a checked file, migrated to SCHEMA_VERSION and in WAL mode."""
-    problem = check_database(path, full=os.path.exists(path) and os.path.getsize(path) <= _QUICK_CHECK_BYTES,
-                             missing_ok=True)
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    problem = check_database(path, full=size <= _QUICK_CHECK_BYTES, missing_ok=True)
     if problem is not None:
         raise StoreError(problem)
+    if size > _QUICK_CHECK_BYTES:
+        log.info("SQLite store too large to check at every start; `veil store check` checks it",
+                 extra={"path": path, "bytes": size})
     try:
         db = _connect(path, busy_timeout)
     except sqlite3.Error as error:
