@@ -199,7 +199,4 @@ def test_a_second_veil_serve_on_the_same_file_is_refused_in_one_sentence(make_ag
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert out.stderr.strip() == (f"veil serve: The SQLite store {tmp_path}/veil.db is in use by another process "
                                   f"(pid {first.pid}): one aggregator serves a SQLite file at a time.")
-    assert first.health() == "SERVING"
-    assert first.terminate() == 0
-    second.start()  # the lock went with the first
-    assert second.health() == "SERVING"
+    assert first.health() == "SERVING"  # (the lock goes with its process: the SIGKILL test restarts on it)
