@@ -72,7 +72,7 @@ def test_an_acknowledged_batch_is_in_an_fsynced_wal(path, opened, rng):
     assert out.stdout.strip() == "1"
 
 
-def test_counts_batch_ids_and_versions_survive_a_reopen(path, rng):
+def test_counts_batch_ids_versions_and_since_survive_a_reopen(path, rng):
     clock = Clock()
     store = SqliteStore(path, clock=clock)
     hour = (key("ünï:{x}", "1h", 3600), int(clock.now) + 600)
@@ -82,6 +82,7 @@ def test_counts_batch_ids_and_versions_survive_a_reopen(path, rng):
     writes = [batch(rappor, key("ünï:{x}"), hour), batch(big, key(fingerprint="fp2")), batch(rappor, key("ünï:{x}"))]
     assert all(store.add(w) for w in writes)
     versions = store.versions([key("ünï:{x}"), hour[0], key(fingerprint="fp2")])
+    assert store.since("m", "fp1", 1000) == 1000 and store.since("m", "fp1", 2000) == 1000
     store.close()
     again = SqliteStore(path, clock=clock)
     try:
@@ -90,6 +91,7 @@ def test_counts_batch_ids_and_versions_survive_a_reopen(path, rng):
         assert again.read(key(fingerprint="fp2"), (3,), 5) == big
         assert again.versions([key("ünï:{x}"), hour[0], key(fingerprint="fp2")]) == versions
         assert [again.add(w) for w in writes] == [False] * 3  # batch ids are kept with their expiry
+        assert again.since("m", "fp1", 3000) == 1000 and again.since("m", "fp2", 3000) == 3000
         clock.now += 601
         assert again.versions([hour[0]]) == [0]  # so is the bucket's
     finally:

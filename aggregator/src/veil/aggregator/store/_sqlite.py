@@ -15,6 +15,7 @@ is ``APPLICATION_ID``, "Veil"):
               weights), batches added, version (drawn at random by each write), expires_at
     counters  one row per bucket and report weight: n, and V_j as a BLOB of k little-endian int64
     batches   one row per batch id counted (metric, id), until expires_ms
+    since     when counting of each metric's spec began (Store.since)
 
 Writes: one connection, one writer at a time. Concurrent ``add`` calls are written together
 (group commit, see _coalesce): whichever caller leads writes every queued batch, of any metric,
@@ -94,6 +95,10 @@ _MIGRATIONS = (
     ) WITHOUT ROWID;
     CREATE INDEX batches_by_expiry ON batches (expires_ms);
     CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+    CREATE TABLE since (
+        metric TEXT NOT NULL, fingerprint TEXT NOT NULL, started INTEGER NOT NULL,
+        PRIMARY KEY (metric, fingerprint)
+    ) WITHOUT ROWID;
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -223,6 +228,22 @@ class SqliteStore(Store):
         for target, before, after, counts in applied:
             self._notify(target, before, after, counts)
         return results
+
+    def since(self, metric: str, fingerprint: str, now: int) -> int:
+        """The time first recorded for this spec, recording `now` (committed) when there is none."""
+        with self._write_lock, self._boundary("since", writing=True):
+            db = self._writer
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT OR IGNORE INTO since (metric, fingerprint, started) VALUES (?, ?, ?)",
+                           (metric, fingerprint, int(now)))
+                started = db.execute("SELECT started FROM since WHERE metric = ? AND fingerprint = ?",
+                                     (metric, fingerprint)).fetchone()[0]
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+        return started
 
     # --- reads -----------------------------------------------------------------------------
 
