@@ -57,3 +57,23 @@ def test_the_default_sqlite_store_is_checked_never_created(tmp_path):
     (tmp_path / "data" / "veil.db").write_text("a text file, not a database" * 20)
     out = check(path, "--data-dir", str(tmp_path / "data"))
     assert out.returncode == 0 and "not usable (" in out.stdout and "is not a SQLite database" in out.stdout
+
+
+def test_veil_store_check_finds_the_default_store_in_the_data_directory(tmp_path, capsys, monkeypatch):
+    from veil.aggregator.cli import main
+    from veil.aggregator.counts import Counts
+    from veil.aggregator.store import BatchWrite, CountsKey, SqliteStore
+
+    monkeypatch.delenv("VEIL_STORE_URL", raising=False)
+    monkeypatch.delenv("VEIL_CONFIG", raising=False)
+    assert main(["store", "check", "--data-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out == f"{tmp_path}/veil.db: NOT OK: There is no SQLite store at {tmp_path}/veil.db.\n"
+    store = SqliteStore(tmp_path / "veil.db")
+    total = CountsKey("browser", "fp", "total", 0)
+    store.add(BatchWrite("browser", b"\x01" * 16, Counts((2,), [7], [[3, 4, 0]]), ((total, None),), 3600))
+    store.close()
+    monkeypatch.setenv("VEIL_DATA_DIR", str(tmp_path))
+    assert main(["store", "check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path}/veil.db: OK" and out[2:] == [
+        "  batch ids: 1 remembered, 0 expired and not yet purged", "  browser [total]: 1 bucket, 7 reports"]

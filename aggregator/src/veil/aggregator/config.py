@@ -84,7 +84,7 @@ from ._errors import ConfigError
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
            "parse_config", "parse_duration", "check_private_file", "token_digest", "is_loopback", "ENV_CONFIG",
-           "ENV_STORE_URL", "ENV_DATA_DIR", "default_data_dir"]
+           "ENV_STORE_URL", "ENV_DATA_DIR", "default_data_dir", "default_store_url"]
 
 ENV_CONFIG = "VEIL_CONFIG"
 ENV_STORE_URL = "VEIL_STORE_URL"
@@ -258,7 +258,9 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "veil"
 
 
-def _default_store_url(data_dir: str | os.PathLike[str] | None) -> str:
+def default_store_url(data_dir: str | os.PathLike[str] | None = None) -> str:
+    """The store of a config without a store URL: SQLite, veil.db in the data directory (data_dir,
+    else $VEIL_DATA_DIR, else default_data_dir())."""
     directory = Path(data_dir or os.environ.get(ENV_DATA_DIR) or default_data_dir()).expanduser().absolute()
     return "sqlite://" + (directory / "veil.db").as_posix()
 
@@ -284,7 +286,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         if name in names[:i]:
             raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
     url = store_url or os.environ.get(ENV_STORE_URL) or (
-        _text(store["url"], "store.url") if "url" in store else _default_store_url(data_dir))
+        _text(store["url"], "store.url") if "url" in store else default_store_url(data_dir))
     base_dir = Path(base) if base is not None else Path.cwd()
     workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)

@@ -26,13 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ENV_CONFIG, ENV_STORE_URL, load_config, parse_config
+    from ..config import ENV_CONFIG, ENV_STORE_URL, default_store_url, load_config
 
     url = args.store or os.environ.get(ENV_STORE_URL)
     if not url and (args.config or os.environ.get(ENV_CONFIG)):
         url = load_config(args.config, data_dir=args.data_dir).store_url
-    if not url:  # the default store of a config without a store URL
-        url = parse_config({"metrics": [{"name": "m", "labels": ["a", "b"]}]}, data_dir=args.data_dir).store_url
+    if not url:
+        url = default_store_url(args.data_dir)
     if url.startswith("sqlite:"):
         return _check_sqlite(url)
     from ..store import StoreError, open_store
