@@ -1,0 +1,49 @@
+// The spec's canonical form and fingerprint (docs/protocol.md, "Fingerprints"): JSON with sorted
+// keys and no spaces, numbers spelled as Python's repr spells them, UTF-8, SHA-256, 32 hex digits.
+
+export interface CanonicalSpec {
+  name: string;
+  labels: readonly string[];
+  mechanism: string;
+  k: number;
+  epsilon: number;
+  period: number;
+  reportsPerPeriod: number;
+}
+
+/** A double as Python's repr() writes it: the shortest digits that read back to the same double,
+ * in fixed notation for decimal exponents -4..15 (with ".0" when there is no fraction), otherwise
+ * d.ddde+XX with a signed exponent of at least two digits. */
+export function pythonFloat(x: number): string {
+  if (!Number.isFinite(x)) throw new RangeError(`${x} has no JSON spelling.`);
+  if (x === 0) return Object.is(x, -0) ? "-0.0" : "0.0";
+  const sign = x < 0 ? "-" : "";
+  // toExponential() without an argument gives the shortest round-trip digits.
+  const [mantissa, exp] = Math.abs(x).toExponential().split("e");
+  const digits = mantissa.replace(".", "");
+  const e = Number(exp);
+  if (e >= -4 && e < 16) {
+    if (e < 0) return `${sign}0.${"0".repeat(-e - 1)}${digits}`;
+    const whole = digits.slice(0, e + 1).padEnd(e + 1, "0");
+    const fraction = digits.slice(e + 1);
+    return `${sign}${whole}.${fraction || "0"}`;
+  }
+  const m = digits.length > 1 ? `${digits[0]}.${digits.slice(1)}` : digits;
+  return `${sign}${m}e${e < 0 ? "-" : "+"}${String(Math.abs(e)).padStart(2, "0")}`;
+}
+
+/** The canonical JSON text of a spec: the text its fingerprint digests. */
+export function canonicalJson(spec: CanonicalSpec): string {
+  // JSON.stringify escapes strings as Python's json.dumps(ensure_ascii=False) does: \" \\ \b \f
+  // \n \r \t, other controls as \u00xx, everything else as itself.
+  const s = JSON.stringify;
+  return `{"epsilon":${pythonFloat(spec.epsilon)},"k":${spec.k},"labels":[${spec.labels.map((l) => s(l)).join(",")}],` +
+    `"mechanism":${s(spec.mechanism)},"name":${s(spec.name)},"period":${spec.period},` +
+    `"reports_per_period":${spec.reportsPerPeriod}}`;
+}
+
+/** The spec's fingerprint: the first 32 hex digits of SHA-256 of its canonical JSON (UTF-8). */
+export async function fingerprint(spec: CanonicalSpec): Promise<string> {
+  const digest = await globalThis.crypto.subtle.digest("SHA-256", new TextEncoder().encode(canonicalJson(spec)));
+  return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("").slice(0, 32);
+}

@@ -1,0 +1,210 @@
+"""Write the wire contract's test vectors (docs/protocol.md) from the Python implementation.
+
+    python proto/vectors.py           # rewrite proto/veil/wire/v1/vectors/*.json
+    python proto/vectors.py --check   # exit 1, naming the files, when they have drifted
+
+Every other implementation (client/js) reads these files and must reproduce them: fingerprints
+of specs, thresholds, reports from given random words, encoded uploads, and estimates from
+counts. Needs the aggregator extra (numpy) for the estimates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from veil.aggregator.counts import Counts
+from veil.aggregator.estimate import estimate
+from veil.client._encoding import encode_batch, uses_bitmaps
+from veil.mechanism import MetricSpec, WordRandomSource
+from veil.wire.v1 import veil_pb2
+
+OUT = Path(__file__).resolve().parent / "veil" / "wire" / "v1" / "vectors"
+
+# Epsilons whose Python repr exercises every branch of the float spelling (docs/protocol.md).
+_AWKWARD_EPSILONS = (1.0, 0.1, 0.30000000000000004, 1 / 3, 2.5, 0.0001, 0.00012345678901234567, 7.0, 19.999999999999996,
+                     20.0, 1e-4 * 3)
+_MECHANISMS = ("subset", "krr", "warner", "rappor", "rappor-admissible")
+
+
+def _spec(mechanism: str, k: int, epsilon: float, **rule) -> MetricSpec:
+    labels = [f"c{j}" for j in range(k)]
+    return MetricSpec.create("m", labels, mechanism, epsilon, **rule)
+
+
+def _spec_json(spec: MetricSpec) -> dict:
+    """The spec as the vectors state it (the canonical fields; labels in full)."""
+    return spec.canonical()
+
+
+def fingerprints() -> list[dict]:
+    cases = []
+    for epsilon in _AWKWARD_EPSILONS:
+        cases.append(_spec("subset", 4, epsilon))
+    cases.append(MetricSpec.create("navigateur", ["Firefox", "Chrome", "Safari", "\u00e9dge \"beta\"", "tab\there",
+                                                  "\u2603 snow", "line\nbreak", "back\\slash", "\u0001ctl"],
+                                   "rappor-admissible", 1.5, period=3600, reports_per_period=3))
+    cases.append(MetricSpec.create("yes_no", ["no", "yes"], "warner", 0.5, period=1, reports_per_period=4294967295,
+                                   period_budget=2.0, lifetime_budget=10.0))
+    cases.append(MetricSpec.create("big", [str(j) for j in range(300)], "krr", 3.0, period=31622400))
+    out = []
+    for spec in cases:
+        canonical = json.dumps(spec.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        out.append({"spec": _spec_json(spec), "canonical_json": canonical, "fingerprint": spec.fingerprint})
+    return out
+
+
+def _thresholds(spec: MetricSpec) -> dict:
+    m = spec.mechanism
+    row = {"gamma": repr(m.gamma), "gamma_hex": m.gamma.hex()}
+    if m.q is not None:
+        row.update(q=m.q, keep_threshold=str(m.keep_threshold))
+    else:
+        row.update(q=0, flip_threshold=str(m.flip_threshold))
+    return row
+
+
+def thresholds() -> list[dict]:
+    out = []
+    for mechanism in _MECHANISMS:
+        for k in ((2,) if mechanism == "warner" else (2, 3, 10, 64, 1024)):
+            for epsilon in _AWKWARD_EPSILONS:
+                spec = _spec(mechanism, k, epsilon)
+                out.append({"mechanism": mechanism, "k": k, "epsilon": epsilon, **_thresholds(spec)})
+    return out
+
+
+def _draw_words(threshold: int, hit: bool) -> list[int]:
+    """Two words whose 64-bit draw lies just below (hit) or at (miss) a threshold."""
+    draw = threshold - 1 if hit else threshold
+    return [draw >> 32, draw & 0xFFFFFFFF]
+
+
+def _randomize_case(spec: MetricSpec, value: int, words: list[int], note: str) -> dict:
+    source = WordRandomSource(words)
+    report = spec.mechanism.randomize(value, source)
+    return {"note": note, "mechanism": spec.mechanism.name, "k": spec.k, "epsilon": spec.mechanism.epsilon,
+            "value": value, "words": words[:source.position], "report": list(report)}
+
+
+def randomize() -> list[dict]:
+    rng = random.Random(19)
+    out = []
+    for mechanism in _MECHANISMS:
+        for k in ((2,) if mechanism == "warner" else (2, 3, 10, 37)):
+            for epsilon in (0.1, 1.0, 1 / 3, 5.0):
+                spec = _spec(mechanism, k, epsilon)
+                for value in sorted({0, k - 1, k // 2}):
+                    words = [rng.getrandbits(32) for _ in range(4 * k + 64)]
+                    out.append(_randomize_case(spec, value, words, "random words"))
+    # Thresholds at their edges: a draw of T - 1 keeps (or flips), a draw of T does not.
+    for mechanism, k in (("subset", 10), ("krr", 5), ("warner", 2)):
+        spec = _spec(mechanism, k, 1.0)
+        t = spec.mechanism.keep_threshold
+        for hit in (True, False):
+            words = _draw_words(t, hit) + [rng.getrandbits(32) for _ in range(4 * k)]
+            out.append(_randomize_case(spec, 1, words, f"keep draw {'T - 1' if hit else 'T'}"))
+    # below(n) rejects a word w when (w * n) mod 2**32 < (2**32 - n) mod n: words 0 are rejected
+    # for every n that is not a power of two.
+    spec = _spec("subset", 7, 1.0)
+    words = _draw_words(spec.mechanism.keep_threshold, True) + [0, 0] + [rng.getrandbits(32) for _ in range(40)]
+    out.append(_randomize_case(spec, 3, words, "below() rejects words 0"))
+    # Admissible RAPPOR redraws all-zeros and all-ones reports: k = 2, true value 0; the first
+    # draw gives all zeros (bit 0 flipped, bit 1 not) or all ones (bit 1 flipped, bit 0 not),
+    # the second flips neither.
+    spec = _spec("rappor-admissible", 2, 1.0)
+    t = spec.mechanism.flip_threshold
+    words = _draw_words(t, True) + _draw_words(t, False) + _draw_words(t, False) + _draw_words(t, False)
+    out.append(_randomize_case(spec, 0, words, "all-zeros report redrawn"))
+    words = _draw_words(t, False) + _draw_words(t, True) + _draw_words(t, False) + _draw_words(t, False)
+    out.append(_randomize_case(spec, 0, words, "all-ones report redrawn"))
+    # Basic RAPPOR sends the all-zeros report as it is.
+    spec = _spec("rappor", 2, 1.0)
+    words = _draw_words(spec.mechanism.flip_threshold, True) + _draw_words(spec.mechanism.flip_threshold, False)
+    out.append(_randomize_case(spec, 0, words, "rappor sends all zeros"))
+    return out
+
+
+def encodings() -> list[dict]:
+    rng = random.Random(1919)
+    out = []
+    batch_id = bytes(range(16))
+    for mechanism, k, epsilon in (("subset", 10, 1.0), ("krr", 32, 1.0), ("krr", 40, 2.0), ("subset", 300, 4.0),
+                                  ("subset", 1024, 1.0), ("warner", 2, 1.0), ("rappor", 9, 2.0),
+                                  ("rappor-admissible", 17, 1.0)):
+        spec = _spec(mechanism, k, epsilon)
+        words = [rng.getrandbits(32) for _ in range(20000)]
+        source = WordRandomSource(words)
+        reports = [spec.mechanism.randomize(v % k, source) for v in range(3)]
+        body = encode_batch(spec, reports, batch_id)
+        message = veil_pb2.UploadRequest.FromString(body)
+        out.append({"spec": _spec_json(spec), "fingerprint": spec.fingerprint,
+                    "encoding": "bitmaps" if uses_bitmaps(spec) else "index_sets", "batch_id": batch_id.hex(),
+                    "reports": [list(r) for r in reports], "upload_hex": body.hex(),
+                    "upload_json": json.loads(json_format.MessageToJson(message))})
+    return out
+
+
+def estimates() -> list[dict]:
+    rng = random.Random(191919)
+    out = []
+    for mechanism, k, epsilon, n, rpd in (("subset", 4, 1.0, 1000, 1), ("krr", 3, 0.5, 50, 1), ("warner", 2, 2.0, 7, 1),
+                                          ("subset", 10, 1.0, 200, 3), ("rappor", 3, 1.0, 500, 1),
+                                          ("rappor-admissible", 4, 2.0, 300, 2), ("krr", 16, 1.0, 5, 1)):
+        spec = _spec(mechanism, k, epsilon)
+        source = WordRandomSource([rng.getrandbits(32) for _ in range(200 * k * n)])
+        weights = spec.mechanism.weight_law().weights
+        row = {t: r for r, t in enumerate(weights)}
+        n_t = [0] * len(weights)
+        v = [[0] * k for _ in weights]
+        for i in range(n):
+            report = spec.mechanism.randomize(min(i % (k + 1), k - 1), source)
+            r = row[len(report)]
+            n_t[r] += 1
+            for j in report:
+                v[r][j] += 1
+        result = estimate(spec.mechanism, Counts(weights, n_t, v), reports_per_device=rpd)
+        out.append({"spec": _spec_json(spec), "weights": list(weights), "n": n_t, "v": v, "reports_per_device": rpd,
+                    "estimate": result.estimate.tolist(), "stderr": result.stderr.tolist(),
+                    "lower": result.lower.tolist(), "upper": result.upper.tolist()})
+    return out
+
+
+_FILES = {"fingerprints.json": fingerprints, "thresholds.json": thresholds, "randomize.json": randomize,
+          "encodings.json": encodings, "estimates.json": estimates}
+
+
+def render() -> dict[str, str]:
+    """Each vector file's text."""
+    return {name: json.dumps({"version": "v1", "vectors": make()}, indent=1, ensure_ascii=False) + "\n"
+            for name, make in _FILES.items()}
+
+
+def drifted() -> list[str]:
+    """Names of vector files that differ from, or are missing beside, what the code makes."""
+    return [name for name, text in render().items()
+            if not (OUT / name).exists() or (OUT / name).read_text(encoding="utf-8") != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 when they drifted")
+    args = parser.parse_args(argv)
+    if args.check:
+        bad = drifted()
+        for name in bad:
+            print(f"drifted: {OUT / name}", file=sys.stderr)
+        return 1 if bad else 0
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (OUT / name).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
