@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium clean help
+.PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium node clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
@@ -42,13 +42,24 @@ chromium:
 	  echo "installing chromium (Debian package)"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# The TypeScript SDK's tests run under Node; install Debian's nodejs and npm where missing.
+node:
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "installing nodejs and npm (Debian packages)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
+
+# client/js: its packages from the lockfile, then built (the Python tests run the built SDK).
+client/js/dist/.built: client/js/package-lock.json $(wildcard client/js/src/*.ts client/js/test/*.ts) | node
+	cd client/js && npm ci --no-audit --no-fund && npm run build
+	touch $@
+
 demo: $(VENV)/.aggregator
 	$(VENV)/bin/veil demo
 
-test: $(VENV)/.dev redis-server chromium
+test: $(VENV)/.dev redis-server chromium client/js/dist/.built
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: $(VENV)/.dev redis-server chromium
+test-all: $(VENV)/.dev redis-server chromium client/js/dist/.built
 	$(PY) -m pytest -q
 
 # Runs bench_randomize.py, bench_client.py, bench_ingest.py and bench_capacity.py (each writes its own JSON), then
@@ -68,5 +79,5 @@ proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check
 
 clean:
-	rm -rf $(VENV) .pytest_cache build dist
+	rm -rf $(VENV) .pytest_cache build dist client/js/node_modules client/js/dist
 	find . -name __pycache__ -prune -exec rm -rf {} +
