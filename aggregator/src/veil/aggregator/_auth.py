@@ -254,22 +254,11 @@ class AccessInterceptor(grpc.ServerInterceptor):
             if handler.response_streaming:
                 return self._bounded(handler, ANONYMOUS, self._probes, self._open_budget)
             return self._read_first(handler, lambda behavior: behavior, self._open_budget)
-        if not self._auth.enabled:
-            identity = ANONYMOUS
-        else:
-            values = [m.value for m in handler_call_details.invocation_metadata or ()
-                      if m.key == "authorization" and isinstance(m.value, str)]
-            identity, problem = self._auth.from_bearer(values)
-            if identity is None:
-                return self._refuse(handler, method, grpc.StatusCode.UNAUTHENTICATED, problem)
-            needed = self._needed(method)
-            if needed is None:
-                return self._refuse(handler, method, grpc.StatusCode.PERMISSION_DENIED,
-                                    f"No token grants {method}.")
-            if needed != "any" and identity.role != needed:
-                return self._refuse(handler, method, grpc.StatusCode.PERMISSION_DENIED,
-                                    f"Token {identity.name!r} is {_a(identity.role)} token; this call needs "
-                                    f"{_a(needed)} token.")
+        values = [m.value for m in handler_call_details.invocation_metadata or ()
+                  if m.key == "authorization" and isinstance(m.value, str)]
+        identity, code, problem = self._identify(method, values)
+        if identity is None:
+            return self._refuse(handler, method, code, problem)
         if method == _UPLOAD:
             return _rebuild(handler, lambda behavior: self._upload(behavior, identity), deserializer=parse_upload,
                             request_streaming=True)
@@ -278,6 +267,43 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if method == _SPECS and identity.role == "upload":
             return self._read_first(handler, lambda behavior: self._scoped_specs(behavior, identity), self._budget)
         return self._read_first(handler, lambda behavior: self._as(behavior, identity), self._budget)
+
+    def _identify(self, method: str, authorization: list[str]) -> tuple[TokenConfig | None, grpc.StatusCode, str]:
+        """Who calls `method` with these authorization values, or None with the refusal's code
+        and message."""
+        if not self._auth.enabled:
+            return ANONYMOUS, grpc.StatusCode.OK, ""
+        identity, problem = self._auth.from_bearer(authorization)
+        if identity is None:
+            return None, grpc.StatusCode.UNAUTHENTICATED, problem
+        needed = self._needed(method)
+        if needed is None:
+            return None, grpc.StatusCode.PERMISSION_DENIED, f"No token grants {method}."
+        if needed != "any" and identity.role != needed:
+            return None, grpc.StatusCode.PERMISSION_DENIED, (f"Token {identity.name!r} is {_a(identity.role)} token; "
+                                                             f"this call needs {_a(needed)} token.")
+        return identity, grpc.StatusCode.OK, ""
+
+    # -- the HTTP listener's calls: the same identities, limits and checks as gRPC's -----------
+
+    def http_upload(self, behavior, authorization: list[str], request, context):
+        """An upload arriving over HTTP (`request` parsed, or its bytes when it does not parse):
+        the gRPC Upload's token, rate limits and checks, then `behavior` (the servicer's Upload).
+        Refusals end in context.abort, as over gRPC."""
+        identity, code, problem = self._identify(_UPLOAD, authorization)
+        if identity is None:
+            self._deny(context, _UPLOAD, code, problem)
+        self._take_upload(identity, context)
+        return self._admit(behavior, request, context, identity)
+
+    def http_specs(self, behavior, authorization: list[str], request, context):
+        """GetMetricSpecs arriving over HTTP: an upload token sees the specs of its metrics only."""
+        identity, code, problem = self._identify(_SPECS, authorization)
+        if identity is None:
+            self._deny(context, _SPECS, code, problem)
+        if identity.role == "upload":
+            return self._scoped_specs(behavior, identity)(request, context)
+        return self._as(behavior, identity)(request, context)
 
     def _read_first(self, handler, wrap: Callable, budget: ByteBudget):
         """A unary-request handler, its behaviour wrapped, whose request is read within the
@@ -337,18 +363,22 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
     def _upload(self, behavior, identity: TokenConfig):
         def upload(requests, context):
-            name = identity.name
-            wait = self._upload_limiter.take(name, 1)
-            if wait > 0:  # before the message is read
-                rate, burst = self._upload_limiter.limit(name)
-                self._rate_limited(context, wait, f"Upload rate limit of token {name!r}: {rate:g} uploads per "
-                                                  f"second, bursts of {burst:g}")
+            self._take_upload(identity, context)  # before the message is read
             reading = _Reading(self, self._budget, requests, context)
             try:
                 return self._admit(behavior, reading.one(), context, identity)
             finally:
                 reading.close()
         return upload
+
+    def _take_upload(self, identity: TokenConfig, context) -> None:
+        """One upload of the token's upload rate, or the refusal with its retry hint."""
+        name = identity.name
+        wait = self._upload_limiter.take(name, 1)
+        if wait > 0:
+            rate, burst = self._upload_limiter.limit(name)
+            self._rate_limited(context, wait, f"Upload rate limit of token {name!r}: {rate:g} uploads per "
+                                              f"second, bursts of {burst:g}")
 
     def _admit(self, behavior, request, context, identity: TokenConfig):
         """The upload's checks once its message is read, then the servicer."""

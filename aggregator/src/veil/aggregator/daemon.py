@@ -55,6 +55,7 @@ from ._budget import ByteBudget
 from ._errors import ConfigError
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig, is_loopback
+from ._http_collector import HttpCollector
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
@@ -183,8 +184,8 @@ class Aggregator:
                      *_GRPC_OPTIONS],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
-        veil_pb2_grpc.add_CollectorServicer_to_server(
-            CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False), self._grpc)
+        collector = CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False)
+        veil_pb2_grpc.add_CollectorServicer_to_server(collector, self._grpc)
         self._estimates = EstimatesService(config, self.live, self._stopping)
         add_estimates_to_server(self._estimates, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
@@ -206,7 +207,8 @@ class Aggregator:
                                           dashboard.pages() if pages is None else pages,
                                           tls=self.tls, authenticator=self.access.authenticator,
                                           max_connections=config.http_max_connections,
-                                          request_timeout=config.http_request_timeout)
+                                          request_timeout=config.http_request_timeout,
+                                          collector=HttpCollector(self.access, collector), upload_bytes=limit)
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)

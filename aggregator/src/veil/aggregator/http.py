@@ -1,5 +1,7 @@
 """The HTTP listener: estimates as JSON, Prometheus metrics, and a health probe.
 
+    GET /v1/specs[?metric=m]              the metric specs (Collector/GetMetricSpecs)
+    POST /v1/upload                       a batch of reports (Collector/Upload; docs/protocol.md)
     GET /v1/estimates                     every metric and window
     GET /v1/estimates/{metric}?window=1h  one metric (and window)
     GET /metrics                          Prometheus text format
@@ -74,11 +76,14 @@ class HttpListener:
 
     def __init__(self, address: str, live: LiveEstimates, registry, healthy: Callable[[], bool],
                  pages: dict[str, tuple[str, Page]] | None = None, *, tls=None, authenticator=None,
-                 max_connections: int = 256, request_timeout: float = 10.0) -> None:
+                 max_connections: int = 256, request_timeout: float = 10.0, collector=None,
+                 upload_bytes: int = 0) -> None:
         host, _, port = address.rpartition(":")
         self._socket = socket.create_server((host.strip("[]"), int(port)), backlog=128,
                                             family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._routes = _Routes(live, registry, healthy, dict(pages or {}), authenticator)
+        self._collector = collector  # _http_collector.HttpCollector, or None: no upload routes
+        self._body_limit = max(64 << 10, upload_bytes)
         self._tls = tls
         self._max_connections = max_connections
         self._timeout = request_timeout
@@ -113,7 +118,7 @@ class HttpListener:
         self._pool.shutdown(wait=False)
 
     async def _serve(self) -> None:
-        app = web.Application(middlewares=[self._deadline], client_max_size=64 << 10)
+        app = web.Application(middlewares=[self._deadline], client_max_size=self._body_limit)
         app.router.add_route("*", "/{path:.*}", self._answer)
         # access_log=None: nothing logged per request (no addresses); keepalive_timeout: idle
         # connections are closed by our deadline first, this is the library's backstop.
@@ -158,13 +163,23 @@ class HttpListener:
                 connection.waiting()
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        if request.method not in ("GET", "HEAD"):
+        path = request.rel_url.raw_path.rstrip("/")
+        authorization = request.headers.getall("Authorization", [])
+        if self._collector is not None and path == "/v1/upload" and request.method == "POST":
+            body = await request.read()  # at most client_max_size, else 413
+            status, content_type, body, headers = await self._loop.run_in_executor(
+                self._pool, self._collector.upload, authorization, request.headers.get("Content-Type", ""), body)
+        elif self._collector is not None and path == "/v1/specs" and request.method in ("GET", "HEAD"):
+            status, content_type, body, headers = await self._loop.run_in_executor(
+                self._pool, self._collector.specs, authorization, request.query.getall("metric", []),
+                request.headers.get("Accept", ""))
+        elif request.method not in ("GET", "HEAD"):
             status, content_type, body, headers = _json(405, {"error": "Only GET and HEAD are served here."},
                                                         {"Allow": "GET, HEAD"})
         else:
             status, content_type, body, headers = await self._loop.run_in_executor(
                 self._pool, self._routes.answer, request.rel_url.raw_path, request.rel_url.raw_query_string,
-                request.headers.getall("Authorization", []))
+                authorization)
         response = web.Response(status=status, body=body, content_type=None,
                                 headers={**_SECURITY_HEADERS, **headers, "Content-Type": content_type})
         if len(body) >= _GZIP_AT_LEAST:

@@ -1,0 +1,118 @@
+"""The Collector over HTTP (docs/protocol.md, section 5): POST /v1/upload and GET /v1/specs.
+
+The same calls as gRPC's, through the same parts: the AccessInterceptor's token, rate limits
+and upload checks (http_upload, http_specs), then the CollectorService itself. Those end a
+refused call with context.abort; here a small context turns that into the HTTP status of the
+documented table, with the retry-after-ms hint as a header (and Retry-After in seconds).
+Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping (the default).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import grpc
+from google.protobuf import json_format
+
+from veil.wire.v1 import veil_pb2
+
+from ._auth import RETRY_AFTER_KEY, AccessInterceptor
+from .decode import parse_upload
+from .service import CollectorService
+
+__all__ = ["HttpCollector", "PROTOBUF", "STATUS"]
+
+PROTOBUF = "application/x-protobuf"
+
+STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 503,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.INTERNAL: 500,
+}
+
+Answer = tuple[int, str, bytes, dict]
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class _Context:
+    """What the servicer and the interceptor use of a gRPC context."""
+
+    def __init__(self) -> None:
+        self.trailers: tuple = ()
+
+    def abort(self, code: grpc.StatusCode, message: str):
+        raise _Refused(code, message)
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailers = tuple(metadata)
+
+    @staticmethod
+    def is_active() -> bool:
+        return True  # the body is read whole before the call; a client that leaves retries the same id
+
+
+def _wants_protobuf(content_type: str) -> bool:
+    return content_type.split(";")[0].strip().lower() == PROTOBUF
+
+
+class HttpCollector:
+    def __init__(self, access: AccessInterceptor, collector: CollectorService) -> None:
+        self._access, self._collector = access, collector
+
+    def upload(self, authorization: list[str], content_type: str, body: bytes) -> Answer:
+        binary = _wants_protobuf(content_type)
+        if binary:
+            request = parse_upload(body)
+        else:
+            try:
+                request = json_format.Parse(body, veil_pb2.UploadRequest())
+            except (json_format.ParseError, UnicodeDecodeError, ValueError, RecursionError):
+                request = body  # the interceptor answers it: not a valid UploadRequest
+        context = _Context()
+        try:
+            response = self._access.http_upload(self._collector.Upload, authorization, request, context)
+        except _Refused as refused:
+            return _refusal(refused, context)
+        if binary:
+            return 200, PROTOBUF, response.SerializeToString(), {}
+        return _json(200, {"accepted": response.accepted, "duplicate": response.duplicate})
+
+    def specs(self, authorization: list[str], metrics: list[str], accept: str) -> Answer:
+        binary = _wants_protobuf(accept)
+        context = _Context()
+        try:
+            response = self._access.http_specs(self._collector.GetMetricSpecs, authorization,
+                                               veil_pb2.GetMetricSpecsRequest(metrics=metrics), context)
+        except _Refused as refused:
+            return _refusal(refused, context)
+        if binary:
+            return 200, PROTOBUF, response.SerializeToString(), {}
+        return 200, "application/json", json_format.MessageToJson(response, indent=None).encode(), {}
+
+
+def _json(status: int, body: dict, headers: dict | None = None) -> Answer:
+    return status, "application/json", json.dumps(body).encode(), headers or {}
+
+
+def _refusal(refused: _Refused, context: _Context) -> Answer:
+    """The refusal as JSON, whatever the request's format: it is for people and logs."""
+    headers = {}
+    for key, value in context.trailers:
+        if key == RETRY_AFTER_KEY:
+            headers[RETRY_AFTER_KEY] = value
+            headers["Retry-After"] = str(math.ceil(int(value) / 1000))
+    if refused.code == grpc.StatusCode.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = 'Bearer realm="veil"'
+    return _json(STATUS.get(refused.code, 500), {"error": refused.message, "code": refused.code.name}, headers)

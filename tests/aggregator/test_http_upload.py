@@ -1,0 +1,153 @@
+"""The Collector over HTTP (POST /v1/upload, GET /v1/specs; docs/protocol.md): the same tokens,
+limits, checks and exactly-once counting as gRPC, over a real aggregator on loopback, with
+binary protobuf and proto3 JSON bodies, and the documented statuses."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.request
+
+import pytest
+from google.protobuf import json_format
+from running import (METRICS, OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, counted, make_upload,
+                     specs_of)
+
+from veil.wire.v1 import veil_pb2
+
+PROTOBUF = "application/x-protobuf"
+
+
+def post(aggregator, body: bytes, content_type: str = PROTOBUF, headers: dict | None = None):
+    """(status, headers, body) of POST /v1/upload."""
+    request = urllib.request.Request(f"http://127.0.0.1:{aggregator.http_port}/v1/upload", data=body, method="POST",
+                                     headers={"Content-Type": content_type, **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, err.read()
+
+
+def get(aggregator, path: str, headers: dict | None = None):
+    request = urllib.request.Request(f"http://127.0.0.1:{aggregator.http_port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, err.read()
+
+
+def as_json(upload: veil_pb2.UploadRequest) -> bytes:
+    return json_format.MessageToJson(upload).encode()
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_uploads_in_both_formats_count_exactly_once(start_aggregator):
+    aggregator = start_aggregator()
+    expected = {}
+    for i, metric in enumerate(m["name"] for m in METRICS):
+        binary = make_upload(metric, 150 + i, seed=i)
+        status, _, body = post(aggregator, binary.SerializeToString())
+        assert status == 200 and veil_pb2.UploadResponse.FromString(body) == veil_pb2.UploadResponse(accepted=150 + i)
+        status, _, body = post(aggregator, as_json(make_upload(metric, 50, seed=100 + i)), "application/json")
+        assert status == 200 and json.loads(body) == {"accepted": 50, "duplicate": False}
+        # The retry of a counted batch (same batch id) is answered as a duplicate and counts nothing.
+        status, _, body = post(aggregator, as_json(binary), "application/json")
+        assert status == 200 and json.loads(body) == {"accepted": 150 + i, "duplicate": True}
+        expected[metric] = 200 + i
+    assert {metric: counted(aggregator, metric) for metric in expected} == expected
+
+
+NO_TOKEN: dict = {}
+
+
+@pytest.mark.parametrize("headers, status, reason", [
+    (NO_TOKEN, 401, "No token"),
+    (bearer("not-a-token-of-this-aggregator-at-all"), 401, "Unknown token"),
+    (bearer(UPLOAD_TOKEN[:-1]), 401, "Unknown token"),
+    ({"Authorization": f"Basic {UPLOAD_TOKEN}"}, 401, "not a bearer token"),
+    (bearer(OTHER_UPLOAD_TOKEN), 403, "Token 'app-b' may not report metric 'browser'"),
+    (bearer(READ_TOKEN), 403, "Token 'dashboard' is a read token; this call needs an upload token"),
+], ids=["no token", "wrong token", "token prefix", "not bearer", "other app's token", "read token"])
+def test_refused_uploads_count_nothing(start_aggregator, headers, status, reason):
+    aggregator = start_aggregator(sections={"auth": auth_section()})
+    answer, got, body = post(aggregator, make_upload("browser", 200).SerializeToString(), headers=headers)
+    assert answer == status and reason in json.loads(body)["error"]
+    assert UPLOAD_TOKEN not in body.decode() and OTHER_UPLOAD_TOKEN not in body.decode()
+    if status == 401:
+        assert got["WWW-Authenticate"] == 'Bearer realm="veil"'
+    assert counted(aggregator, "browser") == 0
+    answer, _, _ = post(aggregator, make_upload("browser", 200).SerializeToString(), headers=bearer(UPLOAD_TOKEN))
+    assert answer == 200 and counted(aggregator, "browser") == 200
+
+
+def test_bad_bodies_stale_specs_and_unknown_metrics_are_refused_with_their_status(start_aggregator):
+    aggregator = start_aggregator(sections={"auth": auth_section()})
+    token = bearer(UPLOAD_TOKEN)
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"
+    assert post(aggregator, garbage)[0] == 401  # never parsed without a token
+    for body, content_type in ((garbage, PROTOBUF), (b"{not json", "application/json"),
+                               (b'{"count": "many"}', "application/json")):
+        status, _, answer = post(aggregator, body, content_type, token)
+        assert (status, json.loads(answer)["code"]) == (400, "INVALID_ARGUMENT")
+    stale = make_upload("browser", 10)
+    stale.spec_fingerprint = "0" * 32
+    status, _, answer = post(aggregator, stale.SerializeToString(), headers=token)
+    assert (status, json.loads(answer)["code"]) == (409, "FAILED_PRECONDITION")
+    unknown = make_upload("browser", 10)
+    unknown.metric = "nope"
+    assert post(aggregator, unknown.SerializeToString(), headers=token)[0] == 409
+    assert counted(aggregator, "browser") == 0
+
+
+def test_a_rate_limited_upload_says_when_to_retry_and_counts_nothing(start_aggregator):
+    aggregator = start_aggregator(max_batch=500, sections={"auth": auth_section(rate_limit=10, rate_burst=500)})
+    token = bearer(UPLOAD_TOKEN)
+    assert post(aggregator, make_upload("browser", 500).SerializeToString(), headers=token)[0] == 200
+    status, headers, body = post(aggregator, make_upload("browser", 500).SerializeToString(), headers=token)
+    assert (status, json.loads(body)["code"]) == (429, "RESOURCE_EXHAUSTED")
+    wait = int(headers["retry-after-ms"])
+    assert wait > 0 and int(headers["Retry-After"]) == -(-wait // 1000)
+    assert counted(aggregator, "browser") == 500
+
+
+def test_specs_over_http_in_json_and_protobuf_scoped_to_the_token(start_aggregator):
+    aggregator = start_aggregator(sections={"auth": auth_section()})
+    status, _, body = get(aggregator, "/v1/specs", bearer(UPLOAD_TOKEN))
+    specs = json_format.Parse(body, veil_pb2.GetMetricSpecsResponse())
+    assert status == 200 and sorted(s.name for s in specs.specs) == ["browser", "os"]
+    status, _, body = get(aggregator, "/v1/specs?metric=os", {**bearer(READ_TOKEN), "Accept": PROTOBUF})
+    specs = veil_pb2.GetMetricSpecsResponse.FromString(body)
+    assert status == 200 and [s.name for s in specs.specs] == ["os"] and specs.max_batch > 0
+    assert specs.specs[0].fingerprint == specs_of(METRICS)["os"].fingerprint
+    assert get(aggregator, "/v1/specs")[0] == 401
+
+
+def test_fuzzed_uploads_count_exactly_what_was_accepted(start_aggregator):
+    # Valid batches with bytes flipped, cut or grown: each is counted whole (200) or refused
+    # whole (400 or 409); nothing else, and the counts are the accepted batches' exactly.
+    aggregator = start_aggregator()
+    rng = random.Random(19)
+    accepted, statuses = 0, set()
+    for i in range(150):
+        body = bytearray(make_upload("os", rng.randrange(1, 40), seed=i).SerializeToString())
+        for _ in range(rng.randrange(1, 4)):
+            kind = rng.randrange(3) if body else 2
+            if kind == 0:
+                body[rng.randrange(len(body))] = rng.randrange(256)
+            elif kind == 1:
+                del body[rng.randrange(len(body)):]
+            else:
+                body += rng.randbytes(rng.randrange(1, 8))
+        status, _, answer = post(aggregator, bytes(body))
+        assert status in (200, 400, 409), (status, answer)
+        statuses.add(status)
+        if status == 200:
+            reply = veil_pb2.UploadResponse.FromString(answer)
+            accepted += 0 if reply.duplicate else reply.accepted
+    assert counted(aggregator, "os") == accepted and {200, 400} <= statuses
