@@ -6,3 +6,4 @@ export {
   type Design, type Mechanism,
 } from "./mechanism.js";
 export { encodeUpload, reportBytes, uploadJson, usesBitmaps } from "./encode.js";
+export { fetchSpecs, uploadBatch, type Endpoint, type Metric, type UploadResult } from "./http.js";
