@@ -187,3 +187,33 @@ def test_the_typescript_sdk_sends_its_token_and_retries_through_a_rate_limit(sta
     limited = aggregator.instruments.registry.get_sample_value("veil_token_reports_rate_limited_total",
                                                                {"token": "app-a"})
     assert limited and limited > 0  # some batches were refused with a hint, then sent again
+
+
+def test_cors_admits_the_configured_origins_only(start_aggregator):
+    aggregator = start_aggregator(cors_origins=["https://app.example.com"])
+    url = f"http://127.0.0.1:{aggregator.http_port}/v1/upload"
+    for origin, allowed in (("https://app.example.com", True), ("https://evil.example.com", False)):
+        preflight = urllib.request.Request(url, method="OPTIONS", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        with urllib.request.urlopen(preflight, timeout=10) as response:
+            assert response.status == 204
+            assert response.headers.get("Access-Control-Allow-Origin") == (origin if allowed else None)
+            if allowed:
+                assert "POST" in response.headers["Access-Control-Allow-Methods"]
+                assert "Authorization" in response.headers["Access-Control-Allow-Headers"]
+        status, headers, _ = post(aggregator, make_upload("os", 5).SerializeToString(), headers={"Origin": origin})
+        assert status == 200 and headers.get("Access-Control-Allow-Origin") == (origin if allowed else None)
+        if allowed:
+            assert "retry-after-ms" in headers["Access-Control-Expose-Headers"]
+    assert counted(aggregator, "os") == 10
+
+
+@pytest.mark.parametrize("origins", ["https://a.example", ["https://a.example/"], ["a.example"], [3]])
+def test_cors_origins_must_be_origins(origins):
+    from veil.aggregator._errors import ConfigError
+    from veil.aggregator.config import parse_config
+    from running import config_dict
+
+    with pytest.raises(ConfigError, match="server.cors_origins"):
+        parse_config(config_dict(cors_origins=origins))

@@ -15,6 +15,7 @@
     max_inflight_bytes = 67108864 # upload bytes read at once (each reserves the largest upload's size); default 64 MiB
     http_max_connections = 256    # HTTP connections at once; more are closed on accept
     http_request_timeout = 10.0   # seconds a connection has for each request's headers (and to read its answer)
+    cors_origins = []             # browser apps' origins that may fetch specs and upload over HTTP (CORS)
     processes = 1                 # worker processes sharing the gRPC port (SO_REUSEPORT); > 1 needs Redis
 
     [store]
@@ -219,6 +220,7 @@ class AggregatorConfig:
     max_inflight_bytes: int | None = None  # None: 64 MiB, or the largest valid upload (daemon.inflight_bytes)
     http_max_connections: int = _DEFAULT_HTTP_CONNECTIONS
     http_request_timeout: float = _DEFAULT_HTTP_REQUEST_TIMEOUT
+    cors_origins: tuple[str, ...] = ()
     processes: int = 1  # worker processes sharing the gRPC port; workers, limits and streams are per process
     tls: TlsConfig | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -275,7 +277,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     store = _table(data, "store")
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
                    "workers", "max_concurrent_rpcs", "max_streams", "max_health_streams", "max_inflight_bytes",
-                   "http_max_connections", "http_request_timeout", "processes"}, "server.")
+                   "http_max_connections", "http_request_timeout", "processes", "cors_origins"}, "server.")
     _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms", "shards"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
@@ -323,6 +325,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
                                     "server.http_max_connections", low=1),
         http_request_timeout=_seconds(server.get("http_request_timeout", _DEFAULT_HTTP_REQUEST_TIMEOUT),
                                       "server.http_request_timeout", above_zero=True),
+        cors_origins=_origins(server.get("cors_origins", [])),
         processes=processes,
         tls=_tls(data, base_dir),
         auth=_auth(data, base_dir, {m.name for m in metrics}, max_batch),
@@ -632,3 +635,12 @@ def _seconds(value: object, key: str, *, above_zero: bool = False) -> float:
         raise ConfigError(f"{key}: expected a number of seconds ({'above' if above_zero else 'at least'} 0), "
                           f"got {value!r}.")
     return float(value)
+
+
+def _origins(value: object) -> tuple[str, ...]:
+    """server.cors_origins: origins as browsers send them (scheme://host[:port], no path)."""
+    if not isinstance(value, list) or not all(isinstance(o, str) and o.count("/") == 2 and "://" in o
+                                              and not o.endswith("/") for o in value):
+        raise ConfigError(f"server.cors_origins: expected a list of origins like \"https://app.example.com\", "
+                          f"got {value!r}.")
+    return tuple(value)

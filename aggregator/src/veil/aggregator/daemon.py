@@ -208,7 +208,8 @@ class Aggregator:
                                           tls=self.tls, authenticator=self.access.authenticator,
                                           max_connections=config.http_max_connections,
                                           request_timeout=config.http_request_timeout,
-                                          collector=HttpCollector(self.access, collector), upload_bytes=limit)
+                                          collector=HttpCollector(self.access, collector), upload_bytes=limit,
+                                          cors_origins=config.cors_origins)
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)

@@ -77,13 +77,14 @@ class HttpListener:
     def __init__(self, address: str, live: LiveEstimates, registry, healthy: Callable[[], bool],
                  pages: dict[str, tuple[str, Page]] | None = None, *, tls=None, authenticator=None,
                  max_connections: int = 256, request_timeout: float = 10.0, collector=None,
-                 upload_bytes: int = 0) -> None:
+                 upload_bytes: int = 0, cors_origins: tuple[str, ...] = ()) -> None:
         host, _, port = address.rpartition(":")
         self._socket = socket.create_server((host.strip("[]"), int(port)), backlog=128,
                                             family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._routes = _Routes(live, registry, healthy, dict(pages or {}), authenticator)
         self._collector = collector  # _http_collector.HttpCollector, or None: no upload routes
         self._body_limit = max(64 << 10, upload_bytes)
+        self._cors_origins = frozenset(cors_origins)
         self._tls = tls
         self._max_connections = max_connections
         self._timeout = request_timeout
@@ -150,6 +151,14 @@ class HttpListener:
         context.sni_callback = current  # called for every handshake, with or without SNI
         return context
 
+    def _cors(self, request: web.Request) -> dict[str, str]:
+        """The CORS headers for a request from one of [server] cors_origins (none for another)."""
+        origin = request.headers.get("Origin", "")
+        if origin not in self._cors_origins:
+            return {}
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
+                "Access-Control-Expose-Headers": "retry-after-ms, Retry-After"}
+
     @web.middleware
     async def _deadline(self, request: web.Request, handler):
         """No deadline while a request is being answered; the next starts when the answer does."""
@@ -165,7 +174,13 @@ class HttpListener:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         path = request.rel_url.raw_path.rstrip("/")
         authorization = request.headers.getall("Authorization", [])
-        if self._collector is not None and path == "/v1/upload" and request.method == "POST":
+        collector_route = self._collector is not None and path in ("/v1/upload", "/v1/specs")
+        cors = self._cors(request) if collector_route else {}
+        if collector_route and request.method == "OPTIONS":  # a browser's CORS preflight
+            status, content_type, body, headers = 204, "text/plain", b"", {
+                **cors, "Access-Control-Allow-Methods": "GET, POST", "Access-Control-Max-Age": "600",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept"} if cors else {}
+        elif self._collector is not None and path == "/v1/upload" and request.method == "POST":
             body = await request.read()  # at most client_max_size, else 413
             status, content_type, body, headers = await self._loop.run_in_executor(
                 self._pool, self._collector.upload, authorization, request.headers.get("Content-Type", ""), body)
@@ -180,6 +195,8 @@ class HttpListener:
             status, content_type, body, headers = await self._loop.run_in_executor(
                 self._pool, self._routes.answer, request.rel_url.raw_path, request.rel_url.raw_query_string,
                 authorization)
+        if collector_route and status != 204:
+            headers = {**headers, **cors}
         response = web.Response(status=status, body=body, content_type=None,
                                 headers={**_SECURITY_HEADERS, **headers, "Content-Type": content_type})
         if len(body) >= _GZIP_AT_LEAST:
