@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from chromium import BrowserError, ensure_chromium
 from running import InProcessAggregators, Pki, ServeProcess
 
 from veil.aggregator.daemon import Aggregator
@@ -37,3 +38,11 @@ def pki(tmp_path_factory) -> Pki:
     """A CA, a server certificate for 127.0.0.1/localhost, a client certificate, and an
     unrelated CA with a client certificate of its own; made for this run, never committed."""
     return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def chromium_binary() -> str:
+    try:
+        return ensure_chromium()
+    except BrowserError as err:
+        pytest.fail(str(err))

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chromium import Browser, BrowserError, ensure_chromium
+from chromium import Browser
 from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict, make_upload,
                      specs_of)
 
@@ -118,14 +118,6 @@ def test_nothing_is_fetched_from_elsewhere_and_no_text_becomes_markup():
 
 
 # ---- the page in Chromium -------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def chromium_binary() -> str:
-    try:
-        return ensure_chromium()
-    except BrowserError as err:
-        pytest.fail(str(err))
-
 
 STATE = """(() => {
   const panels = [...document.querySelectorAll("section.panel")].map((s) => ({
