@@ -217,3 +217,11 @@ def test_cors_origins_must_be_origins(origins):
 
     with pytest.raises(ConfigError, match="server.cors_origins"):
         parse_config(config_dict(cors_origins=origins))
+
+
+def test_a_body_above_the_upload_limit_is_refused_unread_with_413(start_aggregator):
+    from veil.aggregator.daemon import max_message_bytes
+
+    aggregator = start_aggregator()
+    status, _, _ = post(aggregator, b"\x00" * (max_message_bytes(aggregator.config) + 1))
+    assert status == 413 and counted(aggregator, "os") == 0
