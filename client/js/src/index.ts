@@ -7,3 +7,4 @@ export {
 } from "./mechanism.js";
 export { encodeUpload, reportBytes, uploadJson, usesBitmaps } from "./encode.js";
 export { fetchSpecs, uploadBatch, type Endpoint, type Metric, type UploadResult } from "./http.js";
+export { Ledger, MemoryStore, type KeyValueStore, type Rule } from "./ledger.js";
