@@ -265,3 +265,32 @@ def test_cli_series_table_json_csv_and_group(hourly, capsys):
     assert merged["n"] == 1505
     assert main(["estimates", "browser", "--address", address, "--window", "total", "--merged"]) != 0
     assert "no buckets" in capsys.readouterr().err
+
+
+def test_series_and_groups_over_http(hourly):
+    import urllib.error
+    import urllib.request
+
+    aggregator, address, start = hourly
+    base = f"http://127.0.0.1:{aggregator.http_port}"
+
+    def get(path: str) -> dict:
+        return json.load(urllib.request.urlopen(base + path))
+
+    over_http = get(f"/v1/series/browser?window=1h&from={start}&group=chrome,edge")["estimates"]
+    assert [w["n"] for w in over_http] == [600, 5, 0, 900]
+    assert over_http[0]["group"]["labels"] == ["chrome", "edge"]
+    live = [with_group(e, ["chrome", "edge"]).to_json() for e in aggregator.live.series("browser", "1h", start)]
+    assert over_http == json.loads(json.dumps(live))
+    (merged,) = get("/v1/series/browser?window=1h&last=4h&merged=1")["estimates"]
+    assert merged["n"] == 1505
+    (current,) = get("/v1/estimates/browser?window=1h&top=3")["estimates"]
+    assert len(current["group"]["labels"]) == 5  # the 8 categories but the 3 largest
+    top3 = sorted(current["categories"], key=lambda c: -c["estimate"])[:3]
+    assert not {c["label"] for c in top3} & set(current["group"]["labels"])
+    for path, code in [("/v1/series/browser?window=total", 400), ("/v1/series/nope?window=1h", 404),
+                       ("/v1/series/browser?window=1h&from=nan", 400), ("/v1/series/browser?window=1h&last=x", 400),
+                       ("/v1/estimates/browser?group=nope", 404), ("/v1/estimates/browser?top=-1", 400)]:
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(base + path)
+        assert raised.value.code == code, path

@@ -38,7 +38,7 @@ from .estimate import Estimate, GroupEstimate, estimate, group_estimate
 from .store import CountsKey, Store
 
 __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory", "InvalidRange", "estimates_json",
-           "estimand", "with_group", "MAX_BUCKETS"]
+           "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
 
 MAX_BUCKETS = 10_000  # buckets one series or merged range may span: 416 days of hourly buckets
 
@@ -427,6 +427,17 @@ def with_group(e: WindowEstimate, labels: list[str]) -> WindowEstimate:
         return e
     return dataclasses.replace(e, group=group_estimate(spec.mechanism, e.estimate, [index[x] for x in labels],
                                                        tuple(dict.fromkeys(labels))))
+
+
+def with_rest(e: WindowEstimate, top: int) -> WindowEstimate:
+    """The window's estimate with the share of every category outside its `top` largest
+    estimates added as its group (the dashboard's and /metrics's "other"); the same when
+    withheld or when no category is left out."""
+    if e.estimate is None or top >= e.estimate.estimate.size:
+        return e
+    order = np.argsort(-e.estimate.estimate, kind="stable")
+    labels = e.metric.spec.labels
+    return with_group(e, [labels[j] for j in sorted(order[max(top, 0):].tolist())])
 
 
 def duration_text(seconds: int) -> str:
