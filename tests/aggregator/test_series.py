@@ -95,6 +95,13 @@ def test_a_series_is_every_retained_bucket_estimated_as_the_current_one(store):
     # The current bucket is the one current() serves.
     (now,) = live.current("browser", "1h")
     assert (series[-1].start, series[-1].n) == (now.start, now.n)
+    # A past bucket written again (by another aggregator, say) is read again: its version moved.
+    assert live.series("browser", "1h")[-72].n == 400
+    spec = metric.spec.mechanism
+    key = CountsKey(metric.name, metric.spec.fingerprint, "1h", START)
+    assert store.add(BatchWrite(metric.name, os.urandom(16), simulate_counts(spec, np.zeros(7, np.int64)),
+                                ((key, None),), 3600))
+    assert live.series("browser", "1h")[-72].n == 407
     # from/to pick the buckets overlapping [from, to).
     picked = live.series("browser", "1h", START + 4 * HOUR + 1, START + 31 * HOUR)
     assert [e.start for e in picked] == list(range(START + 4 * HOUR, START + 31 * HOUR, HOUR))

@@ -41,6 +41,7 @@ __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory"
            "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
 
 MAX_BUCKETS = 10_000  # buckets one series or merged range may span: 416 days of hourly buckets
+_PAST_KEPT = 1 << 21  # categories of the bucket estimates series() keeps (some 40 bytes each: 80 MB)
 
 log = logging.getLogger("veil.aggregator")
 
@@ -180,6 +181,7 @@ class LiveEstimates:
         self._known: dict[tuple[str, str], tuple[CountsKey, Version, Counts]] = {}
         self._since: dict[tuple[str, str], int] = {}  # (metric, fingerprint) -> Store.since, once known
         self._logged: set[tuple[str, str]] = set()  # (metric, error type) of failed estimates logged
+        self._past: dict[CountsKey, WindowEstimate] = {}  # series(): each bucket's estimate at its version
         self._lock = threading.Lock()
 
     def applied(self, key: CountsKey, before: int | tuple | None, after: int | tuple | None,
@@ -297,22 +299,46 @@ class LiveEstimates:
                ) -> list[WindowEstimate]:
         """The estimate of each retained bucket of a window that overlaps [start, end) (default:
         every retained bucket, the current one included), oldest first, each under the same
-        rules as the current one. Read in one store call (one round trip on Redis)."""
-        m, w, starts, counts, now = self._range(metric, window, start, end)
-        return [self._compute(m, w, b, b + w.span, 0, c, now) for b, c in zip(starts, counts)]
+        rules as the current one.
+
+        Past buckets rarely change, so their estimates are kept with their version: one store
+        call reads every version (one round trip on Redis), a second reads, with their versions,
+        the counts of the buckets whose estimates are not kept at that version."""
+        m, w, starts, now = self._buckets(metric, window, start, end)
+        keys = [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts]
+        versions = self._store.versions(keys) if keys else []
+        found: list[WindowEstimate | None] = []
+        for key, version in zip(keys, versions):
+            held = self._past.get(key)
+            fresh = held is not None and held.version == version and (
+                not held.n or held.reports_per_device == self._reports_per_device(m, w, key.bucket,
+                                                                                  key.bucket + w.span, now))
+            found.append(held if fresh else None)
+        stale = [i for i, e in enumerate(found) if e is None]
+        read = self._store.versioned_read((), [self._request(m, keys[i]) for i in stale])[1] if stale else []
+        for i, (version, counts) in zip(stale, read):
+            found[i] = self._compute(m, w, starts[i], starts[i] + w.span, version, counts, now)
+        with self._lock:
+            if len(self._past) + len(stale) > _PAST_KEPT // m.spec.mechanism.k:
+                self._past.clear()  # buckets age out; forgetting them all now and then bounds the memory
+            self._past.update((keys[i], found[i]) for i in stale)
+        return found  # type: ignore[return-value]
 
     def merged(self, metric: str, window: str, start: float | None = None, end: float | None = None
                ) -> WindowEstimate:
         """One estimate of the buckets series() gives, their counts added (exactly: 7 daily
         buckets give the 7-day estimate), its reports_per_device that of the whole range."""
-        m, w, starts, counts, now = self._range(metric, window, start, end)
+        m, w, starts, now = self._buckets(metric, window, start, end)
         if not starts:
             raise InvalidRange(f"No retained {w.name} bucket of {m.name} overlaps that range.")
+        counts = self._store.read_many([self._request(m, CountsKey(m.name, m.spec.fingerprint, w.name, b))
+                                        for b in starts])
         total = Counts(counts[0].weights, sum(c.n for c in counts), sum(c.v for c in counts))
         return self._compute(m, w, starts[0], starts[-1] + w.span, 0, total, now, buckets=len(starts))
 
-    def _range(self, metric: str, window: str, start: float | None, end: float | None
-               ) -> tuple[MetricConfig, Window, list[int], list[Counts], float]:
+    def _buckets(self, metric: str, window: str, start: float | None, end: float | None
+                 ) -> tuple[MetricConfig, Window, list[int], float]:
+        """The metric, window, starts of the retained buckets overlapping [start, end), and now."""
         pairs = self.select(metric, window)
         if not metric or not window:
             raise InvalidRange("A range names one metric and one window.")
@@ -330,9 +356,7 @@ class LiveEstimates:
         starts = list(range(first, last + 1, span))
         if len(starts) > MAX_BUCKETS:
             raise InvalidRange(f"That range holds {len(starts)} {w.name} buckets; ask for at most {MAX_BUCKETS}.")
-        keys = [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts]
-        counts = self._store.read_many([self._request(m, key) for key in keys]) if keys else []
-        return m, w, starts, counts, now
+        return m, w, starts, now
 
     @staticmethod
     def _shape(metric: MetricConfig) -> tuple[tuple[int, ...], int]:
