@@ -3,6 +3,7 @@ spec, a store-up gauge, process and platform collectors, and promtool's lint cle
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
 import time
@@ -116,3 +117,10 @@ def test_metrics_of_a_running_aggregator_have_process_and_platform_and_lint_clea
     assert "process_resident_memory_bytes" in families and "python_info" in families
     assert {s.labels["metric"] for s in families["veil_metric_info"].samples} >= {"browser", "os"}
     assert promtool_lint(text) == ""
+    # Prometheus asks for gzip (Accept-Encoding): the same exposition, compressed.
+    request = urllib.request.Request(f"http://127.0.0.1:{aggregator.http_port}/metrics",
+                                     headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        unzipped = gzip.decompress(response.read()).decode()
+    assert {f.name for f in text_string_to_metric_families(unzipped)} == set(families)

@@ -175,7 +175,9 @@ def test_a_group_of_one_is_the_category_and_of_all_has_no_spread():
     counts = simulate_counts(spec, np.random.default_rng(1).integers(0, 16, 5000))
     e = estimate(spec, counts, reports_per_device=2)
     one = group_estimate(spec, e, [3])
-    assert (one.estimate, one.stderr, one.lower, one.upper) == (e.estimate[3], e.stderr[3], e.lower[3], e.upper[3])
+    # The same numbers up to rounding (group_moments sums the hypergeometric terms its own way).
+    assert (one.estimate, one.stderr, one.lower, one.upper) == pytest.approx(
+        (e.estimate[3], e.stderr[3], e.lower[3], e.upper[3]), rel=1e-12, abs=1e-15)
     everything = group_estimate(spec, e, range(16))
     assert everything.estimate == pytest.approx(1.0) and everything.stderr < 1e-6
 

@@ -315,7 +315,8 @@ class LiveEstimates:
                                                                                   key.bucket + w.span, now))
             found.append(held if fresh else None)
         stale = [i for i, e in enumerate(found) if e is None]
-        read = self._store.versioned_read((), [self._request(m, keys[i]) for i in stale])[1] if stale else []
+        shape = self._shape(m)
+        read = self._store.versioned_read((), [(keys[i], *shape) for i in stale])[1] if stale else []
         for i, (version, counts) in zip(stale, read):
             found[i] = self._compute(m, w, starts[i], starts[i] + w.span, version, counts, now)
         with self._lock:
@@ -331,8 +332,8 @@ class LiveEstimates:
         m, w, starts, now = self._buckets(metric, window, start, end)
         if not starts:
             raise InvalidRange(f"No retained {w.name} bucket of {m.name} overlaps that range.")
-        counts = self._store.read_many([self._request(m, CountsKey(m.name, m.spec.fingerprint, w.name, b))
-                                        for b in starts])
+        shape = self._shape(m)
+        counts = self._store.read_many([(CountsKey(m.name, m.spec.fingerprint, w.name, b), *shape) for b in starts])
         total = Counts(counts[0].weights, sum(c.n for c in counts), sum(c.v for c in counts))
         return self._compute(m, w, starts[0], starts[-1] + w.span, 0, total, now, buckets=len(starts))
 
