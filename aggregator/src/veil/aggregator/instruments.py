@@ -3,7 +3,7 @@
 The estimates are bounded: per metric and window, the metrics_top categories with the largest
 estimates (a category keeps its series while it stays among them), and the rest as one group
 (veil_estimate_rest, with its own standard error): at k = 1024, 3 windows and the default 50,
-3 x (2 x 50 + 2 + 1) = 309 estimate series instead of 6,147.
+3 x (2 x 50 + 2) = 306 estimate series instead of 6,144.
 
 Everything lives on a registry passed in (a fresh CollectorRegistry by default), never on the
 process-global one, so two aggregators in one process, or a test, never share series.
