@@ -408,10 +408,12 @@ def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_
             # Search by label: the matches, no "other".
             page.evaluate("(() => { const s = document.getElementById('search'); s.value = '-000';"
                           " s.dispatchEvent(new Event('input')); })()")
-            page.wait_for("[...document.querySelectorAll('section.panel g.bar')].every("
+            page.wait_for("[...document.querySelectorAll('section.panel g.bar, section.trend g.series')].every("
                           "(g) => g.dataset.label.includes('-000'))", timeout=10)
             found = page.evaluate(TREND_STATE)
             assert all(len(p["labels"]) == 10 and p["rest"] is None for p in found["panels"])  # 0000..0009
+            lines = found["trends"][0]["series"]
+            assert len(lines) == 5 and lines[0] == "country-0000" and all("-000" in label for label in lines)
             page.screenshot(tmp_path / "dashboard-k1024-search.png")
             # A 420 px phone: nothing wider than the screen, still short.
             phone = browser.open(url, width=420, height=900)
