@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium node clean help
+.PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium node promtool clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
@@ -37,6 +37,12 @@ redis-server:
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
 
 # The dashboard test drives headless Chromium; install Debian's where it is missing.
+# promtool (Debian's prometheus package) checks the /metrics text in the tests.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing promtool (Debian package prometheus)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing chromium (Debian package)"; \
@@ -56,10 +62,10 @@ client/js/dist/.built: client/js/package-lock.json $(wildcard client/js/src/*.ts
 demo: $(VENV)/.aggregator
 	$(VENV)/bin/veil demo
 
-test: $(VENV)/.dev redis-server chromium client/js/dist/.built
+test: $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: $(VENV)/.dev redis-server chromium client/js/dist/.built
+test-all: $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -q
 
 # Runs bench_randomize.py, bench_client.py, bench_ingest.py and bench_capacity.py (each writes its own JSON), then

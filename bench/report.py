@@ -52,7 +52,7 @@ from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, progress, write_results
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 BENCHMARKS = {"randomize": "bench_randomize.py", "client": "bench_client.py", "ingest": "bench_ingest.py",
-              "capacity": "bench_capacity.py"}
+              "capacity": "bench_capacity.py", "series": "bench_series.py"}
 LATEST, PLOT = "latest.json", "throughput.png"
 # The README's performance table sits between these lines; --update-readme replaces what is between.
 README_BEGIN = "<!-- bench/report.py --markdown: begin -->"
@@ -68,6 +68,8 @@ SMALL_UPLOADS_GOAL = 25_000  # uploads/s of 10-report uploads
 SQLITE_SMALL_RATIO_GOAL = 0.8  # SQLite's 10-report uploads/s over Redis's, same run: within 20% (issue 14)
 GET_P99_GOAL_MS = 5.0  # Estimates.Get p99 at k = 1024 with 3 windows
 CLIENT_KS = (16, 128, 1024)  # report() median and p99 published for these k
+SERIES_P99_GOAL_MS = 50.0  # issue 16: 720 hourly buckets at k = 1024, each estimated
+MERGED_P99_GOAL_MS = 10.0  # issue 16: a 7-day merged estimate at k = 1024
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -321,13 +323,27 @@ def client_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
     return entries
 
 
+def series_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str, Any]]:
+    entries = []
+    stores = ("memory", "redis") if data is None else data["settings"]["stores"]
+    for store in stores:
+        for name, goal, text in (("series_720_hourly", SERIES_P99_GOAL_MS, "a series of 720 hourly buckets"),
+                                 ("merged_7_daily", MERGED_P99_GOAL_MS, "a 7-day merged estimate")):
+            row = None if data is None else data["series"].get(store, {}).get(name)
+            entries.append(target(f"{text} p99, k=1024, {store}", f"{text} at k = 1024 answers (p99)", "<=", goal,
+                                  "ms", store, None if row is None else row["p99_ms"], file,
+                                  None if row is None else f"series.{store}.{name}.p99_ms"))
+    return entries
+
+
 def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[str, Any]]:
     def file(name: str) -> str | None:
         return sources[name]["file"] if name in results else None
 
     return (randomize_targets(results.get("randomize"), file("randomize"))
             + ingest_targets(results.get("ingest"), file("ingest"))
-            + client_targets(results.get("client"), file("client")))
+            + client_targets(results.get("client"), file("client"))
+            + series_targets(results.get("series"), file("series")))
 
 
 def grouped(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -770,7 +786,7 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
                 command += ["--ks", *map(str, args.ks)]
             if args.epsilons and name != "capacity":  # capacity measures epsilon = 1 only
                 command += ["--epsilons", *(f"{e:g}" for e in args.epsilons)]
-        if name in ("ingest", "capacity") and args.stores:
+        if name in ("ingest", "capacity", "series") and args.stores:
             command += ["--stores", *args.stores]
         progress(f"=== {name}: {shlex.join(command)}")
         started = time.perf_counter()

@@ -144,7 +144,7 @@ def veil_argv(argv: list[str]):
 def test_deploy_has_the_expected_files():
     for name in ("README.md", ".gitignore", "make-secrets.sh", "compose.yaml", "docker/Dockerfile",
                  "docker/Dockerfile.dockerignore", "docker/veil.toml", "docker/constraints.txt",
-                 "prometheus/prometheus.yml", "kubernetes/kustomization.yaml", "kubernetes/aggregator.yaml",
+                 "prometheus/prometheus.yml", "grafana/veil-dashboard.json", "kubernetes/kustomization.yaml", "kubernetes/aggregator.yaml",
                  "kubernetes/redis.yaml", "kubernetes/veil.toml", "kubernetes/secret.env.example",
                  "kubernetes-cluster/kustomization.yaml", "kubernetes-cluster/redis-cluster.yaml",
                  "kubernetes-cluster/hpa.yaml", "kubernetes-cluster/veil.toml", "kubernetes-cluster/secret.env.example",
@@ -941,3 +941,56 @@ def test_the_cluster_config_and_secret_name_the_cluster_s_nodes_and_shards_over_
     shards = config.store_options["shards"]
     assert shards % 3 == 0 and shards <= MAX_SHARDS  # the same number on every master
     assert config.store_options["wait_replicas"] == 1
+
+
+# --- the Grafana dashboard ----------------------------------------------------------------------
+
+GRAFANA = DEPLOY / "grafana" / "veil-dashboard.json"
+
+
+def grafana_queries() -> list[str]:
+    """Every PromQL expression of the dashboard (panels and template variables), its variables
+    replaced by values, as Grafana would."""
+    board = json.loads(GRAFANA.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]["query"]
+            exprs.append(re.fullmatch(r"label_values\((.*), \w+\)", query).group(1))
+    values = {"$metric": "browser", "$window": "1h", "$category": "chrome|edge", "$job": "veil"}
+    return [re.sub(r"\$\w+", lambda m: values[m.group(0)], e) for e in exprs]
+
+
+def test_the_grafana_dashboard_is_valid_promql_over_metrics_the_aggregator_serves(tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from veil.aggregator.config import parse_config
+    from veil.aggregator.daemon import _exported_registry
+    from veil.aggregator.instruments import Instruments
+    from veil.aggregator.live import LiveEstimates
+    from veil.aggregator.store import MemoryStore
+
+    board = json.loads(GRAFANA.read_text())
+    assert board["uid"] and len({p["id"] for p in board["panels"]}) == len(board["panels"])
+    queries = grafana_queries()
+    # promtool parses each expression (as a recording rule) like Prometheus would.
+    rules = {"groups": [{"name": "grafana", "rules": [{"record": f"veil:q{i}", "expr": e}
+                                                         for i, e in enumerate(queries)]}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: `make promtool` installs Debian's prometheus package"
+    done = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Every series name it asks for is one the aggregator's /metrics has.
+    config = parse_config({"store": {"url": "memory"}, "metrics": [
+        {"name": "browser", "labels": ["chrome", "edge"], "mechanism": "subset", "epsilon": 1.0}]})
+    instruments = Instruments()
+    instruments.uploads.labels("browser", "accepted").inc()  # labelled series appear once used
+    instruments.upload_seconds.labels("browser").observe(0.001)
+    registry = _exported_registry(config, instruments, LiveEstimates(config, MemoryStore()))
+    served = {s.name for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    served |= {"veil_estimate", "veil_estimate_stderr", "veil_estimate_rest", "veil_estimate_rest_stderr"}  # n = 0
+    asked = {name for e in queries for name in re.findall(r"\b((?:veil|process)_[a-z_]+)\b", e)}
+    assert asked and asked <= served, asked - served

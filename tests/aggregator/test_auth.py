@@ -132,14 +132,17 @@ def test_an_upload_token_reports_only_its_metrics_and_sees_only_their_specs(secu
         assert error.code() == UNAUTHENTICATED
 
 
-def test_estimates_need_a_read_token_for_get_and_watch(secured):
+def test_estimates_need_a_read_token_for_get_watch_and_series(secured):
     collector, estimates = stubs(secured)
     collector.Upload(make_upload("os", 300), metadata=bearer(UPLOAD_TOKEN), timeout=10)
     request, watch = veil_pb2.EstimatesRequest(metric="os"), veil_pb2.WatchRequest(metric="os")
+    series = veil_pb2.SeriesRequest(metric="browser", window="1h")
     for metadata, code in ((NO_TOKEN, UNAUTHENTICATED), (bearer(WRONG_TOKEN), UNAUTHENTICATED),
                            (bearer(UPLOAD_TOKEN), PERMISSION_DENIED)):
         assert refused(estimates.Get, request, metadata=metadata, timeout=10).code() == code
         assert refused(estimates.Watch, watch, metadata=metadata, timeout=10).code() == code
+        assert refused(estimates.Series, series, metadata=metadata, timeout=10).code() == code
+    assert estimates.Series(series, metadata=bearer(READ_TOKEN), timeout=10).estimates[-1].metric == "browser"
     error = refused(estimates.Get, request, metadata=bearer(UPLOAD_TOKEN), timeout=10)
     assert "Token 'app-a' is an upload token; this call needs a read token" in error.details()
     response = estimates.Get(request, metadata=bearer(READ_TOKEN), timeout=10)
@@ -172,7 +175,8 @@ def http_get(aggregator, path: str, token: str | None = None, scheme: str = "Bea
         return err.code, dict(err.headers), err.read()
 
 
-@pytest.mark.parametrize("path", ["/v1/estimates", "/v1/estimates/os?window=total", "/metrics"])
+@pytest.mark.parametrize("path", ["/v1/estimates", "/v1/estimates/os?window=total", "/v1/series/browser?window=1h",
+                                  "/metrics"])
 def test_http_estimates_and_metrics_need_a_read_token(secured, path):
     stubs(secured)[0].Upload(make_upload("os", 300), metadata=bearer(UPLOAD_TOKEN), timeout=10)
     for token, scheme in ((None, "Bearer"), (WRONG_TOKEN, "Bearer"), (READ_TOKEN, "Basic")):
@@ -183,7 +187,9 @@ def test_http_estimates_and_metrics_need_a_read_token(secured, path):
     assert status == 403 and "insufficient_scope" in headers["WWW-Authenticate"] and b"app-a" in body
     status, _, body = http_get(secured, path, READ_TOKEN)
     assert status == 200
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/series/"):
+        assert json.loads(body)["estimates"][-1]["metric"] == "browser"
+    elif path.startswith("/v1/"):
         assert {e["metric"]: e["n"] for e in json.loads(body)["estimates"] if e["window"] == "total"}["os"] == 300
     else:
         assert b'veil_window_reports{metric="os",window="total"} 300.0' in body

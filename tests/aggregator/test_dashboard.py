@@ -165,7 +165,9 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
                 continue
             spec = SPECS[name]
             assert not panel["withheld"] and panel["n"] == 400 and panel["zeros"] == 1
-            assert [b["label"] for b in panel["bars"]] == list(spec.labels)
+            # Every category (fewer than the default top 10), largest estimate first.
+            assert sorted(b["label"] for b in panel["bars"]) == sorted(spec.labels)
+            assert [b["estimate"] for b in panel["bars"]] == sorted((b["estimate"] for b in panel["bars"]), reverse=True)
             assert panel["estimand"].startswith("Estimates the share of ") and "period" in panel["estimand"]
             for bar in panel["bars"]:
                 # Score intervals are clipped to [0, 1]: an estimate below 0 has its interval from 0.
@@ -173,11 +175,12 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
                 assert bar["label"] in bar["title"] and "95% interval" in bar["title"] and "%" in bar["title"]
         # Labels are text: shown verbatim (the long one shortened), and nothing of them ran.
         hostile = panels[(HOSTILE["name"], "total")]["bars"]
-        assert [b["label"] for b in hostile] == HOSTILE["labels"]
+        assert sorted(b["label"] for b in hostile) == sorted(HOSTILE["labels"])
         for bar in hostile:
             if bar["text"] != bar["label"]:  # shortened: a prefix, then an ellipsis
                 assert bar["text"].endswith("\u2026") and bar["label"].startswith(bar["text"][:-1])
-        assert [b["text"] == b["label"] for b in hostile] == [False, True, True, False]
+        shortened = {b["label"]: b["text"] != b["label"] for b in hostile}
+        assert [shortened[label] for label in HOSTILE["labels"]] == [True, False, False, True]
         assert first["pwned"] is None and first["images"] == 0
         assert any(b["estimate"] < 0 for p in first["panels"] for b in p["bars"])  # drawn left of zero
         page.screenshot(tmp_path / "dashboard-first.png")
@@ -330,3 +333,85 @@ def test_only_a_read_token_opens_the_page(secured, browser):
     submit(page, "short token")  # not a token's shape: nothing is sent
     page.wait_for("document.getElementById('token-reason').textContent.startsWith('A token is 16 or more')")
     assert_token_kept_out_of_sight(page, page.evaluate(TOKEN_STATE), UPLOAD_TOKEN, "not-a-token-of-this-aggregator")
+
+
+# ---- k = 1024, trends over past buckets, a phone -------------------------------------------------
+
+BIG = {"name": "country", "labels": [f"country-{j:04d}" for j in range(1024)], "mechanism": "subset",
+       "epsilon": 2.0, "windows": ["total", {"span": "1h", "retention": "3d"}]}
+
+TREND_STATE = """(() => ({
+  trends: [...document.querySelectorAll("section.trend")].map((s) => ({
+    metric: s.dataset.metric, window: s.dataset.window, buckets: Number(s.dataset.buckets),
+    withheld: Number(s.dataset.withheld), gaps: s.querySelectorAll("rect.withheld-bucket").length,
+    series: [...s.querySelectorAll("g.series")].map((g) => g.dataset.label),
+    lines: [...s.querySelectorAll("g.series path.line")].filter((p) => p.getAttribute("d").length > 10).length,
+    bands: [...s.querySelectorAll("g.series path.band")].filter((p) => p.getAttribute("d").includes("Z")).length,
+    estimand: s.querySelector(".estimand")?.textContent ?? ""})),
+  panels: [...document.querySelectorAll("section.panel")].map((s) => ({
+    window: s.dataset.window, labels: [...s.querySelectorAll("g.bar")].map((g) => g.dataset.label),
+    estimates: [...s.querySelectorAll("g.bar")].map((g) => Number(g.dataset.estimate)),
+    rest: s.querySelector("g.bar.rest")?.dataset.count ?? null,
+    restLower: Number(s.querySelector("g.bar.rest")?.dataset.lower),
+    restUpper: Number(s.querySelector("g.bar.rest")?.dataset.upper)})),
+  height: document.documentElement.scrollHeight, width: document.documentElement.scrollWidth,
+}))()"""
+
+
+def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_binary, tmp_path):
+    base = int(time.time()) // 3600 * 3600 - 40 * 3600  # 41 hourly buckets, the last the current one
+    clock = {"now": base}
+    config = config_dict()
+    config["metrics"] = [BIG]
+    config["server"]["min_n"] = 100
+    aggregator = Aggregator(parse_config(config), store=MemoryStore(), pages=dashboard.pages(),
+                            clock=lambda: clock["now"])
+    aggregator.start()
+    spec = specs_of([BIG])["country"]
+    rng = random.Random(5)
+    weights = [1.0 / (j + 1) ** 1.2 for j in range(1024)]
+    try:
+        for h in range(41):
+            if h in (7, 8, 30):
+                continue  # no reports: withheld
+            clock["now"] = base + h * 3600 + 60
+            n = 40 if h == 20 else 3000  # under min_n: withheld too
+            source = SeededRandomSource(h)
+            reports = [spec.mechanism.randomize(v, source) for v in rng.choices(range(1024), weights=weights, k=n)]
+            request = veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, rng.randbytes(16)))
+            collector(f"127.0.0.1:{aggregator.grpc_port}").Upload(request, timeout=10)
+        url = f"http://127.0.0.1:{aggregator.http_port}/"
+        with Browser(chromium_binary, tmp_path) as browser:
+            page = browser.open(url)
+            page.wait_for("document.querySelectorAll('section.trend g.series').length === 5 "
+                          "&& document.querySelectorAll('g.bar.rest').length === 2", timeout=20)
+            state = page.evaluate(TREND_STATE)
+            (trend,) = state["trends"]
+            # The default range, 48 buckets: 7 before the first report, 3 without any, 1 under min_n.
+            assert (trend["metric"], trend["window"], trend["buckets"]) == ("country", "1h", 48)
+            assert trend["withheld"] == trend["gaps"] == 11 and trend["lines"] == 5 and trend["bands"] == 5
+            assert trend["series"][0] == "country-0000" and trend["estimand"].startswith("Each bucket estimates the share of ")
+            for panel in state["panels"]:
+                assert len(panel["labels"]) == 11 and panel["labels"][-1] == "other" and panel["rest"] == "1014"
+                assert panel["estimates"][:10] == sorted(panel["estimates"][:10], reverse=True)
+                assert 0 <= panel["restLower"] < panel["estimates"][-1] < panel["restUpper"] <= 1
+            assert state["height"] < 2500  # was 18,261 px with every category drawn
+            page.screenshot(tmp_path / "dashboard-k1024.png")
+            # Search by label: the matches, no "other".
+            page.evaluate("(() => { const s = document.getElementById('search'); s.value = '-000';"
+                          " s.dispatchEvent(new Event('input')); })()")
+            page.wait_for("[...document.querySelectorAll('section.panel g.bar, section.trend g.series')].every("
+                          "(g) => g.dataset.label.includes('-000'))", timeout=10)
+            found = page.evaluate(TREND_STATE)
+            assert all(len(p["labels"]) == 10 and p["rest"] is None for p in found["panels"])  # 0000..0009
+            lines = found["trends"][0]["series"]
+            assert len(lines) == 5 and lines[0] == "country-0000" and all("-000" in label for label in lines)
+            page.screenshot(tmp_path / "dashboard-k1024-search.png")
+            # A 420 px phone: nothing wider than the screen, still short.
+            phone = browser.open(url, width=420, height=900)
+            phone.wait_for("document.querySelectorAll('section.trend g.series').length === 5", timeout=20)
+            small = phone.evaluate(TREND_STATE)
+            assert small["width"] <= 420 and small["height"] < 4000
+            phone.screenshot(tmp_path / "dashboard-k1024-phone.png", width=420)
+    finally:
+        aggregator.stop(grace=0)

@@ -86,8 +86,11 @@ def test_quick_run_writes_every_benchmark_and_the_combined_results(quick_run):
     assert capacity["exact_counts"]["ok"] is True and capacity["exact_counts"]["checks"] > 0
     assert {row["store"] for row in capacity["rows"]} == {"memory", "redis"}
     assert {name for name in capacity["checks"]} == {"efficiency_memory", "efficiency_redis"}
+    series = json.loads((directory / "series.json").read_text())
+    assert set(series["series"]) == {"memory", "redis"} and series["settings"]["quick"] is True
+    assert series["series"]["redis"]["series_720_hourly"]["buckets"] == 721
 
-    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity"}
+    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity", "series"}
     assert latest["benchmarks"]["ingest"] == ingest  # each benchmark's results as it wrote them
     assert latest["quick"] is True and latest["summary"]["ok"] is True and not latest["problems"]
     assert latest["machine"]["cpu_count"] >= 1 and latest["machine"]["python"]

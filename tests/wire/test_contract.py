@@ -50,7 +50,7 @@ def test_services_and_mechanisms_match_the_mechanism_package():
     assert names == set(MECHANISMS)
     service = veil_pb2.DESCRIPTOR.services_by_name
     assert set(service["Collector"].methods_by_name) == {"GetMetricSpecs", "Upload"}
-    assert set(service["Estimates"].methods_by_name) == {"Get", "Watch"}
+    assert set(service["Estimates"].methods_by_name) == {"Get", "Watch", "Series"}
     assert service["Estimates"].methods_by_name["Watch"].server_streaming
     assert callable(veil_pb2_grpc.add_CollectorServicer_to_server)
     assert hasattr(grpc, "server")

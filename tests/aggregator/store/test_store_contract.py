@@ -176,3 +176,19 @@ def test_since_keeps_the_first_time_per_metric_and_spec(store):
     assert store.since("browser", "fp-b", 1_800_000_700) == 1_800_000_700  # another spec starts anew
     assert store.since("os", "fp-a", 1_800_000_900) == 1_800_000_900
     assert store.since("browser", "fp-a", 1_700_000_000) == 1_800_000_000  # not even backwards
+
+
+def test_read_many_reads_a_series_of_buckets_as_read_does(store, rng):
+    # The range reads of the series endpoints: 720 hourly buckets at k = 1024 in one call, the
+    # buckets never written (or dropped) as zeros, each exactly what read() gives.
+    weights, k = (5,), 1024
+    places = [key(window="1h", bucket=3600 * i) for i in range(720)]
+    written = {0: random_counts(weights, k, rng), 17: random_counts(weights, k, rng), 719: random_counts(weights, k, rng)}
+    for i, counts in written.items():
+        assert store.add(batch(counts, places[i]))
+    got = store.read_many([(place, weights, k) for place in places])
+    assert len(got) == 720
+    zeros = Counts(weights, [0], [[0] * k])
+    assert [got[i] for i in written] == list(written.values())
+    assert all(c == zeros for i, c in enumerate(got) if i not in written)
+    assert got[17] == store.read(places[17], weights, k)

@@ -3,7 +3,7 @@
     Collector/GetMetricSpecs   an upload token (answered with the specs of its metrics only)
                                or a read token (every spec)
     Collector/Upload           an upload token whose metrics include the request's metric
-    Estimates/Get, Watch       a read token
+    Estimates/Get, Watch, Series  a read token
     grpc.health.v1, reflection open (probes, grpcurl)
 
 A missing, malformed or unknown token is UNAUTHENTICATED; a known token used for what it does
@@ -77,7 +77,7 @@ _OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/"
          "/grpc.reflection.v1.ServerReflection/")
 _SPECS = "/veil.wire.v1.Collector/GetMetricSpecs"
 _UPLOAD = "/veil.wire.v1.Collector/Upload"
-_READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch"})
+_READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch", "/veil.wire.v1.Estimates/Series"})
 _BEARER = "bearer "
 _END = object()  # the end of a stream's responses
 _SPARE_STREAM_THREADS = 2  # per stream kind: they only refuse streams over its limit

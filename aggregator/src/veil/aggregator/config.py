@@ -17,6 +17,7 @@
     http_request_timeout = 10.0   # seconds a connection has for each request's headers (and to read its answer)
     cors_origins = []             # browser apps' origins that may fetch specs and upload over HTTP (CORS)
     processes = 1                 # worker processes sharing the gRPC port (SO_REUSEPORT); > 1 needs Redis
+    metrics_top = 50              # /metrics: categories per metric and window (the largest; the rest as one)
 
     [store]
     url = "sqlite:///var/lib/veil/veil.db"   # default: veil.db in the data directory (below); or "memory"
@@ -95,6 +96,7 @@ _DEFAULT_GRPC = "127.0.0.1:50051"
 _DEFAULT_HTTP = "127.0.0.1:8080"
 _DEFAULT_STORE_URL = "memory"  # of an AggregatorConfig built in code; a config file's default is SQLite
 _DEFAULT_MIN_N = 100
+_DEFAULT_METRICS_TOP = 50
 _DEFAULT_MAX_BATCH = 10_000
 _DEFAULT_DEDUPE_TTL = 48 * 3600
 _DEFAULT_WATCH_INTERVAL = 1.0
@@ -222,6 +224,7 @@ class AggregatorConfig:
     http_request_timeout: float = _DEFAULT_HTTP_REQUEST_TIMEOUT
     cors_origins: tuple[str, ...] = ()
     processes: int = 1  # worker processes sharing the gRPC port; workers, limits and streams are per process
+    metrics_top: int = _DEFAULT_METRICS_TOP  # categories per metric and window exported to /metrics
     tls: TlsConfig | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
     store_options: Mapping[str, object] = field(default_factory=dict)  # keyword arguments of the store
@@ -277,7 +280,8 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     store = _table(data, "store")
     _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
                    "workers", "max_concurrent_rpcs", "max_streams", "max_health_streams", "max_inflight_bytes",
-                   "http_max_connections", "http_request_timeout", "processes", "cors_origins"}, "server.")
+                   "http_max_connections", "http_request_timeout", "processes", "cors_origins", "metrics_top"},
+          "server.")
     _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms", "shards"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
@@ -311,6 +315,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         store_url=url,
         store_options=_store_options(store, url),
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),
+        metrics_top=_whole(server.get("metrics_top", _DEFAULT_METRICS_TOP), "server.metrics_top", low=0),
         max_batch=max_batch,
         dedupe_ttl=parse_duration(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL), "server.dedupe_ttl"),
         watch_interval=_seconds(server.get("watch_interval", _DEFAULT_WATCH_INTERVAL), "server.watch_interval"),

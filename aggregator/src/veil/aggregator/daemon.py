@@ -45,7 +45,7 @@ from dataclasses import replace
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
@@ -148,7 +148,10 @@ def _exported_registry(config: AggregatorConfig, instruments: Instruments, live:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-    registry.register(EstimatesCollector(live))
+    registry.register(EstimatesCollector(live, config.metrics_top))
+    # process_* (CPU, memory, open files) and python_info of the process serving /metrics.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
     return registry
 
 

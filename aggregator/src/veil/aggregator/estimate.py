@@ -37,6 +37,8 @@ at a share the data cannot rule out.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -46,7 +48,7 @@ from veil.mechanism import MechanismError, MechanismSpec
 
 from .counts import Counts
 
-__all__ = ["Estimate", "estimate", "project_to_simplex", "Z95"]
+__all__ = ["Estimate", "GroupEstimate", "estimate", "group_estimate", "project_to_simplex", "Z95"]
 
 Z95 = NormalDist().inv_cdf(0.975)  # 1.959964...: the two-sided 95% normal quantile
 
@@ -111,6 +113,42 @@ def estimate(spec: MechanismSpec, counts: Counts, *, estimator: str = "minimax",
         projection=project_to_simplex(mean) if project else None,
         reports_per_device=reports_per_device,
     )
+
+
+@dataclass(frozen=True)
+class GroupEstimate:
+    """The estimate of the share of a group of categories (their estimates added), with the
+    design's standard error of that sum and its score interval, as for one category."""
+
+    labels: tuple[str, ...]
+    estimate: float
+    stderr: float
+    lower: float
+    upper: float
+
+
+def group_estimate(spec: MechanismSpec, e: Estimate, members: Sequence[int], labels: Sequence[str] = ()
+                   ) -> GroupEstimate:
+    """The share of the categories ``members`` (indices, no repeats) from an estimate of
+    ``spec``: sum_G pi_hat_j, whose per-report variance is s2_G(pi_G) = B_G + (A_G - B_G) pi_G
+    - pi_G^2 with (A_G, B_G) = LinearEstimator.group_moments (the covariances of the categories
+    included), so the standard error and the interval follow the single-category rules at the
+    group's share, times sqrt(reports_per_device)."""
+    members = sorted(set(members))
+    if not members or members[0] < 0 or members[-1] >= spec.k:
+        raise MechanismError(f"A group is a non-empty set of the {spec.k} categories.")
+    if e.n == 0:
+        return GroupEstimate(tuple(labels), math.nan, math.nan, math.nan, math.nan)
+    linear = spec.estimators()[e.estimator]
+    a, b = linear.group_moments(spec.weight_law(), spec.k, len(members))
+    mean = np.array([float(np.sum(e.estimate[members]))])
+    scale = e.reports_per_device / e.n
+    clipped = np.clip(mean, 0.0, 1.0)
+    stderr = np.sqrt(np.maximum(scale * (b + (a - b) * clipped - clipped * clipped), 0.0))
+    # A report moves the sum by alpha_t times the group members it holds: the same lattice.
+    delta = e.reports_per_device * abs(linear.alpha[0]) / (2.0 * e.n) if len(set(linear.alpha)) == 1 else 0.0
+    lower, upper = _score_interval(mean, delta, stderr, a, b, scale)
+    return GroupEstimate(tuple(labels), float(mean[0]), float(stderr[0]), float(lower[0]), float(upper[0]))
 
 
 def _score_interval(mean: np.ndarray, delta: float, stderr: np.ndarray, a: float, b: float, scale: float

@@ -3,7 +3,8 @@
     GET /v1/specs[?metric=m]              the metric specs (Collector/GetMetricSpecs)
     POST /v1/upload                       a batch of reports (Collector/Upload; docs/protocol.md)
     GET /v1/estimates                     every metric and window
-    GET /v1/estimates/{metric}?window=1h  one metric (and window)
+    GET /v1/estimates/{metric}?window=1h  one metric (and window); &group=a,b or &top=10 (_queries)
+    GET /v1/series/{metric}?window=1h     its retained buckets (&from, &to, &last, &merged, &group)
     GET /metrics                          Prometheus text format
     GET /healthz                          200 when the store answers, 503 otherwise
     GET /                                 the dashboard (pages passed in by the daemon)
@@ -38,7 +39,6 @@ import json
 import logging
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from concurrent import futures
@@ -47,9 +47,8 @@ from urllib.parse import parse_qs, unquote
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ._errors import UnknownMetric
-from .live import LiveEstimates, estimates_json
-from .store import StoreError
+from ._queries import estimates_answer, series_answer
+from .live import LiveEstimates
 
 __all__ = ["HttpListener", "Page"]
 
@@ -307,14 +306,17 @@ class _Routes:
 
     def answer(self, raw_path: str, raw_query: str, authorization: list[str]) -> tuple[int, str, bytes, dict]:
         path = raw_path.rstrip("/") or "/"
-        if path in ("/v1/estimates", "/metrics") or path.startswith("/v1/estimates/"):
+        if path in ("/v1/estimates", "/metrics") or path.startswith(("/v1/estimates/", "/v1/series/")):
             refusal = self._refusal(authorization)
             if refusal is not None:
                 return refusal
         if path == "/v1/estimates" or path.startswith("/v1/estimates/"):
             metric = unquote(path[len("/v1/estimates/"):]) if path != "/v1/estimates" else None
-            window = parse_qs(raw_query).get("window", [None])[0]
-            return self._estimates(metric, window)
+            status, body = estimates_answer(self.live, metric, parse_qs(raw_query))
+            return status, "application/json", body, {}
+        if path.startswith("/v1/series/"):
+            status, body = series_answer(self.live, unquote(path[len("/v1/series/"):]), parse_qs(raw_query))
+            return status, "application/json", body, {}
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
         if path == "/healthz":
@@ -336,14 +338,3 @@ class _Routes:
             return _json(403, {"error": f"Token {token.name!r} is not a read token."},
                          {"WWW-Authenticate": 'Bearer realm="veil", error="insufficient_scope"'})
         return None
-
-    def _estimates(self, metric: str | None, window: str | None) -> tuple[int, str, bytes, dict]:
-        try:
-            current = self.live.current(metric, window)
-        except UnknownMetric as err:
-            return _json(404, {"error": str(err)})
-        except StoreError:
-            return _json(503, {"error": "The counter store is unavailable; try again."})
-        # Each window's JSON text is built once per bucket and version (WindowEstimate.json_text,
-        # cached with the estimate by LiveEstimates): a read with unchanged counts only joins them.
-        return 200, "application/json", estimates_json(current, time.time()), {}

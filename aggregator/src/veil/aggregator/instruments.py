@@ -1,5 +1,10 @@
 """Prometheus instruments: ingest counters and latencies, and the estimates as gauges.
 
+The estimates are bounded: per metric and window, the metrics_top categories with the largest
+estimates (a category keeps its series while it stays among them), and the rest as one group
+(veil_estimate_rest, with its own standard error): at k = 1024, 3 windows and the default 50,
+3 x (2 x 50 + 2) = 306 estimate series instead of 6,144.
+
 Everything lives on a registry passed in (a fresh CollectorRegistry by default), never on the
 process-global one, so two aggregators in one process, or a test, never share series.
 """
@@ -8,9 +13,11 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
+from .estimate import group_estimate
 from .live import LiveEstimates
 from .store import StoreError
 
@@ -56,10 +63,12 @@ class Instruments:
 
 class EstimatesCollector:
     """Collects, at each scrape, the current estimate, standard error and n of every metric,
-    window and category. A withheld estimate exports n only."""
+    window and category (the top ones and the rest, see the module docstring), whether the
+    store answered, and one info series per metric spec. A withheld estimate exports n only."""
 
-    def __init__(self, live: LiveEstimates) -> None:
+    def __init__(self, live: LiveEstimates, top: int = 50) -> None:
         self._live = live
+        self._top = top
 
     def collect(self):
         estimate = GaugeMetricFamily("veil_estimate", "Unbiased estimate of a category's share.",
@@ -68,18 +77,38 @@ class EstimatesCollector:
                                    labels=["metric", "window", "category"])
         reports = GaugeMetricFamily("veil_window_reports", "Reports counted in the window's current bucket.",
                                     labels=["metric", "window"])
+        rest = GaugeMetricFamily("veil_estimate_rest", "Estimated share of the categories not exported one by one "
+                                 "(all but the metrics_top largest), as one group.", labels=["metric", "window"])
+        rest_stderr = GaugeMetricFamily("veil_estimate_rest_stderr", "Standard error of veil_estimate_rest.",
+                                        labels=["metric", "window"])
+        up = GaugeMetricFamily("veil_store_up", "1 when the counter store answered this scrape's reads, else 0.")
+        info = InfoMetricFamily("veil_metric", "A declared metric's spec.",
+                                labels=["metric", "mechanism", "epsilon", "k", "fingerprint", "period_seconds"])
+        for spec in dict.fromkeys(metric.spec for metric, _ in self._live.select()):
+            info.add_metric([spec.name, spec.mechanism.name, repr(spec.mechanism.epsilon), str(spec.mechanism.k),
+                             spec.fingerprint, str(spec.period)], {})
         try:
             current = self._live.current()
+            up.add_metric([], 1)
         except StoreError:
             log.warning("estimates missing from /metrics: the counter store is unavailable")
             current = []
+            up.add_metric([], 0)
         for e in current:
             reports.add_metric([e.metric.name, e.window.name], e.n)
             if e.estimate is None:
                 continue
             names = (e.metric.name, e.window.name)
-            for label, value, error in zip(e.metric.spec.labels, e.estimate.estimate.tolist(),
-                                           e.estimate.stderr.tolist()):
-                estimate.add_metric([*names, label], value)
-                stderr.add_metric([*names, label], error)
-        yield from (estimate, stderr, reports)
+            values = e.estimate.estimate
+            k = values.size
+            shown = np.arange(k) if k <= self._top else np.sort(np.argsort(-values, kind="stable")[: self._top])
+            labels = e.metric.spec.labels
+            for j, value, error in zip(shown.tolist(), values[shown].tolist(), e.estimate.stderr[shown].tolist()):
+                estimate.add_metric([*names, labels[j]], value)
+                stderr.add_metric([*names, labels[j]], error)
+            if shown.size < k:
+                others = np.setdiff1d(np.arange(k), shown)
+                group = group_estimate(e.metric.spec.mechanism, e.estimate, others.tolist())
+                rest.add_metric(list(names), group.estimate)
+                rest_stderr.add_metric(list(names), group.stderr)
+        yield from (estimate, stderr, rest, rest_stderr, reports, up, info)

@@ -20,6 +20,7 @@ reason (logged once per metric and kind of error); every other metric is served 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -30,13 +31,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._errors import UnknownMetric, quoted
+from ._errors import AggregatorError, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
-from .estimate import Estimate, estimate
+from .estimate import Estimate, GroupEstimate, estimate, group_estimate
 from .store import CountsKey, Store
 
-__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "estimates_json", "estimand"]
+__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory", "InvalidRange", "estimates_json",
+           "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
+
+MAX_BUCKETS = 10_000  # buckets one series or merged range may span: 416 days of hourly buckets
+_PAST_KEPT = 1 << 21  # categories of the bucket estimates series() keeps (some 40 bytes each: 80 MB)
 
 log = logging.getLogger("veil.aggregator")
 
@@ -47,6 +52,14 @@ PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability sim
 
 class UnknownWindow(UnknownMetric):
     """A window name the metric does not declare."""
+
+
+class UnknownCategory(UnknownMetric):
+    """A group names a label the metric does not declare."""
+
+
+class InvalidRange(AggregatorError, ValueError):
+    """A range of buckets that cannot be read (the total window, too many buckets)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +76,7 @@ class WindowEstimate:
     reason: str  # why it is withheld; "" otherwise
     reports_per_device: int = 1  # the most reports one device can have in the bucket so far
     estimand: str = ""  # what the estimates are shares of, in words
+    group: GroupEstimate | None = None  # the share of a group of categories, where one was asked for
 
     @property
     def withheld(self) -> bool:
@@ -93,6 +107,9 @@ class WindowEstimate:
             "estimand": self.estimand,
             "period": spec.period,
             "reports_per_device": self.reports_per_device,
+            **({} if self.group is None else {"group": {
+                "labels": list(self.group.labels), **dict(zip(("estimate", "stderr", "lower", "upper"), _finite(
+                    np.array([self.group.estimate, self.group.stderr, self.group.lower, self.group.upper]))))}}),
         }
 
     @functools.cached_property
@@ -164,6 +181,7 @@ class LiveEstimates:
         self._known: dict[tuple[str, str], tuple[CountsKey, Version, Counts]] = {}
         self._since: dict[tuple[str, str], int] = {}  # (metric, fingerprint) -> Store.since, once known
         self._logged: set[tuple[str, str]] = set()  # (metric, error type) of failed estimates logged
+        self._past: dict[CountsKey, WindowEstimate] = {}  # series(): each bucket's estimate at its version
         self._lock = threading.Lock()
 
     def applied(self, key: CountsKey, before: int | tuple | None, after: int | tuple | None,
@@ -277,6 +295,70 @@ class LiveEstimates:
                     self._changing.discard(name)
         return results  # type: ignore[return-value]
 
+    def series(self, metric: str, window: str, start: float | None = None, end: float | None = None
+               ) -> list[WindowEstimate]:
+        """The estimate of each retained bucket of a window that overlaps [start, end) (default:
+        every retained bucket, the current one included), oldest first, each under the same
+        rules as the current one.
+
+        Past buckets rarely change, so their estimates are kept with their version: one store
+        call reads every version (one round trip on Redis), a second reads, with their versions,
+        the counts of the buckets whose estimates are not kept at that version."""
+        m, w, starts, now = self._buckets(metric, window, start, end)
+        keys = [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts]
+        versions = self._store.versions(keys) if keys else []
+        found: list[WindowEstimate | None] = []
+        for key, version in zip(keys, versions):
+            held = self._past.get(key)
+            fresh = held is not None and held.version == version and (
+                not held.n or held.reports_per_device == self._reports_per_device(m, w, key.bucket,
+                                                                                  key.bucket + w.span, now))
+            found.append(held if fresh else None)
+        stale = [i for i, e in enumerate(found) if e is None]
+        shape = self._shape(m)
+        read = self._store.versioned_read((), [(keys[i], *shape) for i in stale])[1] if stale else []
+        for i, (version, counts) in zip(stale, read):
+            found[i] = self._compute(m, w, starts[i], starts[i] + w.span, version, counts, now)
+        with self._lock:
+            if len(self._past) + len(stale) > _PAST_KEPT // m.spec.mechanism.k:
+                self._past.clear()  # buckets age out; forgetting them all now and then bounds the memory
+            self._past.update((keys[i], found[i]) for i in stale)
+        return found  # type: ignore[return-value]
+
+    def merged(self, metric: str, window: str, start: float | None = None, end: float | None = None
+               ) -> WindowEstimate:
+        """One estimate of the buckets series() gives, their counts added (exactly: 7 daily
+        buckets give the 7-day estimate), its reports_per_device that of the whole range."""
+        m, w, starts, now = self._buckets(metric, window, start, end)
+        if not starts:
+            raise InvalidRange(f"No retained {w.name} bucket of {m.name} overlaps that range.")
+        shape = self._shape(m)
+        counts = self._store.read_many([(CountsKey(m.name, m.spec.fingerprint, w.name, b), *shape) for b in starts])
+        total = Counts(counts[0].weights, sum(c.n for c in counts), sum(c.v for c in counts))
+        return self._compute(m, w, starts[0], starts[-1] + w.span, 0, total, now, buckets=len(starts))
+
+    def _buckets(self, metric: str, window: str, start: float | None, end: float | None
+                 ) -> tuple[MetricConfig, Window, list[int], float]:
+        """The metric, window, starts of the retained buckets overlapping [start, end), and now."""
+        pairs = self.select(metric, window)
+        if not metric or not window:
+            raise InvalidRange("A range names one metric and one window.")
+        m, w = pairs[0]
+        if w.span is None:
+            raise InvalidRange(f"The {w.name} window has no buckets; ask for a window such as 1h.")
+        now = self._clock()
+        span = w.span
+        first = (int(now - span - w.retention) // span + 1) * span  # the oldest not yet dropped
+        last = w.bucket(now)[0]
+        if start is not None:
+            first = max(first, int(start // span) * span)
+        if end is not None:
+            last = min(last, int(-(-end // span)) * span - span)  # the last bucket starting before end
+        starts = list(range(first, last + 1, span))
+        if len(starts) > MAX_BUCKETS:
+            raise InvalidRange(f"That range holds {len(starts)} {w.name} buckets; ask for at most {MAX_BUCKETS}.")
+        return m, w, starts, now
+
     @staticmethod
     def _shape(metric: MetricConfig) -> tuple[tuple[int, ...], int]:
         """The report weights and k of the metric's counts, as a counts read asks for them."""
@@ -305,11 +387,11 @@ class LiveEstimates:
         return since
 
     def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version,
-                 counts: Counts, now: float) -> WindowEstimate:
+                 counts: Counts, now: float, buckets: int = 1) -> WindowEstimate:
         spec = metric.spec.mechanism
         n = counts.total
         per_device = self._reports_per_device(metric, window, start, end, now) if n else metric.spec.reports_per_period
-        what = estimand(metric, window, per_device)
+        what = estimand(metric, window, per_device, buckets)
         least = max(self._config.min_n, 2)
         if n < least:
             reason = (f"{n} reports so far; estimates are shown from {least} reports on, so that "
@@ -338,9 +420,10 @@ class LiveEstimates:
                               estimand(metric, window, per_device))
 
 
-def estimand(metric: MetricConfig, window: Window, reports_per_device: int) -> str:
-    """What a bucket's estimates are shares of, in words, under the SDK's reporting rule: a device
-    sends the first reports_per_period report() calls of each period, at once."""
+def estimand(metric: MetricConfig, window: Window, reports_per_device: int, buckets: int = 1) -> str:
+    """What a bucket's (or a merged range of buckets') estimates are shares of, in words, under
+    the SDK's reporting rule: a device sends the first reports_per_period report() calls of each
+    period, at once."""
     spec = metric.spec
     period, m = duration_text(spec.period), spec.reports_per_period
     if m == 1:
@@ -349,10 +432,37 @@ def estimand(metric: MetricConfig, window: Window, reports_per_device: int) -> s
         text = f"share of reports, each device sending its first {m} values of each {period} period"
     periods = reports_per_device // m
     if periods > 1:
-        scope = "since counting began" if window.span is None else "in this bucket"
+        scope = ("since counting began" if window.span is None else "in this bucket" if buckets == 1
+                 else f"in these {buckets} {window.name} buckets")
         text += (f", pooled over the {periods} periods {scope} (a device counts once per period; the intervals "
                  f"allow for one device's {reports_per_device} reports being alike)")
     return text
+
+
+def with_group(e: WindowEstimate, labels: list[str]) -> WindowEstimate:
+    """The window's estimate with the share of the categories named (GroupEstimate) added; the
+    same when withheld. Raises UnknownCategory for a label the metric does not declare."""
+    spec = e.metric.spec
+    index = {label: j for j, label in enumerate(spec.labels)}
+    missing = [label for label in labels if label not in index]
+    if missing or not labels:
+        raise UnknownCategory(f"{spec.name} has no category {missing[0]!r}." if missing
+                              else "A group names at least one category.")
+    if e.estimate is None:
+        return e
+    return dataclasses.replace(e, group=group_estimate(spec.mechanism, e.estimate, [index[x] for x in labels],
+                                                       tuple(dict.fromkeys(labels))))
+
+
+def with_rest(e: WindowEstimate, top: int) -> WindowEstimate:
+    """The window's estimate with the share of every category outside its `top` largest
+    estimates added as its group (the dashboard's and /metrics's "other"); the same when
+    withheld or when no category is left out."""
+    if e.estimate is None or top >= e.estimate.estimate.size:
+        return e
+    order = np.argsort(-e.estimate.estimate, kind="stable")
+    labels = e.metric.spec.labels
+    return with_group(e, [labels[j] for j in sorted(order[max(top, 0):].tolist())])
 
 
 def duration_text(seconds: int) -> str:

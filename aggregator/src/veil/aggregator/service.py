@@ -27,7 +27,7 @@ from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
 from .instruments import Instruments
-from .live import LiveEstimates, WindowEstimate
+from .live import InvalidRange, LiveEstimates, WindowEstimate, with_group
 from .store import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
 
 __all__ = ["MAX_WATCH_INTERVAL", "CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server",
@@ -162,7 +162,34 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "The counter store is unavailable; try again.")
 
     def Get(self, request, context):
-        return self._responses.response((request.metric, request.window), self._current(request, context))
+        current = self._current(request, context)
+        if request.group:  # a group is computed per request; the cache keeps the common case
+            return self._encode(context, current, list(request.group))
+        return self._responses.response((request.metric, request.window), current)
+
+    def Series(self, request, context):
+        start, end = request.from_unix or None, request.to_unix or None
+        try:
+            if request.merged:
+                found = [self._live.merged(request.metric, request.window, start, end)]
+            else:
+                found = self._live.series(request.metric, request.window, start, end)
+        except InvalidRange as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except UnknownMetric as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except StoreUnavailable:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "The counter store is unavailable; try again.")
+        return self._encode(context, found, list(request.group))
+
+    @staticmethod
+    def _encode(context, estimates: list[WindowEstimate], group: list[str]) -> bytes:
+        try:
+            if group:
+                estimates = [with_group(e, group) for e in estimates]
+        except UnknownMetric as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        return b"".join(_field(_ESTIMATES_TAG, encode_window(e)) for e in estimates)
 
     def Watch(self, request, context) -> Iterator[bytes]:
         asked = request.min_interval_seconds
@@ -205,6 +232,8 @@ def add_estimates_to_server(servicer: EstimatesService, server: grpc.Server) -> 
             servicer.Get, request_deserializer=veil_pb2.EstimatesRequest.FromString),
         "Watch": grpc.unary_stream_rpc_method_handler(
             servicer.Watch, request_deserializer=veil_pb2.WatchRequest.FromString),
+        "Series": grpc.unary_unary_rpc_method_handler(
+            servicer.Series, request_deserializer=veil_pb2.SeriesRequest.FromString),
     }
     name = veil_pb2.DESCRIPTOR.services_by_name["Estimates"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
@@ -289,8 +318,11 @@ def encode_window(e: WindowEstimate) -> bytes:
         mechanism=veil_pb2.Mechanism.Value(spec.mechanism.name.upper().replace("-", "_")),
         epsilon=spec.mechanism.epsilon, spec_fingerprint=spec.fingerprint, withheld=e.withheld, reason=e.reason,
     ).SerializeToString()
+    group = None if e.group is None else veil_pb2.GroupEstimate(
+        labels=e.group.labels, estimate=e.group.estimate, stderr=e.group.stderr, lower=e.group.lower,
+        upper=e.group.upper)
     tail = veil_pb2.WindowEstimate(estimand=e.estimand, reports_per_device=e.reports_per_device,
-                                   period_seconds=spec.period).SerializeToString()
+                                   period_seconds=spec.period, group=group).SerializeToString()
     if e.estimate is None:
         return head + tail
     est = e.estimate

@@ -58,6 +58,33 @@ class LinearEstimator:
             square_other += (a + b) ** 2 * one_o + b * b * (p - one_o)
         return mean_true, mean_other, square_true, square_other
 
+    def group_moments(self, law: WeightLaw, k: int, g: int) -> tuple[float, float]:
+        """(E[S^2 | X in G], E[S^2 | X not in G]) for one report, S = sum_{j in G} Y_j the
+        report's contribution to the estimate of a group G of g of the k categories.
+
+        Given its weight t, a report is a t-subset holding the true value x with probability
+        one_true_t / p_t, its other members drawn uniformly from the k - 1 other categories. So
+        M = |report & G| is a hypergeometric count (plus 1 when x is in G and in the report), and
+        S = alpha_t M + g beta_t. By symmetry the two moments depend on G only through g, and
+        n Var(sum_G pi_hat_j) = pi_G A + (1 - pi_G) B - pi_G^2: a single category's formula
+        (g = 1 gives moments()'s A and B). With g = k no value lies outside G: B is A."""
+        if not 1 <= g <= k:
+            raise MechanismError(f"A group holds 1 to {k} categories, not {g}.")
+        if law.weights != self.weights:
+            raise MechanismError("The estimator and the weight law cover different weights.")
+        inside = outside = 0.0
+        for t, a, b, p, one in zip(self.weights, self.alpha, self.beta, law.p, law.one_true):
+            c = g * b
+            # x in G: the report holds x (and t - 1 others) or not (and t others), G has g - 1 others.
+            if one > 0.0:
+                inside += one * _square(a, c + a, t - 1, k - 1, g - 1)
+            inside += (p - one) * _square(a, c, t, k - 1, g - 1)
+            if g < k:  # x outside G: all g members of G are among the others
+                if one > 0.0:
+                    outside += one * _square(a, c, t - 1, k - 1, g)
+                outside += (p - one) * _square(a, c, t, k - 1, g)
+        return inside, (outside if g < k else inside)
+
     def variances(self, law: WeightLaw, pi: Sequence[float]) -> list[float]:
         """n * Var(pi_hat_j) for each category under the population distribution pi.
 
@@ -65,6 +92,17 @@ class LinearEstimator:
         and B the second moments under X = j and X != j."""
         _, _, a, b = self.moments(law)
         return [p * a + (1.0 - p) * b - p * p for p in pi]
+
+
+def _square(a: float, c: float, m: int, size: int, good: int) -> float:
+    """E[(a H + c)^2], H the members of a group of `good` among `size` categories in a uniform
+    draw of m of them (hypergeometric)."""
+    if m <= 0 or size <= 0:
+        return c * c
+    share = good / size
+    mean = m * share
+    variance = mean * (1.0 - share) * (size - m) / (size - 1) if size > 1 else 0.0
+    return a * a * (variance + mean * mean) + 2.0 * a * c * mean + c * c
 
 
 def binomial_pmf(m: int, p: float, s: int) -> float:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17veil/wire/v1/veil.proto\x12\x0cveil.wire.v1\"\xeb\x01\n\nMetricSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\t\x12*\n\tmechanism\x18\x03 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\t\n\x01q\x18\x05 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\x16\n\x0eperiod_seconds\x18\x07 \x01(\r\x12\x1a\n\x12reports_per_period\x18\x08 \x01(\r\x12\x15\n\rperiod_budget\x18\t \x01(\x01\x12\x17\n\x0flifetime_budget\x18\n \x01(\x01\"(\n\x15GetMetricSpecsRequest\x12\x0f\n\x07metrics\x18\x01 \x03(\t\"T\n\x16GetMetricSpecsResponse\x12\'\n\x05specs\x18\x01 \x03(\x0b\x32\x18.veil.wire.v1.MetricSpec\x12\x11\n\tmax_batch\x18\x02 \x01(\r\".\n\tIndexSets\x12\x10\n\x08set_size\x18\x01 \x01(\r\x12\x0f\n\x07indices\x18\x02 \x01(\x0c\"\x17\n\x07\x42itmaps\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\"\xbe\x01\n\rUploadRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x0c\x12\x0e\n\x06metric\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12-\n\nindex_sets\x18\x05 \x01(\x0b\x32\x17.veil.wire.v1.IndexSetsH\x00\x12(\n\x07\x62itmaps\x18\x06 \x01(\x0b\x32\x15.veil.wire.v1.BitmapsH\x00\x42\t\n\x07reports\"5\n\x0eUploadResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"2\n\x10\x45stimatesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\"t\n\x10\x43\x61tegoryEstimate\x12\r\n\x05label\x18\x01 \x01(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x0e\n\x06stderr\x18\x03 \x01(\x01\x12\r\n\x05lower\x18\x04 \x01(\x01\x12\r\n\x05upper\x18\x05 \x01(\x01\x12\x11\n\tprojected\x18\x06 \x01(\x01\"\xd4\x02\n\x0eWindowEstimate\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x12\n\nstart_unix\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_unix\x18\x04 \x01(\x03\x12\t\n\x01n\x18\x05 \x01(\x04\x12*\n\tmechanism\x18\x06 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x07 \x01(\x01\x12\x18\n\x10spec_fingerprint\x18\x08 \x01(\t\x12\x10\n\x08withheld\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x32\n\ncategories\x18\x0b \x03(\x0b\x32\x1e.veil.wire.v1.CategoryEstimate\x12\x10\n\x08\x65stimand\x18\x0c \x01(\t\x12\x1a\n\x12reports_per_device\x18\r \x01(\r\x12\x16\n\x0eperiod_seconds\x18\x0e \x01(\r\"D\n\x11\x45stimatesResponse\x12/\n\testimates\x18\x01 \x03(\x0b\x32\x1c.veil.wire.v1.WindowEstimate\"L\n\x0cWatchRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x1c\n\x14min_interval_seconds\x18\x03 \x01(\x01*j\n\tMechanism\x12\x19\n\x15MECHANISM_UNSPECIFIED\x10\x00\x12\n\n\x06SUBSET\x10\x01\x12\n\n\x06RAPPOR\x10\x02\x12\x15\n\x11RAPPOR_ADMISSIBLE\x10\x03\x12\x07\n\x03KRR\x10\x04\x12\n\n\x06WARNER\x10\x05\x32\xad\x01\n\tCollector\x12[\n\x0eGetMetricSpecs\x12#.veil.wire.v1.GetMetricSpecsRequest\x1a$.veil.wire.v1.GetMetricSpecsResponse\x12\x43\n\x06Upload\x12\x1b.veil.wire.v1.UploadRequest\x1a\x1c.veil.wire.v1.UploadResponse2\x9b\x01\n\tEstimates\x12\x46\n\x03Get\x12\x1e.veil.wire.v1.EstimatesRequest\x1a\x1f.veil.wire.v1.EstimatesResponse\x12\x46\n\x05Watch\x12\x1a.veil.wire.v1.WatchRequest\x1a\x1f.veil.wire.v1.EstimatesResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17veil/wire/v1/veil.proto\x12\x0cveil.wire.v1\"\xeb\x01\n\nMetricSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\t\x12*\n\tmechanism\x18\x03 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\t\n\x01q\x18\x05 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\x16\n\x0eperiod_seconds\x18\x07 \x01(\r\x12\x1a\n\x12reports_per_period\x18\x08 \x01(\r\x12\x15\n\rperiod_budget\x18\t \x01(\x01\x12\x17\n\x0flifetime_budget\x18\n \x01(\x01\"(\n\x15GetMetricSpecsRequest\x12\x0f\n\x07metrics\x18\x01 \x03(\t\"T\n\x16GetMetricSpecsResponse\x12\'\n\x05specs\x18\x01 \x03(\x0b\x32\x18.veil.wire.v1.MetricSpec\x12\x11\n\tmax_batch\x18\x02 \x01(\r\".\n\tIndexSets\x12\x10\n\x08set_size\x18\x01 \x01(\r\x12\x0f\n\x07indices\x18\x02 \x01(\x0c\"\x17\n\x07\x42itmaps\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\"\xbe\x01\n\rUploadRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x0c\x12\x0e\n\x06metric\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12-\n\nindex_sets\x18\x05 \x01(\x0b\x32\x17.veil.wire.v1.IndexSetsH\x00\x12(\n\x07\x62itmaps\x18\x06 \x01(\x0b\x32\x15.veil.wire.v1.BitmapsH\x00\x42\t\n\x07reports\"5\n\x0eUploadResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"A\n\x10\x45stimatesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x03(\t\"_\n\rGroupEstimate\x12\x0e\n\x06labels\x18\x01 \x03(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x0e\n\x06stderr\x18\x03 \x01(\x01\x12\r\n\x05lower\x18\x04 \x01(\x01\x12\r\n\x05upper\x18\x05 \x01(\x01\"t\n\x10\x43\x61tegoryEstimate\x12\r\n\x05label\x18\x01 \x01(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x0e\n\x06stderr\x18\x03 \x01(\x01\x12\r\n\x05lower\x18\x04 \x01(\x01\x12\r\n\x05upper\x18\x05 \x01(\x01\x12\x11\n\tprojected\x18\x06 \x01(\x01\"\x80\x03\n\x0eWindowEstimate\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x12\n\nstart_unix\x18\x03 \x01(\x03\x12\x10\n\x08\x65nd_unix\x18\x04 \x01(\x03\x12\t\n\x01n\x18\x05 \x01(\x04\x12*\n\tmechanism\x18\x06 \x01(\x0e\x32\x17.veil.wire.v1.Mechanism\x12\x0f\n\x07\x65psilon\x18\x07 \x01(\x01\x12\x18\n\x10spec_fingerprint\x18\x08 \x01(\t\x12\x10\n\x08withheld\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x32\n\ncategories\x18\x0b \x03(\x0b\x32\x1e.veil.wire.v1.CategoryEstimate\x12\x10\n\x08\x65stimand\x18\x0c \x01(\t\x12\x1a\n\x12reports_per_device\x18\r \x01(\r\x12\x16\n\x0eperiod_seconds\x18\x0e \x01(\r\x12*\n\x05group\x18\x0f \x01(\x0b\x32\x1b.veil.wire.v1.GroupEstimate\"r\n\rSeriesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x11\n\tfrom_unix\x18\x03 \x01(\x03\x12\x0f\n\x07to_unix\x18\x04 \x01(\x03\x12\x0e\n\x06merged\x18\x05 \x01(\x08\x12\r\n\x05group\x18\x06 \x03(\t\"A\n\x0eSeriesResponse\x12/\n\testimates\x18\x01 \x03(\x0b\x32\x1c.veil.wire.v1.WindowEstimate\"D\n\x11\x45stimatesResponse\x12/\n\testimates\x18\x01 \x03(\x0b\x32\x1c.veil.wire.v1.WindowEstimate\"L\n\x0cWatchRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\t\x12\x1c\n\x14min_interval_seconds\x18\x03 \x01(\x01*j\n\tMechanism\x12\x19\n\x15MECHANISM_UNSPECIFIED\x10\x00\x12\n\n\x06SUBSET\x10\x01\x12\n\n\x06RAPPOR\x10\x02\x12\x15\n\x11RAPPOR_ADMISSIBLE\x10\x03\x12\x07\n\x03KRR\x10\x04\x12\n\n\x06WARNER\x10\x05\x32\xad\x01\n\tCollector\x12[\n\x0eGetMetricSpecs\x12#.veil.wire.v1.GetMetricSpecsRequest\x1a$.veil.wire.v1.GetMetricSpecsResponse\x12\x43\n\x06Upload\x12\x1b.veil.wire.v1.UploadRequest\x1a\x1c.veil.wire.v1.UploadResponse2\xe0\x01\n\tEstimates\x12\x46\n\x03Get\x12\x1e.veil.wire.v1.EstimatesRequest\x1a\x1f.veil.wire.v1.EstimatesResponse\x12\x46\n\x05Watch\x12\x1a.veil.wire.v1.WatchRequest\x1a\x1f.veil.wire.v1.EstimatesResponse0\x01\x12\x43\n\x06Series\x12\x1b.veil.wire.v1.SeriesRequest\x1a\x1c.veil.wire.v1.SeriesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'veil.wire.v1.veil_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MECHANISM']._serialized_start=1389
-  _globals['_MECHANISM']._serialized_end=1495
+  _globals['_MECHANISM']._serialized_start=1728
+  _globals['_MECHANISM']._serialized_end=1834
   _globals['_METRICSPEC']._serialized_start=42
   _globals['_METRICSPEC']._serialized_end=277
   _globals['_GETMETRICSPECSREQUEST']._serialized_start=279
@@ -48,17 +48,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPLOADRESPONSE']._serialized_start=673
   _globals['_UPLOADRESPONSE']._serialized_end=726
   _globals['_ESTIMATESREQUEST']._serialized_start=728
-  _globals['_ESTIMATESREQUEST']._serialized_end=778
-  _globals['_CATEGORYESTIMATE']._serialized_start=780
-  _globals['_CATEGORYESTIMATE']._serialized_end=896
-  _globals['_WINDOWESTIMATE']._serialized_start=899
-  _globals['_WINDOWESTIMATE']._serialized_end=1239
-  _globals['_ESTIMATESRESPONSE']._serialized_start=1241
-  _globals['_ESTIMATESRESPONSE']._serialized_end=1309
-  _globals['_WATCHREQUEST']._serialized_start=1311
-  _globals['_WATCHREQUEST']._serialized_end=1387
-  _globals['_COLLECTOR']._serialized_start=1498
-  _globals['_COLLECTOR']._serialized_end=1671
-  _globals['_ESTIMATES']._serialized_start=1674
-  _globals['_ESTIMATES']._serialized_end=1829
+  _globals['_ESTIMATESREQUEST']._serialized_end=793
+  _globals['_GROUPESTIMATE']._serialized_start=795
+  _globals['_GROUPESTIMATE']._serialized_end=890
+  _globals['_CATEGORYESTIMATE']._serialized_start=892
+  _globals['_CATEGORYESTIMATE']._serialized_end=1008
+  _globals['_WINDOWESTIMATE']._serialized_start=1011
+  _globals['_WINDOWESTIMATE']._serialized_end=1395
+  _globals['_SERIESREQUEST']._serialized_start=1397
+  _globals['_SERIESREQUEST']._serialized_end=1511
+  _globals['_SERIESRESPONSE']._serialized_start=1513
+  _globals['_SERIESRESPONSE']._serialized_end=1578
+  _globals['_ESTIMATESRESPONSE']._serialized_start=1580
+  _globals['_ESTIMATESRESPONSE']._serialized_end=1648
+  _globals['_WATCHREQUEST']._serialized_start=1650
+  _globals['_WATCHREQUEST']._serialized_end=1726
+  _globals['_COLLECTOR']._serialized_start=1837
+  _globals['_COLLECTOR']._serialized_end=2010
+  _globals['_ESTIMATES']._serialized_start=2013
+  _globals['_ESTIMATES']._serialized_end=2237
 # @@protoc_insertion_point(module_scope)

@@ -99,12 +99,28 @@ class UploadResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class EstimatesRequest(_message.Message):
-    __slots__ = ("metric", "window")
+    __slots__ = ("metric", "window", "group")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     metric: str
     window: str
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ...) -> None: ...
+    group: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GroupEstimate(_message.Message):
+    __slots__ = ("labels", "estimate", "stderr", "lower", "upper")
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    estimate: float
+    stderr: float
+    lower: float
+    upper: float
+    def __init__(self, labels: _Optional[_Iterable[str]] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ...) -> None: ...
 
 class CategoryEstimate(_message.Message):
     __slots__ = ("label", "estimate", "stderr", "lower", "upper", "projected")
@@ -123,7 +139,7 @@ class CategoryEstimate(_message.Message):
     def __init__(self, label: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ..., projected: _Optional[float] = ...) -> None: ...
 
 class WindowEstimate(_message.Message):
-    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds")
+    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +154,7 @@ class WindowEstimate(_message.Message):
     ESTIMAND_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PER_DEVICE_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     metric: str
     window: str
     start_unix: int
@@ -152,7 +169,30 @@ class WindowEstimate(_message.Message):
     estimand: str
     reports_per_device: int
     period_seconds: int
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ...) -> None: ...
+    group: GroupEstimate
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ...) -> None: ...
+
+class SeriesRequest(_message.Message):
+    __slots__ = ("metric", "window", "from_unix", "to_unix", "merged", "group")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MERGED_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    window: str
+    from_unix: int
+    to_unix: int
+    merged: bool
+    group: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., from_unix: _Optional[int] = ..., to_unix: _Optional[int] = ..., merged: _Optional[bool] = ..., group: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SeriesResponse(_message.Message):
+    __slots__ = ("estimates",)
+    ESTIMATES_FIELD_NUMBER: _ClassVar[int]
+    estimates: _containers.RepeatedCompositeFieldContainer[WindowEstimate]
+    def __init__(self, estimates: _Optional[_Iterable[_Union[WindowEstimate, _Mapping]]] = ...) -> None: ...
 
 class EstimatesResponse(_message.Message):
     __slots__ = ("estimates",)

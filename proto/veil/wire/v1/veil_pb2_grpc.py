@@ -188,6 +188,11 @@ class EstimatesStub:
                 request_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.WatchRequest.SerializeToString,
                 response_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.EstimatesResponse.FromString,
                 _registered_method=True)
+        self.Series = channel.unary_unary(
+                '/veil.wire.v1.Estimates/Series',
+                request_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.SeriesRequest.SerializeToString,
+                response_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.SeriesResponse.FromString,
+                _registered_method=True)
 
 
 class EstimatesServicer:
@@ -207,6 +212,14 @@ class EstimatesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Series(self, request, context):
+        """Past buckets of one window still retained, or their merged estimate. An unknown metric,
+        window or label gives NOT_FOUND; the total window or too long a range INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EstimatesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +232,11 @@ def add_EstimatesServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.WatchRequest.FromString,
                     response_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.EstimatesResponse.SerializeToString,
+            ),
+            'Series': grpc.unary_unary_rpc_method_handler(
+                    servicer.Series,
+                    request_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.SeriesRequest.FromString,
+                    response_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.SeriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -277,6 +295,33 @@ class Estimates:
             '/veil.wire.v1.Estimates/Watch',
             veil_dot_wire_dot_v1_dot_veil__pb2.WatchRequest.SerializeToString,
             veil_dot_wire_dot_v1_dot_veil__pb2.EstimatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Series(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/veil.wire.v1.Estimates/Series',
+            veil_dot_wire_dot_v1_dot_veil__pb2.SeriesRequest.SerializeToString,
+            veil_dot_wire_dot_v1_dot_veil__pb2.SeriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

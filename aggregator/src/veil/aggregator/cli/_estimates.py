@@ -1,13 +1,20 @@
-"""`veil estimates`: the current estimates of a running aggregator, as a table or JSON.
+"""`veil estimates`: the estimates of a running aggregator, as a table, JSON or CSV.
 
-The JSON has the shape of the HTTP listener's GET /v1/estimates, read here over gRPC.
+The current ones by default; with --last (or --from/--to) the window's past buckets still
+retained (--merged: one estimate of them all, their counts added). --group adds the share of
+a group of categories. The JSON has the shape of the HTTP listener's GET /v1/estimates (and
+/v1/series), read here over gRPC.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
+import sys
+import time
+from datetime import UTC, datetime
 
 from ._remote import add_address_argument, call, channel
 
@@ -18,7 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", default="", help="one window, e.g. total or 1h (default: all)")
     parser.add_argument("--projection", action="store_true",
                         help="also show the projection onto the simplex (a distribution, but biased)")
-    parser.add_argument("--json", action="store_true", help="print JSON (the shape of GET /v1/estimates)")
+    parser.add_argument("--group", default="", metavar="LABELS",
+                        help="also the share of these categories together, e.g. chrome,edge")
+    parser.add_argument("--last", default="", metavar="DURATION",
+                        help="the window's buckets of the last DURATION (e.g. 24h, 30d), one row each")
+    parser.add_argument("--from", dest="start", type=int, default=0, metavar="UNIX",
+                        help="buckets from this time (Unix seconds; default: the oldest retained)")
+    parser.add_argument("--to", dest="end", type=int, default=0, metavar="UNIX",
+                        help="buckets before this time (Unix seconds; default: the current one included)")
+    parser.add_argument("--merged", action="store_true", help="one estimate of those buckets, counts added")
+    parser.add_argument("--top", type=int, default=5, help="categories shown per bucket in a series table")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print JSON (the shape of GET /v1/estimates)")
+    output.add_argument("--csv", action="store_true", help="print CSV: one row per window or bucket and category")
 
 
 def to_json(window) -> dict[str, object]:
@@ -34,6 +53,9 @@ def to_json(window) -> dict[str, object]:
         "epsilon": window.epsilon, "spec_fingerprint": window.spec_fingerprint, "withheld": window.withheld,
         "reason": window.reason, "estimand": window.estimand, "period": window.period_seconds,
         "reports_per_device": window.reports_per_device,
+        **({"group": {"labels": list(window.group.labels), "estimate": number(window.group.estimate),
+                      "stderr": number(window.group.stderr), "lower": number(window.group.lower),
+                      "upper": number(window.group.upper)}} if window.HasField("group") else {}),
         "categories": [{"label": c.label, "estimate": number(c.estimate), "stderr": number(c.stderr),
                         "lower": number(c.lower), "upper": number(c.upper), "projected": number(c.projected)}
                        for c in window.categories],
@@ -43,14 +65,39 @@ def to_json(window) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
+    from ..config import ConfigError, parse_duration
     from ..live import PROJECTION_NOTE
 
+    group = [label.strip() for label in args.group.split(",") if label.strip()]
+    ranged = bool(args.last or args.start or args.end or args.merged)
+    if ranged and not (args.metric and args.window):
+        print("veil estimates: a range (--last, --from, --to, --merged) needs a metric and --window.", file=sys.stderr)
+        return 2
+    start = args.start
+    if args.last:
+        try:
+            start = int(time.time()) - parse_duration(args.last, "--last")
+        except ConfigError as err:
+            print(f"veil estimates: {err}", file=sys.stderr)
+            return 2
     with channel(args) as remote:
-        response = call(args, veil_pb2_grpc.EstimatesStub(remote).Get,
-                        veil_pb2.EstimatesRequest(metric=args.metric, window=args.window))
+        stub = veil_pb2_grpc.EstimatesStub(remote)
+        if ranged:
+            response = call(args, stub.Series, veil_pb2.SeriesRequest(
+                metric=args.metric, window=args.window, from_unix=start, to_unix=args.end, merged=args.merged,
+                group=group))
+        else:
+            response = call(args, stub.Get, veil_pb2.EstimatesRequest(metric=args.metric, window=args.window,
+                                                                       group=group))
     windows = [to_json(w) for w in response.estimates]
     if args.json:
         print(json.dumps({"projection": PROJECTION_NOTE, "estimates": windows}, indent=2))
+        return 0
+    if args.csv:
+        _csv(windows)
+        return 0
+    if ranged and not args.merged:
+        _series_table(windows, args.top)
         return 0
     for w in windows:
         print(f"{w['metric']} / {w['window']}  ({w['mechanism']}, epsilon = {w['epsilon']:g})  n = {w['n']:,}")
@@ -65,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
             line = (f"  {c['label'][:23]:<24}{c['estimate']:>10.4f}{_f(c['stderr']):>10}"
                     f"   [{c['lower']:>8.4f}, {c['upper']:>8.4f}]")
             print(line + (f"{c['projected']:>12.4f}" if args.projection else ""))
+        if "group" in w:
+            g = w["group"]
+            print(f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}"
+                  f"   [{_f(g['lower']):>8}, {_f(g['upper']):>8}]")
         print()
     if args.projection:
         print(f"* {PROJECTION_NOTE}")
@@ -73,3 +124,58 @@ def run(args: argparse.Namespace) -> int:
 
 def _f(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
+
+
+def _group_name(group: dict) -> str:
+    return " + ".join(group["labels"])
+
+
+def _when(unix: int) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _cell(c: dict) -> str:
+    return f"{_f(c['estimate'])} [{_f(c['lower'])}, {_f(c['upper'])}]"
+
+
+def _series_table(windows: list[dict], top: int) -> None:
+    """One row per bucket: its start, n, and the estimates of the categories largest over the
+    range (and the group's, if asked), each with its interval."""
+    if not windows:
+        print("No retained bucket in that range.")
+        return
+    w0 = windows[0]
+    print(f"{w0['metric']} / {w0['window']} buckets ({w0['mechanism']}, epsilon = {w0['epsilon']:g}), UTC")
+    shown = [w for w in windows if not w["withheld"]]
+    sums: dict[str, float] = {}
+    for w in shown:
+        for c in w["categories"]:
+            sums[c["label"]] = sums.get(c["label"], 0.0) + (c["estimate"] or 0.0)
+    labels = sorted(sums, key=lambda label: -sums[label])[:max(top, 0)]
+    columns = labels + ([_group_name(w0["group"])] if any("group" in w for w in windows) else [])
+    print(f"{'bucket start':<18}{'n':>10}{'c':>4}" + "".join(f"  {label[:25]:<25}" for label in columns))
+    for w in windows:
+        row = f"{_when(w['start']):<18}{w['n']:>10,}{w['reports_per_device']:>4}"
+        if w["withheld"]:
+            print(row + "  withheld")
+            continue
+        by_label = {c["label"]: c for c in w["categories"]}
+        cells = [by_label[label] for label in labels] + ([w["group"]] if "group" in w else [])
+        print(row + "".join(f"  {_cell(c):<25}" for c in cells))
+    print(f"estimates the {windows[-1]['estimand']} (each bucket its own)")
+
+
+def _csv(windows: list[dict]) -> None:
+    """One row per window (or bucket) and category, the group's (if asked) after them."""
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["metric", "window", "start", "end", "n", "reports_per_device", "withheld", "label", "estimate",
+                  "stderr", "lower", "upper", "estimand"])
+    for w in windows:
+        head = [w["metric"], w["window"], w["start"], w["end"], w["n"], w["reports_per_device"], w["withheld"]]
+        rows = list(w["categories"]) + ([{**w["group"], "label": _group_name(w["group"])}] if "group" in w else [])
+        if not rows:
+            out.writerow(head + ["", "", "", "", "", w["estimand"]])
+        for c in rows:
+            out.writerow(head + [c["label"]] + ["" if c[x] is None else repr(c[x])
+                                                 for x in ("estimate", "stderr", "lower", "upper")]
+                         + [w["estimand"]])

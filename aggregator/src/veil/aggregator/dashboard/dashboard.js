@@ -1,5 +1,9 @@
 // Veil dashboard: polls v1/estimates and draws one panel per metric and window, with bars of
-// the unbiased estimates and their 95% intervals as error bars.
+// the unbiased estimates and their 95% intervals as error bars: the top categories by estimate
+// (top-N selector), the rest folded into "other" with its own (group) interval, or the
+// categories matching a search. Above them, per metric, a trend chart of one window's past
+// buckets (v1/series, window and range selectors): lines and 95% bands of the top categories,
+// withheld buckets drawn as such, and what the estimates are of.
 //
 // No libraries, no build step, nothing fetched but the aggregator's own JSON. Labels and
 // reasons are configured strings: they reach the page only through textContent and
@@ -13,7 +17,10 @@
 // Hooks for tests and scripts: body[data-state] ("loading" | "ok" | "error" | "token") and
 // body[data-updates] (successful polls so far); each panel section[data-metric][data-window]
 // [data-n][data-withheld]; each bar g.bar[data-label][data-estimate][data-lower][data-upper]
-// [data-projected]. Query parameter ?refresh=SECONDS sets the polling period (default 2).
+// [data-projected] (the folded rest: g.bar.rest[data-label="other"][data-count]); each trend
+// section.trend[data-metric][data-window][data-buckets][data-withheld] with g.series[data-label]
+// (path.line, path.band) and rect.withheld-bucket. Query parameter ?refresh=SECONDS sets the
+// polling period (default 2).
 "use strict";
 
 (() => {
@@ -33,6 +40,15 @@
   const tokenInput = document.getElementById("token-input");
   const tokenReason = document.getElementById("token-reason");
   const forgetButton = document.getElementById("forget-token");
+  const topSelect = document.getElementById("top");
+  const search = document.getElementById("search");
+  const trendWindow = document.getElementById("trend-window");
+  const trendRange = document.getElementById("trend-range");
+  const trends = document.getElementById("trends");
+  const TREND_MS = 30000; // the past changes slowly: trends are fetched this often, or on a change
+  const TREND_LINES = 5;
+  let trendAt = 0; // Date.now() of the last trend fetch
+  let trendKey = ""; // the selection the trends on show were fetched for
 
   let latest = null; // the last body served
   let lastOk = null; // Date.now() of the last successful poll
@@ -119,8 +135,28 @@
       "data-n": String(entry.n), "data-withheld": String(entry.withheld),
     }, ...header(entry));
     if (entry.withheld) section.append(el("p", {class: "reason"}, entry.reason));
-    else section.append(chart(entry, showProjection));
+    else section.append(chart(entry, shownRows(entry), showProjection));
     return section;
+  }
+
+  // The categories a panel shows: those matching the search (largest first, at most 100), or
+  // the top N by estimate and the rest as one "other" row with the group interval the
+  // aggregator computed (?top=N).
+  function shownRows(entry) {
+    const sorted = [...entry.categories].sort((a, b) => (b.estimate ?? -Infinity) - (a.estimate ?? -Infinity));
+    const wanted = search.value.trim().toLowerCase();
+    if (wanted) {
+      const found = sorted.filter((c) => c.label.toLowerCase().includes(wanted));
+      return found.length > 100 ? [...found.slice(0, 100), {more: found.length - 100}] : found;
+    }
+    const top = Number(topSelect.value);
+    if (!top || sorted.length <= top) return sorted;
+    const rows = sorted.slice(0, top);
+    if (entry.group) {
+      rows.push({label: "other", rest: entry.group.labels.length, estimate: entry.group.estimate,
+        lower: entry.group.lower, upper: entry.group.upper, projected: null});
+    }
+    return rows;
   }
 
   // Horizontal bars: label | bar with error bar | value. SVG units; the chart scales to its panel.
@@ -133,8 +169,7 @@
     return [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((step) => step >= raw);
   }
 
-  function chart(entry, showProjection) {
-    const rows = entry.categories;
+  function chart(entry, rows, showProjection) {
     const values = rows.flatMap((c) => [c.estimate, c.lower, c.upper, c.projected]).filter(Number.isFinite);
     // Unbiased estimates can be negative: the axis starts at min(0, lowest value) and 0 is marked.
     let lo = Math.min(0, ...values), hi = Math.max(0, ...values);
@@ -157,17 +192,25 @@
 
     rows.forEach((c, j) => {
       const mid = TOP + j * ROW + ROW / 2;
+      if (c.more) {
+        root.append(svg("text", {class: "more", x: LABEL_W, y: mid + 4}, `\u2026 and ${c.more} more matches`));
+        return;
+      }
       const estimate = c.estimate ?? 0;
-      const g = svg("g", {class: estimate < 0 ? "bar negative" : "bar", "data-label": c.label,
+      const g = svg("g", {class: (estimate < 0 ? "bar negative" : "bar") + (c.rest ? " rest" : ""), "data-label": c.label,
         "data-estimate": c.estimate ?? "", "data-lower": c.lower ?? "", "data-upper": c.upper ?? "",
         "data-projected": c.projected ?? ""});
       const interval = Number.isFinite(c.lower) && Number.isFinite(c.upper)
         ? `95% interval ${percent(c.lower)} to ${percent(c.upper)}` : "no interval (too few reports)";
       let tip = `${c.label}: ${percent(c.estimate)} (${interval})`;
+      if (c.rest) {
+        g.setAttribute("data-count", String(c.rest));
+        tip = `other (the ${c.rest} categories not shown, together): ${percent(c.estimate)} (${interval})`;
+      }
       if (showProjection) tip += `; projection (biased) ${percent(c.projected)}`;
       g.append(svg("title", {}, tip));
       g.append(svg("rect", {class: "hit", x: 0, y: mid - ROW / 2, width: W, height: ROW}));
-      g.append(svg("text", {class: "label", x: LABEL_W, y: mid + 4}, shorten(c.label)));
+      g.append(svg("text", {class: "label", x: LABEL_W, y: mid + 4}, c.rest ? `other (${c.rest})` : shorten(c.label)));
       g.append(svg("rect", {class: "estimate", x: Math.min(x(0), x(estimate)), y: mid - BAR / 2,
         width: Math.max(1, Math.abs(x(estimate) - x(0))), height: BAR}));
       let value = percent(c.estimate);
@@ -189,6 +232,127 @@
     return root;
   }
 
+  // ---- trends over past buckets ----------------------------------------------------------
+  const TW = 520, TH = 210, TL = 44, TR = 8, TT = 8, TB = 22;
+
+  function bucketSpan(entry) { return entry.end - entry.start; }
+
+  // The windows with buckets (from the current estimates) in the trend selector; the first by default.
+  function trendChoices(body) {
+    const names = [...new Set(body.estimates.filter((e) => e.end).map((e) => e.window))];
+    const have = [...trendWindow.options].map((o) => o.value);
+    if (names.join("\u0000") !== have.join("\u0000")) {
+      const kept = trendWindow.value;
+      trendWindow.replaceChildren(...names.map((n) => el("option", {value: n}, n)));
+      if (names.includes(kept)) trendWindow.value = kept;
+    }
+    return names.length > 0;
+  }
+
+  async function refreshTrends(body, mine, force = false) {
+    if (!trendChoices(body)) { trends.replaceChildren(); return; }
+    const key = `${trendWindow.value}\u0000${trendRange.value}\u0000${search.value}`;
+    if (!force && key === trendKey && Date.now() - trendAt < TREND_MS) return;
+    trendAt = Date.now();
+    trendKey = key;
+    const entries = body.estimates.filter((e) => e.window === trendWindow.value && e.end);
+    const headers = {Accept: "application/json"};
+    if (token !== null) headers.Authorization = `Bearer ${token}`;
+    const charts = await Promise.all(entries.map(async (entry) => {
+      const from = entry.start - (Number(trendRange.value) - 1) * bucketSpan(entry);
+      const url = `v1/series/${encodeURIComponent(entry.metric)}?window=${encodeURIComponent(entry.window)}&from=${from}`;
+      try {
+        const response = await fetch(url, {cache: "no-store", headers});
+        const answer = await response.json();
+        if (!response.ok) throw new Error(answer?.error ?? `HTTP ${response.status}`);
+        return trendChart(entry, answer.estimates);
+      } catch (err) {
+        return el("section", {class: "trend", "data-metric": entry.metric}, el("h2", {}, entry.metric),
+          el("p", {class: "reason"}, `The trend could not be read: ${err.message}`));
+      }
+    }));
+    if (mine === run) trends.replaceChildren(...charts);
+  }
+
+  // The categories drawn: those matching the search, else the largest in the latest bucket shown.
+  function trendLabels(buckets) {
+    const latest = [...buckets].reverse().find((b) => !b.withheld);
+    if (!latest) return [];
+    const wanted = search.value.trim().toLowerCase();
+    const sorted = [...latest.categories].sort((a, b) => (b.estimate ?? -Infinity) - (a.estimate ?? -Infinity));
+    return sorted.filter((c) => !wanted || c.label.toLowerCase().includes(wanted)).slice(0, TREND_LINES)
+      .map((c) => c.label);
+  }
+
+  function trendChart(entry, buckets) {
+    const labels = trendLabels(buckets);
+    const withheld = buckets.filter((b) => b.withheld).length;
+    const section = el("section", {class: "trend", "data-metric": entry.metric, "data-window": entry.window,
+      "data-buckets": String(buckets.length), "data-withheld": String(withheld)},
+      el("h2", {}, el("span", {class: "name"}, entry.metric),
+        el("span", {class: "window"}, `${entry.window} buckets, last ${buckets.length}`)));
+    if (!buckets.length) { section.append(el("p", {class: "reason"}, "No retained bucket.")); return section; }
+    const rows = buckets.map((b) => (b.withheld ? null : new Map(b.categories.map((c) => [c.label, c]))));
+    const values = rows.flatMap((r) => (r ? labels.flatMap((l) => [r.get(l)?.lower, r.get(l)?.upper]) : []))
+      .filter(Number.isFinite);
+    let lo = Math.min(0, ...values), hi = Math.max(0.01, ...values);
+    const step = niceStep(hi - lo);
+    hi = Math.ceil(hi / step - 1e-9) * step;
+    lo = Math.floor(lo / step + 1e-9) * step;
+    const n = buckets.length, slot = (TW - TL - TR) / n;
+    const x = (i) => TL + slot * (i + 0.5);
+    const y = (v) => TT + (1 - (v - lo) / (hi - lo)) * (TH - TT - TB);
+    const root = svg("svg", {class: "chart", viewBox: `0 0 ${TW} ${TH}`, width: TW, height: TH, role: "img",
+      "aria-label": `${entry.metric}: estimates over the last ${n} ${entry.window} buckets, with 95% bands`});
+    const tickDigits = step >= 0.01 ? 0 : step >= 0.001 ? 1 : 2;
+    for (let i = Math.round(lo / step); i <= Math.round(hi / step); i++) {
+      const v = i * step;
+      root.append(svg("line", {class: i === 0 ? "zero" : "grid", x1: TL, x2: TW - TR, y1: y(v), y2: y(v)}));
+      root.append(svg("text", {class: "tick", x: TL - 20, y: y(v) + 4}, percent(v, tickDigits)));
+    }
+    buckets.forEach((b, i) => {
+      if (!b.withheld) return;
+      const r = svg("rect", {class: "withheld-bucket", x: TL + slot * i, y: TT, width: Math.max(1, slot),
+        height: TH - TT - TB});
+      r.append(svg("title", {}, `${new Date(b.start * 1000).toISOString()}: withheld (${b.reason})`));
+      root.append(r);
+    });
+    const format = new Intl.DateTimeFormat(undefined, bucketSpan(entry) >= 86400
+      ? {month: "short", day: "numeric"} : {month: "short", day: "numeric", hour: "2-digit"});
+    for (const i of new Set([0, Math.floor((n - 1) / 2), n - 1])) {
+      root.append(svg("text", {class: "tick", x: Math.min(Math.max(x(i), TL + 36), TW - TR - 36), y: TH - 6},
+        format.format(buckets[i].start * 1000)));
+    }
+    labels.forEach((label, s) => {
+      const g = svg("g", {class: `series s${s}`, "data-label": label});
+      let line = "", band = "", upper = [], lower = [];
+      const flush = () => { // a band per run of shown buckets: withheld ones break it
+        if (upper.length) band += `M${upper.join("L")}L${lower.reverse().join("L")}Z`;
+        upper = []; lower = [];
+      };
+      rows.forEach((r, i) => {
+        const c = r?.get(label);
+        if (!c || !Number.isFinite(c.estimate)) { flush(); return; }
+        line += `${upper.length ? "L" : "M"}${x(i)} ${y(c.estimate)}`;
+        upper.push(`${x(i)} ${y(c.upper)}`);
+        lower.push(`${x(i)} ${y(c.lower)}`);
+        if (n <= 60) g.append(svg("circle", {class: "dot", cx: x(i), cy: y(c.estimate), r: 2}));
+      });
+      flush();
+      g.prepend(svg("path", {class: "band", d: band || "M0 0"}), svg("path", {class: "line", d: line || "M0 0"}));
+      g.append(svg("title", {}, label));
+      root.append(g);
+    });
+    section.append(root);
+    const keys = el("ul", {class: "keys"}, ...labels.map((l, s) => el("li", {class: `s${s}`}, shorten(l, 28))));
+    if (withheld) keys.append(el("li", {class: "gap"}, `withheld (${withheld})`));
+    section.append(keys);
+    const what = [...buckets].reverse().find((b) => b.estimand)?.estimand;
+    if (what) section.append(el("p", {class: "estimand"}, `Each bucket estimates the ${what}. Bands: 95% intervals.`));
+    return section;
+  }
+
+
   // ---- the page ---------------------------------------------------------------------------
   function update(body) {
     const showProjection = toggle.checked;
@@ -196,7 +360,7 @@
     let previous = null;
     for (const entry of body.estimates) {
       const key = `${entry.metric}\u0000${entry.window}`;
-      const signature = JSON.stringify(entry) + showProjection;
+      const signature = JSON.stringify(entry) + showProjection + topSelect.value + "\u0000" + search.value;
       seen.add(key);
       let slot = panels.get(key);
       if (!slot || slot.signature !== signature) { // redraw only what changed (keeps hovers alive)
@@ -247,7 +411,9 @@
     const headers = {Accept: "application/json"};
     if (sent !== null) headers.Authorization = `Bearer ${sent}`;
     try {
-      const response = await fetch(ENDPOINT, {cache: "no-store", signal: controller.signal, headers});
+      const top = Number(topSelect.value);
+      const url = top ? `${ENDPOINT}?top=${top}` : ENDPOINT;
+      const response = await fetch(url, {cache: "no-store", signal: controller.signal, headers});
       return {ok: response.ok, status: response.status, body: await response.json().catch(() => null)};
     } finally {
       clearTimeout(timer);
@@ -278,6 +444,7 @@
         failure = null;
         updates += 1;
         update(answer.body);
+        refreshTrends(answer.body, mine);
       } catch (err) {
         failure = `The aggregator answered with an error: ${err.message}`;
       }
@@ -369,6 +536,12 @@
     setProjection(toggle.checked);
   });
   setProjection(toggle.checked);
+  document.getElementById("view").addEventListener("submit", (event) => event.preventDefault());
+  topSelect.addEventListener("change", () => restart());
+  search.addEventListener("input", () => { if (latest) { update(latest); refreshTrends(latest, run, true); } });
+  for (const select of [trendWindow, trendRange]) {
+    select.addEventListener("change", () => { if (latest) refreshTrends(latest, run, true); });
+  }
   setInterval(showStatus, 1000); // keeps "s ago" current while the aggregator is away
   let saved = tokenFromFragment();
   if (saved === null) {

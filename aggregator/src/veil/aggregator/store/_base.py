@@ -44,7 +44,6 @@ class Store(abc.ABC):
 
     Optional methods, found by getattr (LiveEstimates and the daemon use them where present):
 
-    - ``read_many(requests)``: several reads at once.
     - ``observe_flushes(observer)``: observer(batches, seconds, failed) per write call (RedisStore,
       SqliteStore).
     - ``observe_applied(observer)``: observer(key, version_before, version_after, counts) for
@@ -64,6 +63,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
         """The counts in one bucket (zeros where nothing was added)."""
+
+    def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
+        """read(key, weights, k) of each request, all of one moment, in one round trip where the
+        store has round trips (RedisStore: one pipeline): what a series of hundreds of buckets
+        needs. A bucket never written, or dropped after its retention, reads as zeros.
+        This default reads them through versioned_read; stores may do it more cheaply."""
+        return [counts for _, counts in self.versioned_read((), requests)[1]]
 
     @abc.abstractmethod
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
