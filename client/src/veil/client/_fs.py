@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
-from ._log import logger
+from ._log import LogOnce, logger
 
 try:
     import fcntl
@@ -178,3 +179,44 @@ class DeviceLog:
             except OSError:
                 pass
             self.fd = None
+
+
+class DeviceFileOwner:
+    """What the memo and the privacy ledger share: a device's state kept in memory and mirrored
+    in a DeviceLog under the queue directory when there is one (``_file``; None: memory only),
+    synced before anything that depends on it leaves the device, reopened after fork."""
+
+    _KIND = ""  # "memo", "ledger": the key of its log lines
+    _WHAT = ""  # "The Veil memo store": how its log lines name it
+    _IN_MEMORY = ""  # what happens without its file
+
+    def __init__(self, log: LogOnce) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._file: DeviceLog | None = None
+
+    def sync(self) -> None:
+        """Make what was appended durable; the worker calls this before anything that depends on
+        it leaves the device."""
+        if self._file is not None and not self._file.sync():
+            self._log.warning(f"{self._KIND}:sync", f"{self._WHAT} cannot be synced to disk.")
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self._file is not None:
+            try:
+                self._file.after_fork()
+            except OSError:
+                self._log.warning(f"{self._KIND}:open", f"{self._WHAT} cannot be reopened after fork; "
+                                  f"{self._IN_MEMORY}")
+                self._file = None
+
+    def close(self) -> None:
+        with self._lock:  # never while an entry is being appended
+            self.sync()
+            self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

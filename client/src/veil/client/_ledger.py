@@ -24,13 +24,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from veil.mechanism import MetricSpec
 
-from ._fs import DeviceLog
+from ._fs import DeviceFileOwner, DeviceLog
 from ._log import LogOnce
 
 __all__ = ["Ledger", "PrivacySpent", "PERIOD", "BUDGET"]
@@ -79,14 +78,14 @@ def _json_string(text: str) -> str:
     return json.dumps(text)
 
 
-class Ledger:
+class Ledger(DeviceFileOwner):
     FILE = "ledger.log"
+    _KIND, _WHAT = "ledger", "The Veil privacy ledger"
+    _IN_MEMORY = "it lives in memory in this process."
 
     def __init__(self, directory: Path | None, log: LogOnce) -> None:
-        self._log = log
-        self._lock = threading.Lock()
+        super().__init__(log)
         self._states: dict[str, _State] = {}
-        self._file: DeviceLog | None = None
         if directory is not None:
             try:
                 self._file = DeviceLog(directory / self.FILE)
@@ -151,32 +150,7 @@ class Ledger:
                             spec.reports_per_period, state.period_epsilon, period_budget, state.lifetime_epsilon,
                             lifetime_budget)
 
-    # --- durability -------------------------------------------------------------------------
-
-    def sync(self) -> None:
-        """Make admitted spendings durable; called before the reports they admitted leave."""
-        if self._file is not None and not self._file.sync():
-            self._log.warning("ledger:sync", "The Veil privacy ledger cannot be synced to disk.")
-
-    def after_fork(self) -> None:
-        self._lock = threading.Lock()
-        if self._file is not None:
-            try:
-                self._file.after_fork()
-            except OSError:
-                self._log.warning("ledger:open", "The Veil privacy ledger cannot be reopened after fork; it lives "
-                                  "in memory in this process.")
-                self._file = None
-
-    def close(self) -> None:
-        with self._lock:
-            self.sync()
-            self._close()
-
-    def _close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    # --- the file ----------------------------------------------------------------------------
 
     def _read_new(self) -> None:
         assert self._file is not None

@@ -20,12 +20,11 @@ import hashlib
 import hmac
 import secrets
 import struct
-import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from ._fs import FILE_MODE, DeviceLog, create_once, write_atomic
+from ._fs import FILE_MODE, DeviceFileOwner, DeviceLog, create_once, write_atomic
 from ._log import LogOnce
 
 __all__ = ["MemoStore", "SECRET_BYTES"]
@@ -59,15 +58,15 @@ def _load_secret(path: Path, log: LogOnce) -> bytes:
     raise OSError("The device secret cannot be created.")
 
 
-class MemoStore:
+class MemoStore(DeviceFileOwner):
     SECRET_FILE = "device.key"
     FILE = "memo.log"
+    _KIND, _WHAT = "memo", "The Veil memo store"
+    _IN_MEMORY = "responses are memoized in memory only."
 
     def __init__(self, directory: Path | None, log: LogOnce) -> None:
-        self._log = log
-        self._lock = threading.Lock()
+        super().__init__(log)
         self._memo: dict[bytes, Report] = {}
-        self._file: DeviceLog | None = None
         secret = None
         if directory is not None:
             try:
@@ -124,33 +123,7 @@ class MemoStore:
                 found = self._memo.setdefault(key, found if found is not None else randomize())
                 return found
 
-    def sync(self) -> None:
-        """Make appended entries durable; the worker calls this before anything that depends
-        on them leaves the device."""
-        if self._file is not None and not self._file.sync():
-            self._log.warning("memo:sync", "The Veil memo store cannot be synced to disk.")
-
-    def after_fork(self) -> None:
-        self._lock = threading.Lock()
-        if self._file is not None:
-            try:
-                self._file.after_fork()
-            except OSError:
-                self._log.warning("memo:open", "The Veil memo store cannot be reopened after fork; responses are "
-                                  "memoized in memory only.")
-                self._file = None
-
-    def close(self) -> None:
-        with self._lock:  # never while an entry is being appended
-            self.sync()
-            self._close()
-
     # --- the log ------------------------------------------------------------------------
-
-    def _close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
     def _append(self, key: bytes, report: Report) -> None:
         body = key + _HEAD.pack(len(report)) + struct.pack(f"<{len(report)}I", *report)
