@@ -102,7 +102,7 @@ def test_a_batch_past_the_retry_horizon_is_dropped_as_failed(make_reporter, stat
                                                                             indices=b"\x00\x00\x00\x00"))
     (outbox / f"{created:013d}-1-{batch_id.hex()}.batch").write_bytes(request.SerializeToString())
     reporter = make_reporter(queue_dir=tmp_path)
-    assert reporter.force_flush(10)
+    assert not reporter.force_flush(10)
     assert reporter.counters() == Counters(failed=1)
     assert state.calls == [] and _files(tmp_path) == []
 

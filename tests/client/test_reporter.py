@@ -38,19 +38,47 @@ def test_every_batch_has_a_fresh_16_byte_id_and_one_metric(ready_reporter, state
     assert len(ids) == 6 and len(set(ids)) == 6 and all(len(i) == 16 for i in ids)
 
 
-def test_unknown_metric_and_category_raise_value_errors_without_the_value(ready_reporter):
+def test_misuse_whatever_the_specs_raises_value_errors_without_the_value(ready_reporter):
     reporter = ready_reporter()
     with pytest.raises(UnknownMetricError) as error:
-        reporter.report("nope", "x")
-    assert isinstance(error.value, ReporterError) and isinstance(error.value, ValueError)
-    with pytest.raises(UnknownMetricError):
         reporter.report(["browser"], "edge")
-    for bad in ("opera-secret", 4, -1, True, 2.0, None):
-        with pytest.raises(UnknownCategoryError) as error:
-            reporter.report("browser", bad)
-        assert "opera-secret" not in str(error.value)
-        assert str(error.value).count(".") == 1  # one plain sentence
+    assert isinstance(error.value, ReporterError) and isinstance(error.value, ValueError)
+    for metric in ("browser", "nope"):
+        for bad in (-1, True, 2.0, None, object()):
+            with pytest.raises(UnknownCategoryError) as error:
+                reporter.report(metric, bad)
+            assert str(error.value).count(".") == 1  # one plain sentence
     assert reporter.counters() == Counters()
+
+
+def test_a_metric_or_category_the_specs_lack_is_dropped_counted_and_logged_once(ready_reporter, caplog):
+    # A misspelt name and a metric an operator removed look the same to a running app: the
+    # host must not break because of what the aggregator declares.
+    reporter = ready_reporter()
+    with caplog.at_level(logging.WARNING, logger="veil.client"):
+        for _ in range(3):
+            reporter.report("nope", "x")
+            reporter.report("browser", "opera-secret")
+            reporter.report("browser", 4)
+    assert reporter.counters() == Counters(dropped=9)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("no Veil metric named 'nope'" in m for m in messages) == 1
+    assert sum("not a category of Veil metric 'browser'" in m for m in messages) == 1
+    assert not any("opera-secret" in m for m in messages)
+
+
+def test_a_metric_removed_while_the_app_runs_is_dropped_not_raised(ready_reporter, state, caplog):
+    reporter = ready_reporter(spec_ttl_ms=1)  # fetch the specs again at every turn
+    reporter.report("country", "c1")
+    assert reporter.force_flush(10)
+    with state.lock:
+        state.specs = [s for s in state.specs if s.name != "country"]
+    assert eventually(lambda: "country" not in reporter.metrics)
+    with caplog.at_level(logging.WARNING, logger="veil.client"):
+        reporter.report("country", "c1")
+    assert reporter.counters() == Counters(accepted=1, sent=1, dropped=1)
+    assert not reporter.force_flush(10), "a dropped report makes the flush answer False"
+    assert any("no Veil metric named 'country'" in r.getMessage() for r in caplog.records)
 
 
 def test_numpy_style_integer_indices_are_accepted(ready_reporter, state):
@@ -82,7 +110,7 @@ def test_a_full_queue_drops_the_newest_reports_and_counts_them(ready_reporter, s
     counters = reporter.counters()
     assert counters.accepted == 10 and counters.dropped == 15 and counters.queued == 10
     state.faults.clear()
-    assert reporter.force_flush(10)
+    assert not reporter.force_flush(10), "reports were dropped"
     after = reporter.counters()
     assert (after.accepted, after.dropped, after.sent, after.failed, after.queued) == (10, 15, 10, 0, 0)
     assert state.total("browser") == 10
@@ -146,7 +174,7 @@ def test_stale_fingerprint_fails_the_batch_and_refetches_specs(ready_reporter, s
         state.specs[index] = MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", 2.0,
                                                reports_per_period=MANY)
     reporter.report("browser", "edge")
-    assert reporter.force_flush(10)
+    assert not reporter.force_flush(10)
     assert reporter.counters() == Counters(accepted=1, failed=1)
     assert state.wait_for(lambda: state.spec_calls > calls_before)
     assert eventually(lambda: reporter.metrics["browser"].mechanism.epsilon == 2.0)
@@ -154,13 +182,12 @@ def test_stale_fingerprint_fails_the_batch_and_refetches_specs(ready_reporter, s
     assert reporter.force_flush(10) and state.total("browser") == 1
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
-                                  grpc.StatusCode.INTERNAL])
-def test_non_retryable_errors_fail_the_batch_without_retry(ready_reporter, state, code):
+@pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE])
+def test_what_can_never_succeed_fails_the_batch_without_retry(ready_reporter, state, code):
     reporter = ready_reporter()
     state.fail_next(1, code)
     reporter.report("country", "c3")
-    assert reporter.force_flush(10)
+    assert not reporter.force_flush(10), "the flush is done, but a report failed"
     assert reporter.counters() == Counters(accepted=1, failed=1)
     assert [outcome for _, outcome in state.calls] == [code.name]
 
@@ -192,3 +219,44 @@ def test_no_log_record_carries_values_or_tokens(state, make_reporter, collector,
     assert caplog.records
     for secret in ("tok-abc", "safari", "firefox"):
         assert secret not in text
+
+
+def test_a_refused_token_keeps_the_batches_and_says_so_not_outage(ready_reporter, state, caplog):
+    state.token = "the-first-token"
+    reporter = ready_reporter(token="the-first-token")
+    state.token = "the-rotated-token"  # an operator rotated it and the app was not updated yet
+    with caplog.at_level(logging.WARNING, logger="veil.client"):
+        for _ in range(5):
+            reporter.report("browser", "edge")
+        assert not reporter.force_flush(0.5)
+    assert reporter.counters().queued == 5 and reporter.counters().failed == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("refused the Veil token (UNAUTHENTICATED)" in m for m in messages)
+    assert not any("retrying the same batch" in m for m in messages)
+    state.token = "the-first-token"  # the operator puts it back: the kept batches go
+    assert reporter.force_flush(10) and state.total("browser") == 5
+
+
+def test_a_fetch_with_a_wrong_token_is_logged_as_a_token_problem(make_reporter, state, caplog):
+    state.token = "the-right-token"
+    with caplog.at_level(logging.WARNING, logger="veil.client"):
+        reporter = make_reporter(token="a-wrong-token")
+        assert not reporter.wait_for_specs(0.5)
+        reporter.report("browser", "edge")
+        assert not reporter.force_flush(1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("refused the Veil token (UNAUTHENTICATED) when fetching" in m for m in messages)
+    assert reporter.counters() == Counters(dropped=1)
+
+
+def test_shutdown_says_all_delivered_only_when_true(ready_reporter, state, caplog):
+    state.fail_next(1000, grpc.StatusCode.UNAVAILABLE)
+    reporter = ready_reporter(max_queue_size=5, max_batch_size=5)
+    for _ in range(8):
+        reporter.report("browser", "chrome")
+    state.faults.clear()
+    with caplog.at_level(logging.INFO, logger="veil.client"):
+        assert not reporter.shutdown(5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("all reports delivered" in m for m in messages)
+    assert any("Veil Reporter shut down: 5 report(s) sent, 3 dropped, 0 failed, 0 unsent." in m for m in messages)

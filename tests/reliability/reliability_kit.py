@@ -306,12 +306,17 @@ class Device:
         transport = self.reporter._processor.transport
         upload = transport.upload
 
-        def observed(payload: bytes, timeout: float) -> veil_pb2.UploadResponse:
-            response = upload(payload, timeout)
-            if response.duplicate:
-                self.duplicates += 1
-            self.acknowledged[veil_pb2.UploadRequest.FromString(payload).batch_id] = payload
-            return response
+        def observed(payload: bytes, timeout: float) -> grpc.Future:
+            def record(future: grpc.Future) -> None:  # runs before the worker hears of the outcome
+                if future.exception() is not None:
+                    return
+                if future.result().duplicate:
+                    self.duplicates += 1
+                self.acknowledged[veil_pb2.UploadRequest.FromString(payload).batch_id] = payload
+
+            future = upload(payload, timeout)
+            future.add_done_callback(record)
+            return future
 
         transport.upload = observed
 

@@ -13,13 +13,14 @@ class Counters:
 
     accepted: report() calls randomized and queued in this process.
     dropped:  reports discarded on the device without reaching the aggregator: a full queue,
-              no spec known yet, a refused spec, a Reporter shut down, the disk cap, or batches
-              held only in memory at shutdown.
+              no spec known yet, a refused spec, a metric or category the aggregator does not
+              declare, a Reporter shut down, the disk cap, or batches held only in memory at
+              shutdown.
     sent:     reports the aggregator acknowledged (a duplicate acknowledgement included: the
               batch was counted once, on an earlier attempt).
     retried:  upload attempts (batches, not reports) repeated after a retryable failure.
-    failed:   reports in batches the aggregator refused (stale spec, invalid batch, denied) or
-              that stayed unacknowledged past the retry horizon.
+    failed:   reports in batches the aggregator refused for good (stale spec, invalid batch)
+              or that stayed unacknowledged past the retry horizon.
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
               (batches left by an earlier process included).
     limited:  report() calls not sent because this period's reports of the metric were sent

@@ -33,9 +33,14 @@ __all__ = ["BatchProcessor", "FlushRequest"]
 _DROP_MESSAGES = {
     "full": "The Veil report queue is full; dropping new reports until it drains.",
     "closed": "The Veil Reporter is shut down; dropping new reports.",
-    "no-specs": "No Veil metric specs are known yet (the aggregator has not answered); dropping reports "
-                "until it does.",
+    "no-specs": "No Veil metric specs are known yet; dropping reports until the aggregator sends them.",
     "refused": "A Veil metric's spec was refused; dropping its reports.",
+    # A metric or category can vanish from a running app's specs (an operator removed or renamed
+    # it): never an exception in the host, and a misspelt name shows up here too.
+    "unknown-metric": "The aggregator declares no Veil metric named %r (removed, renamed or misspelt); "
+                      "dropping its reports.",
+    "unknown-category": "A value is not a category of Veil metric %r in the aggregator's spec; dropping "
+                        "such reports.",
     "error": "An unexpected error prevented a Veil report; dropping it.",
 }
 
@@ -88,6 +93,7 @@ class BatchProcessor:
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
         self.limited = self.over_budget = 0
+        self.lost_at_flush = 0  # dropped + failed when the last force_flush answered
 
     def _start(self, load: bool) -> None:
         from ._worker import Worker
@@ -126,11 +132,14 @@ class BatchProcessor:
             self.log.warning("refuse:budget", "A Veil metric's privacy budget is spent for now; its reports are "
                              "dropped until it allows more (see Reporter.privacy_spent()).")
 
-    def drop_logged(self, reason: str, count: bool = True) -> None:
+    def drop_logged(self, reason: str, count: bool = True, metric: str | None = None) -> None:
         if count:
             with self.lock:
                 self.dropped += 1
-        self.log.warning(f"drop:{reason}", _DROP_MESSAGES[reason])
+        if metric is None:
+            self.log.warning(f"drop:{reason}", _DROP_MESSAGES[reason])
+        else:
+            self.log.warning(f"drop:{reason}:{metric}", _DROP_MESSAGES[reason], metric)
 
     def counters(self) -> Counters:
         with self.lock:
@@ -145,7 +154,10 @@ class BatchProcessor:
             self.requests.append(request)
             self.wake.notify()
         request.done.wait(timeout)
-        return request.done.is_set() and request.ok
+        with self.lock:  # honest: False when reports were dropped or failed since the last flush
+            lost, before = self.dropped + self.failed, self.lost_at_flush
+            self.lost_at_flush = lost
+        return request.done.is_set() and request.ok and lost == before
 
     def shutdown(self, timeout: float | None) -> bool:
         with self.lock:
@@ -158,8 +170,14 @@ class BatchProcessor:
         request.done.wait(timeout)
         if threading.current_thread() is not self.thread:
             self.thread.join(None if timeout is None else max(0.0, request.deadline - time.monotonic()))
-        ok = request.done.is_set() and request.ok
-        logger.info("Veil Reporter shut down (%s).", "all reports delivered" if ok else "some reports not delivered")
+        counters = self.counters()
+        ok = request.done.is_set() and request.ok and not (counters.dropped or counters.failed or counters.queued)
+        if ok:
+            logger.info("Veil Reporter shut down (all reports delivered).")
+        else:
+            logger.warning("Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d unsent%s.",
+                           counters.sent, counters.dropped, counters.failed, counters.queued,
+                           " (kept under the queue directory)" if counters.queued else "")
         return ok
 
     # --- fork -------------------------------------------------------------------------------

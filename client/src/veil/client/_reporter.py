@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from veil.mechanism import MechanismError, MetricSpec, RandomSource
+from veil.mechanism import MetricSpec, RandomSource
 
 from ._config import resolve_config
 from ._counters import Counters
@@ -34,9 +34,12 @@ _DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0  # also at interpreter exit
 class Reporter:
     """Randomizes categories on the device and sends them to a Veil aggregator.
 
-    ``report(metric, value)`` raises only for misuse (UnknownMetricError, UnknownCategoryError,
-    both ReporterError and so ValueError); every problem of the network, the aggregator or the
-    disk is absorbed, logged once and counted (see ``counters()``). Settings not given fall
+    ``report(metric, value)`` raises only for a call that is wrong whatever the aggregator
+    declares (UnknownMetricError for a metric name that is not a string, UnknownCategoryError
+    for a value that is neither a string nor a non-negative integer; both ReporterError and so
+    ValueError). A metric or category the aggregator's specs lack (removed or renamed by an
+    operator, or misspelt) is dropped, counted and logged once, as is every problem of the
+    network, the aggregator or the disk (see ``counters()``). Settings not given fall
     back to the VEIL_* environment variables (``veil.client.environment_variables``), then to
     defaults.
 
@@ -130,9 +133,10 @@ class Reporter:
     def report(self, metric: str, value: str | int) -> None:
         """Randomize ``value`` (a category label or index of ``metric``) and queue the report.
 
-        Never blocks on the network. Raises UnknownMetricError when the aggregator's specs are
-        known and lack ``metric``, UnknownCategoryError when ``value`` is not a category of it.
-        When no spec has been obtained yet the report is dropped and counted instead."""
+        Never blocks on the network, never raises because of what the aggregator declares: a
+        metric or category its specs lack, or no spec obtained yet, drops the report and counts
+        it. Raises UnknownMetricError when ``metric`` is not a string, UnknownCategoryError when
+        ``value`` is neither a string nor a non-negative integer."""
         if not isinstance(metric, str):
             raise UnknownMetricError("A metric name must be a string.")
         entry = self._specs.entries.get(metric)
@@ -141,11 +145,13 @@ class Reporter:
                 return self._processor.drop_logged("refused")
             if not self._specs.ready.is_set():
                 return self._processor.drop_logged("no-specs")
-            raise UnknownMetricError(f"The aggregator declares no metric named {metric!r}.")
+            if not isinstance(value, str):
+                _index(None, value)  # misuse raises whatever the specs say
+            return self._processor.drop_logged("unknown-metric", metric=metric)
         spec, labels = entry
-        index = labels.get(value) if isinstance(value, str) else None
+        index = labels.get(value) if isinstance(value, str) else _index(spec, value)
         if index is None:
-            index = _index(spec, value)
+            return self._processor.drop_logged("unknown-category", metric=metric)
         try:
             period = spec.period_index(self._clock())
             if self._ledger.full(spec.name, period, spec.reports_per_period):
@@ -224,18 +230,17 @@ class Reporter:
         return self._specs.specs
 
 
-def _index(spec: MetricSpec, value: object) -> int:
+def _index(spec: MetricSpec | None, value: object) -> int | None:
+    """The index ``value`` names in ``spec``; None when the spec has no such index (a server-side
+    matter); UnknownCategoryError when ``value`` could never be a category index."""
     try:
-        if isinstance(value, str):
-            return spec.index(value)
-        if isinstance(value, bool):
-            raise MechanismError("A bool is not a category.")
-        return spec.mechanism.check_value(operator.index(value))
-    except (MechanismError, TypeError):
+        index = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        index = None
+    if index is None or index < 0:
         # The value is not repeated in the message: it may be private.
-        raise UnknownCategoryError(
-            f"The value is neither a category label nor an index from 0 to {spec.k - 1} of metric {spec.name!r}."
-        ) from None
+        raise UnknownCategoryError("A category is a label (a string) or an index from 0 up.")
+    return index if spec is not None and index < spec.k else None
 
 
 def _app_budget(value: float | Mapping[str, float] | None, name: str) -> Callable[[str], float]:

@@ -1,7 +1,13 @@
 """The gRPC side: one channel per process (never reused across fork), TLS and bearer token.
 
 Uploads send the stored UploadRequest bytes as they are (no re-encoding), so a retried batch
-is byte for byte the batch first sent, batch id included.
+is byte for byte the batch first sent, batch id included. Calls return futures, so the worker
+keeps batching (and spooling) reports while one is in flight.
+
+Status policy: only what can never succeed with the same bytes is FINAL (the batch fails; a
+stale spec also refetches the specs). A refused token (TOKEN_REFUSED) is an operator's config
+error that can be fixed, so its batches wait with backoff like any other retryable status:
+UNAVAILABLE, a store refusing writes, CANCELLED by a draining server, INTERNAL, UNKNOWN...
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ from veil.wire.v1 import veil_pb2
 
 from ._config import Config
 
-__all__ = ["Transport", "RETRYABLE"]
+__all__ = ["Transport", "FINAL", "TOKEN_REFUSED"]
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                       grpc.StatusCode.RESOURCE_EXHAUSTED})
+FINAL = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                   grpc.StatusCode.OUT_OF_RANGE})
+TOKEN_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 _SERVICE = "/veil.wire.v1.Collector/"
 _USER_AGENT = "veil-client/0.1"
@@ -57,15 +64,17 @@ class Transport:
         )
         self._channel = channel
 
-    def fetch_specs(self, timeout: float) -> veil_pb2.GetMetricSpecsResponse:
+    def fetch_specs(self, timeout: float) -> grpc.Future:
+        """A future of the GetMetricSpecsResponse."""
         if self._channel is None:
             self._connect()
-        return self._get_specs(veil_pb2.GetMetricSpecsRequest(), timeout=timeout, metadata=self._metadata)
+        return self._get_specs.future(veil_pb2.GetMetricSpecsRequest(), timeout=timeout, metadata=self._metadata)
 
-    def upload(self, payload: bytes, timeout: float) -> veil_pb2.UploadResponse:
+    def upload(self, payload: bytes, timeout: float) -> grpc.Future:
+        """A future of the UploadResponse."""
         if self._channel is None:
             self._connect()
-        return self._upload(payload, timeout=timeout, metadata=self._metadata)
+        return self._upload.future(payload, timeout=timeout, metadata=self._metadata)
 
     def close(self) -> None:
         channel, self._channel = self._channel, None

@@ -4,11 +4,15 @@ One daemon thread per Reporter (per process). Each turn it waits until there is 
 do (a full batch, the schedule delay, a due retry or spec fetch, a flush or shutdown request),
 then: batches the queued reports (one metric and one spec fingerprint per batch, a fresh
 16-byte random batch id each), spools them under the queue directory, fetches specs when due,
-and uploads the outbox oldest first. A retryable failure (UNAVAILABLE, DEADLINE_EXCEEDED,
-RESOURCE_EXHAUSTED) keeps the batch and waits a backoff with full jitter (uniform in
-[0, min(max, initial * 2^failures)]) before resending the same bytes, batch id included.
-FAILED_PRECONDITION (a stale spec) fails the batch, whose reports cannot be re-randomized, and
-fetches the specs again; any other error fails the batch without retry.
+and uploads the outbox oldest first. While a call is in flight it keeps batching and spooling
+what falls due, so a crash loses at most the reports of the last schedule delay, and a slow
+upload never fills the memory queue when a queue directory can take the batches.
+
+Only what can never succeed (transport.FINAL) fails a batch: FAILED_PRECONDITION (a stale
+spec, whose reports cannot be re-randomized) also fetches the specs again. Everything else
+keeps the batch and waits a backoff with full jitter (uniform in
+[0, min(max, initial * 2^failures)]) before resending the same bytes, batch id included; a
+refused token is logged as such, not as an outage.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ._encoding import MAX_BATCH_BYTES, encode_batch, report_bytes
 from ._log import logger
 from ._outbox import Batch
 from ._processor import BatchProcessor, FlushRequest
-from ._transport import RETRYABLE
+from ._transport import FINAL, TOKEN_REFUSED
 
 __all__ = ["Worker", "Backoff"]
 
@@ -128,18 +132,31 @@ class Worker:
             return False
         return True
 
+    def _drain_due(self, now: float) -> bool:
+        """Under the lock: whether the queued reports are to be batched now (starts the clock)."""
+        p, config = self.p, self.p.config
+        pending = len(p.pending)
+        if not pending:
+            self.next_drain = None
+            return False
+        if self.next_drain is None:
+            self.next_drain = now + config.schedule_delay
+        return pending >= config.max_batch_size or now >= self.next_drain or bool(self.active)
+
+    def _take(self) -> list[tuple[MetricSpec, tuple[int, ...]]]:
+        """Under the lock: the queued reports, leaving the queue empty."""
+        reports = list(self.p.pending)
+        self.p.pending.clear()
+        self.next_drain = None
+        return reports
+
     def _wait(self) -> tuple[list[tuple[MetricSpec, tuple[int, ...]]], list[FlushRequest]]:
         """Under the lock: sleep until there is work; take the queue when it is due."""
-        p, config = self.p, self.p.config
+        p = self.p
         while True:
             now = time.monotonic()
             closing = any(r.closing for r in self.active)
-            pending = len(p.pending)
-            if not pending:
-                self.next_drain = None
-            elif self.next_drain is None:
-                self.next_drain = now + config.schedule_delay
-            due = pending and (pending >= config.max_batch_size or now >= self.next_drain or self.active)
+            due = self._drain_due(now)
             if (p.requests or due or (len(p.outbox) and now >= self.retry_at)
                     or (not closing and now >= self.spec_due) or any(now >= r.deadline for r in self.active)):
                 break
@@ -151,12 +168,31 @@ class Worker:
             wake = min([wake, *(r.deadline for r in self.active)])
             p.wake.wait(None if wake == math.inf else max(wake - now, 0.0005))
         requests, p.requests = p.requests, []
-        if due or requests:
-            reports = list(p.pending)
-            p.pending.clear()
-            self.next_drain = None
-            return reports, requests
-        return [], requests
+        return (self._take() if due or requests else []), requests
+
+    def _await(self, future: grpc.Future) -> None:
+        """Wait for a call in flight, batching (and spooling) the queued reports as they fall due."""
+        p = self.p
+        done = []
+
+        def wake(_: object) -> None:
+            with p.lock:
+                done.append(True)
+                p.wake.notify()
+
+        future.add_done_callback(wake)
+        while True:
+            reports = []
+            with p.lock:
+                while not done:
+                    now = time.monotonic()
+                    if self._drain_due(now):
+                        reports = self._take()
+                        break
+                    p.wake.wait(None if self.next_drain is None else max(self.next_drain - now, 0.0005))
+            if not reports:
+                return
+            self._drain(reports)
 
     # --- batching -----------------------------------------------------------------------------
 
@@ -214,12 +250,18 @@ class Worker:
         if timeout <= 0:
             return
         try:
-            response = p.transport.fetch_specs(timeout)
+            future = p.transport.fetch_specs(timeout)
+            self._await(future)
+            response = future.result()
         except Exception as error:
             self.spec_due = time.monotonic() + self.fetches.next_delay()
             code = _code(error)
-            p.log.warning(f"specs:fetch:{code}", "Cannot fetch Veil metric specs (%s); retrying with backoff.",
-                          code.name if code else type(error).__name__, exc_info=code is None)
+            if code in TOKEN_REFUSED:
+                p.log.warning(f"specs:fetch:{code}", "The aggregator refused the Veil token (%s) when fetching "
+                              "metric specs: check the token; retrying with backoff.", code.name)
+            else:
+                p.log.warning(f"specs:fetch:{code}", "Cannot fetch Veil metric specs (%s); retrying with backoff.",
+                              code.name if code else type(error).__name__, exc_info=code is None)
             return
         p.specs.update(response)
         self.spec_due = time.monotonic() + p.config.spec_ttl
@@ -255,7 +297,9 @@ class Worker:
                 self._mirror(0, retried=1)
             batch.attempts += 1
             try:
-                p.transport.upload(payload, timeout)
+                future = p.transport.upload(payload, timeout)
+                self._await(future)
+                future.result()
             except Exception as error:
                 if not self._failed(batch, error):
                     return
@@ -269,9 +313,14 @@ class Worker:
         """Handle a failed upload; False when the outbox must wait for a retry."""
         p, code = self.p, _code(error)
         name = code.name if code else type(error).__name__
-        if code in RETRYABLE:
+        if code not in FINAL:
             self.retry_at = time.monotonic() + max(self.uploads.next_delay(), _retry_hint(error))
-            p.log.warning(f"upload:{name}", "Veil upload failed (%s); retrying the same batch with backoff.", name)
+            if code in TOKEN_REFUSED:
+                p.log.warning(f"upload:{name}", "The aggregator refused the Veil token (%s): check the token; "
+                              "keeping the batches and retrying with backoff.", name)
+            else:
+                p.log.warning(f"upload:{name}", "Veil upload failed (%s); retrying the same batch with backoff.",
+                              name, exc_info=code is None)
             return False
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             self.spec_due = 0.0  # the spec is stale: fetch again; these reports cannot be re-randomized
