@@ -4,13 +4,20 @@ owner-only, with a cap on disk use and nothing that holds a true value."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 
 import grpc
 
 from veil.client import RETRY_HORIZON_SECONDS, Counters
 from veil.wire.v1 import veil_pb2
+
+from loopback_collector import eventually
 
 
 def _files(directory):
@@ -123,3 +130,58 @@ def test_retryable_failures_keep_a_spooled_batch_on_disk(ready_reporter, state, 
     assert reporter.force_flush(10)
     assert [o for _, o in state.calls] == ["UNAVAILABLE"] * 3 + ["counted"]
     assert _files(tmp_path) == []
+
+
+def test_a_hung_upload_spills_new_reports_to_disk_instead_of_dropping_them(ready_reporter, state, tmp_path):
+    # A backlog drains slowly after an outage: reports keep coming while an upload is in flight.
+    # With a queue directory they become batches on disk (room left), not "queue full" drops.
+    reporter = ready_reporter(queue_dir=tmp_path, max_queue_size=128, max_batch_size=32, schedule_delay_ms=20)
+    in_flight, release = threading.Event(), threading.Event()
+    state.gate = (in_flight, release)
+    reporter.report("country", "c0")
+    assert in_flight.wait(10)
+    for i in range(60):  # 1,200 reports, ten times the memory bound, while the upload hangs
+        for _ in range(20):
+            reporter.report("country", "c1")
+        time.sleep(0.01)
+    assert eventually(lambda: sum(map(_count, _files(tmp_path))) == 1201)
+    counters = reporter.counters()
+    assert (counters.accepted, counters.dropped, counters.queued) == (1201, 0, 1201)
+    release.set()
+    assert reporter.force_flush(10) and state.total("country") == 1201
+
+
+_APP = textwrap.dedent("""
+    import sys, time
+    from veil.client import Reporter
+    reporter = Reporter(sys.argv[1], tls=False, queue_dir=sys.argv[2], schedule_delay_ms=200,
+                        export_timeout_ms=60_000, memoize=False)
+    assert reporter.wait_for_specs(10)
+    while True:
+        for _ in range(10):
+            reporter.report("page", 3)
+        print(time.monotonic(), reporter.counters().accepted, flush=True)
+        time.sleep(0.01)
+""")
+
+
+def test_an_app_crash_loses_only_the_last_schedule_delay_while_an_upload_hangs(state, collector, tmp_path):
+    """SIGKILL an app while its first upload hangs: every report accepted more than
+    schedule_delay_ms (plus scheduling slack) before the kill is in the outbox on disk."""
+    in_flight, release = threading.Event(), threading.Event()
+    state.gate = (in_flight, release)
+    app = subprocess.Popen([sys.executable, "-c", _APP, collector.endpoint, str(tmp_path)],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert in_flight.wait(20)
+        time.sleep(2.0)  # the upload hangs; before the fix nothing after its batch was persisted
+    finally:
+        killed_at = time.monotonic()
+        os.kill(app.pid, signal.SIGKILL)
+        out, _ = app.communicate(10)
+        release.set()
+    progress = [(float(t), int(n)) for t, n in (line.split() for line in out.splitlines())]
+    on_disk = sum(map(_count, _files(tmp_path)))
+    slack = 0.8  # the worker's wake-up, encoding and fsync on a loaded machine
+    due = max(n for t, n in progress if t <= killed_at - 0.2 - slack)
+    assert due > 200 and on_disk >= due, (due, on_disk, progress[-1])
