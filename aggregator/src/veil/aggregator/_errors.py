@@ -6,7 +6,7 @@ They live in one light module (no numpy) so the CLI can catch them without loadi
 from __future__ import annotations
 
 __all__ = ["quoted", "AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "StaleSpec", "StoreError",
-           "StoreUnavailable"]
+           "StoreUnavailable", "StoreMisconfigured"]
 
 
 _QUOTED_CHARACTERS = 64
@@ -50,4 +50,10 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The store cannot be reached or did not answer in time; the caller may retry."""
+    """The store cannot be reached, did not answer in time, or refuses writes for now (memory
+    full, disk full, a read-only replica); the caller may retry."""
+
+
+class StoreMisconfigured(StoreError):
+    """The store answers but is set up so that counting exactly once cannot hold (e.g. Redis
+    evicting keys); an operator must fix it."""

@@ -6,7 +6,9 @@
     aggregator.stop()      # health NOT_SERVING, in-flight uploads finish, listeners close
 
 Health follows the store: a background thread pings it every second and reports NOT_SERVING
-while it cannot be reached (uploads then fail fast with UNAVAILABLE, never silently dropped).
+while it cannot be reached or refuses writes (uploads then fail fast with UNAVAILABLE, never
+silently dropped). A store set up so that a batch could count twice (Redis evicting keys) is
+refused at start, and NOT_SERVING with an error line if it becomes so while serving.
 
 Access: with [tls] both listeners speak TLS only (mutual TLS with tls.client_ca_file); with
 tokens, an interceptor checks every call before its handler (see _auth); reload_tokens() swaps
@@ -60,7 +62,7 @@ from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
-from .store import Store, StoreError, open_store
+from .store import Store, StoreError, StoreMisconfigured, open_store
 
 __all__ = ["Aggregator", "freeze_startup_heap", "inflight_bytes", "max_message_bytes", "open_configured_store"]
 
@@ -242,7 +244,7 @@ class Aggregator:
         return self._http.port if self._http else None
 
     def start(self) -> None:
-        self._check_store()
+        self._check_store(starting=True)
         self._grpc.start()
         if self._http:
             self._http.start()
@@ -273,10 +275,16 @@ class Aggregator:
         if not config.auth.of_role("read"):
             log.warning("no read tokens: estimates (gRPC Estimates, HTTP /v1/estimates and /metrics) cannot be read")
 
-    def _check_store(self) -> None:
+    def _check_store(self, starting: bool = False) -> None:
         try:
             self.store.ping()
             ok = True
+        except StoreMisconfigured as err:
+            if starting:
+                raise ConfigError(f"store.url: {err}.") from None
+            ok = False
+            if self._store_ok is not False:
+                log.error("the counter store would count batches twice: NOT_SERVING", extra={"error": str(err)})
         except StoreError:
             ok = False
         if ok is not self._store_ok:

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._errors import StoreError
+    from .._errors import StoreError, StoreMisconfigured
     from .._logging import configure_logging
     from ..config import load_config
 
@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
                 finally:
                     store.close()
                 reach = "reachable"
+            except StoreMisconfigured as err:
+                print(f"{config.source}: store {config.store_url.split('@')[-1]}: {err}.", file=sys.stderr)
+                return 1
             except StoreError as err:
                 reach = f"not reachable from here ({err})"
         print(f"{config.source}: OK ({len(config.metrics)} metrics; store {config.store_url.split('@')[-1]}: {reach})")

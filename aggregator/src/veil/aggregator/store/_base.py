@@ -11,10 +11,10 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._errors import StoreError, StoreUnavailable
+from .._errors import StoreError, StoreMisconfigured, StoreUnavailable
 from ..counts import Counts
 
-__all__ = ["StoreError", "StoreUnavailable", "CountsKey", "BatchWrite", "Store"]
+__all__ = ["StoreError", "StoreUnavailable", "StoreMisconfigured", "CountsKey", "BatchWrite", "Store"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def ping(self) -> None:
-        """Return when the store is reachable; raise StoreUnavailable otherwise."""
+        """Return when the store is reachable and takes writes; raise StoreUnavailable otherwise,
+        StoreMisconfigured when it is set up so that a batch could be counted twice."""
 
     def close(self) -> None:
         """Release connections (and SqliteStore's file lock)."""

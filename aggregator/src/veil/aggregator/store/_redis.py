@@ -28,7 +28,11 @@ and so exactly once, depends on it. Group commit is per shard, so more shards me
 groups and more Redis CPU per batch (bench_capacity.py measures it); more shards than masters
 only leave room to spread over masters added later.
 
-Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua).
+Needs Redis >= 7.0 (EXPIREAT ... GT, PEXPIRETIME in add_batch.lua), and ``maxmemory-policy
+noeviction`` (Redis's default): an evicted batch id would let a retried batch count twice, so
+``ping`` raises StoreMisconfigured under any other policy. A Redis that answers but refuses
+writes (memory full under noeviction, a failed RDB save or AOF write, a read-only replica) is
+StoreUnavailable, never a final error, and ``ping`` writes a short-lived probe key to find it.
 
 A bucket's version, which caches compare, is a random 63-bit number each script call writes
 along with its counts, not the number of batches: after a failover or a restore lost writes,
@@ -87,6 +91,7 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
     ResponseError,
@@ -95,7 +100,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..counts import Counts
-from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
+from ._base import BatchWrite, CountsKey, Store, StoreError, StoreMisconfigured, StoreUnavailable
 from ._checks import check_write
 from ._coalesce import Coalescer, FlushObserver
 
@@ -116,11 +121,18 @@ _ADD_BATCH = resources.files(__package__).joinpath("add_batch.lua").read_text(en
 # cluster no node of which answers). AuthenticationError/AuthorizationError subclass
 # ConnectionError but are configuration mistakes; they are caught first.
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, ReadOnlyError, TryAgainError, ClusterDownError,
-              ClusterError, AskError, RedisClusterException)
+              ClusterError, AskError, RedisClusterException,
+              OutOfMemoryError)  # OOM: a Redis refusing writes for now (memory full under noeviction)
 
 _SLOTS = 16384
 _SHARDS_KEY = "veil:shards"  # a cluster's shard count, written once by the first aggregator
 MAX_SHARDS = 1024
+# Error replies (also from inside add_batch.lua) that a later retry can turn into success: a
+# script running long, a failed RDB save or AOF write (a full disk), too few replicas, loading.
+_REFUSING_FOR_NOW = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "MASTERDOWN", "OOM", "READONLY")
+_PROBE_KEY = "veil:probe"  # written by every ping (PX below), so a store refusing writes is seen
+_PROBE_MS = 10_000
+_PING_TIMEOUT = 1.0  # seconds: health follows a frozen Redis within about a ping period
 
 
 def _tag(metric: str) -> str:
@@ -215,6 +227,7 @@ class RedisStore(Store):
         self._lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
         self._add_batch: Script | None = None
+        self._probe: redis.Redis | None = None
         if self._cluster:
             seeds = _cluster_seeds(url)  # a bad URL is refused now; the nodes are asked on first use
             self._connect = lambda: _cluster_client(seeds, packer, options)
@@ -225,6 +238,11 @@ class RedisStore(Store):
             self._client = redis.Redis.from_url(url, **options)
             self._add_batch = self._client.register_script(_ADD_BATCH)
             self._shards = 1
+            # Health's own client: one short attempt, no retries, so a frozen Redis turns health
+            # NOT_SERVING within about a second rather than after the uploads' timeouts and retries.
+            self._probe = redis.Redis.from_url(url, socket_timeout=min(socket_timeout, _PING_TIMEOUT),
+                                               socket_connect_timeout=min(socket_connect_timeout, _PING_TIMEOUT),
+                                               retry=Retry(ExponentialWithJitterBackoff(), 0), max_connections=2)
         self._packed = packer is not None  # the increments go pre-encoded (see _Resp)
         self._coalescer: Coalescer[BatchWrite, bool] | None = (
             Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None)
@@ -534,7 +552,9 @@ class RedisStore(Store):
     def ping(self) -> None:
         """Redis answers (on a cluster: every master, and the shard count is known), and with
         wait_replicas=N at least N replicas are connected (to every master): fewer could not
-        acknowledge any write, so the store counts as unavailable (health NOT_SERVING)."""
+        acknowledge any write, so the store counts as unavailable (health NOT_SERVING). On one
+        Redis it must also answer within a second, take a write (a probe key) and evict
+        nothing (StoreMisconfigured otherwise)."""
         if self._cluster:
             try:
                 self._ping_cluster()
@@ -547,10 +567,17 @@ class RedisStore(Store):
                 raise
             return
         with self._boundary("ping"):
-            if not self._wait_replicas:
-                self._redis.ping()
-                return
-            connected = int(self._redis.info("replication").get("connected_slaves", 0))
+            pipe = self._probe.pipeline(transaction=False)
+            pipe.info("memory")
+            pipe.info("replication")
+            pipe.set(_PROBE_KEY, b"1", px=_PROBE_MS)
+            memory, replication, _ = pipe.execute()
+        policy = memory.get("maxmemory_policy", "noeviction")
+        if policy != "noeviction":
+            raise StoreMisconfigured(
+                f"Redis at {self._where} evicts keys (maxmemory-policy {policy}): an evicted batch id would count a "
+                "retried batch twice; set maxmemory-policy noeviction")
+        connected = int(replication.get("connected_slaves", 0))
         if connected < self._wait_replicas:
             raise StoreUnavailable(f"Redis at {self._where} has {connected} of the {self._wait_replicas} replicas "
                                    "each write waits for")
@@ -570,6 +597,8 @@ class RedisStore(Store):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+        if self._probe is not None:
+            self._probe.close()
 
     @contextmanager
     def _boundary(self, what: str) -> Iterator[None]:
@@ -581,8 +610,8 @@ class RedisStore(Store):
         except _TRANSIENT as error:
             raise StoreUnavailable(f"Redis at {self._where} unavailable for {what}: {_line(error)}") from error
         except ResponseError as error:
-            if str(error).startswith("BUSY"):  # another client's script is running long
-                raise StoreUnavailable(f"Redis at {self._where} busy during {what}: {_line(error)}") from error
+            if str(error).startswith(_REFUSING_FOR_NOW):
+                raise StoreUnavailable(f"Redis at {self._where} refused {what} for now: {_line(error)}") from error
             raise StoreError(f"Redis at {self._where} failed {what}: {_line(error)}") from error
         except redis.RedisError as error:
             raise StoreError(f"Redis at {self._where} failed {what}: {_line(error)}") from error
