@@ -127,6 +127,18 @@ def parse_duration(text: object, key: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
+def _dedupe_ttl(text: object) -> int:
+    """Batch ids must be remembered as long as a device may resend a batch, or a late retry
+    counts twice."""
+    from veil.client import RETRY_HORIZON_SECONDS  # here: the SDK loads gRPC, which not every caller needs
+
+    seconds = parse_duration(text, "server.dedupe_ttl")
+    if seconds < RETRY_HORIZON_SECONDS:
+        raise ConfigError(f"server.dedupe_ttl: expected at least {RETRY_HORIZON_SECONDS // 3600}h, the SDK's retry "
+                          f"horizon (a batch retried after its id is forgotten counts twice), got {text!r}.")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Window:
     """A window of a metric: "total" (since the start) or a span cut into aligned buckets."""
@@ -317,7 +329,7 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),
         metrics_top=_whole(server.get("metrics_top", _DEFAULT_METRICS_TOP), "server.metrics_top", low=0),
         max_batch=max_batch,
-        dedupe_ttl=parse_duration(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL), "server.dedupe_ttl"),
+        dedupe_ttl=_dedupe_ttl(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL)),
         watch_interval=_seconds(server.get("watch_interval", _DEFAULT_WATCH_INTERVAL), "server.watch_interval"),
         grace_period=_seconds(server.get("grace_period", _DEFAULT_GRACE_PERIOD), "server.grace_period"),
         workers=workers,
