@@ -246,3 +246,83 @@ def test_help_documents_processes():
     out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "serve", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert "--processes N" in out.stdout and "--worker-index" not in out.stdout
+
+
+# A worker as the supervisor sees it: a process that says it serves (down --ready-fd, when
+# given) and then runs until killed; it starts in milliseconds, where a real worker takes
+# seconds on a loaded machine, so a kill lands within _FAST_EXIT of its start every time.
+_QUICK_WORKER = """
+import sys, time, os
+if "--ready-fd" in sys.argv:
+    fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
+    os.write(fd, b"1")
+    os.close(fd)
+print("serving", sys.argv[sys.argv.index("--worker-index") + 1], os.getpid(), flush=True)
+time.sleep(3600)
+"""
+
+_SUPERVISOR = """
+import sys
+from veil.aggregator._logging import configure_logging
+from veil.aggregator._workers import supervise
+from veil.aggregator.config import load_config
+configure_logging("json", "info")
+sys.exit(supervise(load_config(sys.argv[1]), [sys.executable, "-c", sys.argv[2]]))
+"""
+
+
+def test_a_worker_killed_while_serving_is_restarted_however_soon_and_the_others_keep_serving(tmp_path):
+    # Three kills of worker 1, each within 5 s of its start but after it served: not a failure
+    # to start, so the supervisor must not give up (before: it stopped worker 0 and exited 1).
+    config = tmp_path / "veil.toml"
+    config.write_text(config_toml(config_dict("redis://127.0.0.1:1/0", free_port(), processes=2)))
+    out = tmp_path / "out.log"
+    with open(out, "wb") as sink:
+        supervisor = subprocess.Popen([sys.executable, "-c", _SUPERVISOR, str(config), _QUICK_WORKER],
+                                      stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        def serving() -> dict[str, list[int]]:
+            found: dict[str, list[int]] = {}
+            for line in out.read_text().splitlines():
+                if line.startswith("serving "):
+                    found.setdefault(line.split()[1], []).append(int(line.split()[2]))
+            return found
+
+        assert wait_until(lambda: len(serving()) == 2, 30), out.read_text()
+        first = serving()["0"][0]
+        for round_ in range(3):
+            os.kill(serving()["1"][-1], signal.SIGKILL)
+            assert wait_until(lambda: len(serving()["1"]) == round_ + 2, 30), out.read_text()
+        time.sleep(0.5)
+        assert supervisor.poll() is None, out.read_text()
+        assert serving()["0"] == [first] and alive(first)
+        assert "worker keeps exiting" not in out.read_text()
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) in (0, 1)
+
+
+def test_a_supervisor_started_right_after_its_own_sigkill_waits_for_the_draining_orphans(
+        make_redis_server, serve_process):
+    redis = make_redis_server()
+    serve, _ = start_two(serve_process, redis.url)
+    orphans = workers(serve)
+    # Uploads in flight on a frozen Redis keep the orphaned workers draining (and holding the
+    # port) for their grace period of 2 s after the supervisor's death.
+    channels = [grpc.insecure_channel(serve.endpoint) for _ in range(CHANNELS)]
+    redis.process.send_signal(signal.SIGSTOP)
+    calls = [veil_pb2_grpc.CollectorStub(c).Upload.future(make_upload("os", 5), timeout=20) for c in channels]
+    time.sleep(0.5)
+    try:
+        assert serve.signal(signal.SIGKILL) == -signal.SIGKILL
+        serve.start()  # at once: the port is still held by the orphans
+    finally:
+        redis.process.send_signal(signal.SIGCONT)
+    assert serve.process.poll() is None, serve.log.read_text()
+    assert "Address already in use" not in serve.log.read_text()
+    assert wait_until(lambda: not any(alive(pid) for pid in orphans.values()), 15)
+    assert wait_until(lambda: started(serve, 4), 30), serve.log.read_text()
+    for call in calls:
+        call.exception()  # answered one way or another; the SDK retries what was not
+    for channel in channels:
+        channel.close()

@@ -12,14 +12,19 @@ veil.aggregator ... --worker-index I`), so no gRPC state is ever forked. It forw
 SIGINT to every worker (each drains as a lone daemon does) and exits when all have, 0 when
 all stopped cleanly. It forwards SIGHUP (reload the tokens) too, which a worker ignores until
 it can reload: one still starting is not killed by it, and reads the new file anyway. A worker
-that dies on its own is restarted after a backoff; one that dies within its first seconds
-_MAX_FAST_EXITS times in a row makes the supervisor stop everything and exit 1 rather than loop.
-On Linux a worker gets SIGTERM when the supervisor dies.
+that dies on its own is restarted after a backoff; one that dies _MAX_FAST_EXITS times in a
+row before it ever served (it tells the supervisor through a pipe once it serves) makes the
+supervisor stop everything and exit 1 rather than loop: a worker killed while serving is
+restarted however often, and the others keep serving. On Linux a worker gets SIGTERM when the
+supervisor dies; a supervisor started again at once waits for such orphans to drain and free
+the port (up to the grace period) before it says the port is taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import logging
 import os
 import shutil
@@ -35,11 +40,11 @@ from collections.abc import Callable
 from ._errors import ConfigError
 from .config import ENV_STORE_URL, AggregatorConfig
 
-__all__ = ["label_worker_logs", "supervise"]
+__all__ = ["label_worker_logs", "supervise", "tell_supervisor_serving"]
 
 log = logging.getLogger("veil.aggregator")
 
-_FAST_EXIT = 5.0  # seconds: a worker exiting sooner after its start did not get going
+_FAST_EXIT = 5.0  # seconds: a worker exiting sooner after its start, before serving, did not get going
 _MAX_FAST_EXITS = 3  # in a row, by one worker: something is wrong that restarting will not fix
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 10.0  # seconds before a restart, doubling with each fast exit
 _KILL_AFTER = 10.0  # seconds past the grace period before a worker that does not stop is killed
@@ -54,12 +59,42 @@ class _Worker:
         self.started = 0.0
         self.fast_exits = 0
         self.restart_at = 0.0
+        self.ready: int | None = None  # the read end of the pipe the worker writes to once it serves
+        self.serving = False
 
     def start(self, command: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen([*command, "--worker-index", str(self.index)], env=env,
-                                        preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None)
+        self.close_ready()
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        try:
+            self.process = subprocess.Popen(
+                [*command, "--worker-index", str(self.index), "--ready-fd", str(write)], env=env, pass_fds=(write,),
+                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None)
+        finally:
+            os.close(write)
+        self.ready, self.serving = read, False
         self.started = time.monotonic()
         log.info("worker started", extra={"worker": self.index, "pid": self.process.pid})
+
+    def poll_ready(self) -> None:
+        if self.serving or self.ready is None:
+            return
+        with contextlib.suppress(BlockingIOError):
+            self.serving = bool(os.read(self.ready, 1))
+
+    def close_ready(self) -> None:
+        if self.ready is not None:
+            os.close(self.ready)
+            self.ready = None
+
+
+def tell_supervisor_serving(fd: int) -> None:
+    """In a worker, once it serves: one byte down the pipe the supervisor gave it."""
+    try:
+        os.write(fd, b"1")
+        os.close(fd)
+    except OSError:  # the supervisor is gone: it has no use for the news
+        pass
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -75,19 +110,26 @@ def _die_with(parent: int) -> Callable[[], None]:
     return preexec
 
 
-def _check_free(address: str, key: str) -> None:
+def _check_free(address: str, key: str, wait: float) -> None:
     """Fail in one line, as a lone daemon does, when something already listens on `address`:
     the workers' SO_REUSEPORT sockets would otherwise share a port with another server of the
-    same user. (A probe without SO_REUSEPORT fails to bind next to any listener.)"""
+    same user. (A probe without SO_REUSEPORT fails to bind next to any listener.) A port taken
+    is tried again for `wait` seconds: the workers of a supervisor killed just before are
+    still draining (they got SIGTERM) and free it within their grace period."""
     host, _, port = address.rpartition(":")
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]") or None, int(port),
-                                                           type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no listener
-            probe.bind(where)
-    except OSError as err:
-        raise ConfigError(f"{key}: cannot listen on {address} ({err.strerror or err}).") from None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]") or None, int(port),
+                                                               type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no listener
+                probe.bind(where)
+            return
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise ConfigError(f"{key}: cannot listen on {address} ({err.strerror or err}).") from None
+            time.sleep(_POLL)
 
 
 def _exit_status(code: int) -> dict[str, object]:
@@ -96,9 +138,10 @@ def _exit_status(code: int) -> dict[str, object]:
 
 def supervise(config: AggregatorConfig, command: list[str]) -> int:
     """Run config.processes workers, each `command --worker-index I`, until SIGTERM or SIGINT."""
-    _check_free(config.grpc_address, "server.grpc")
+    wait = config.grace_period + 1.0  # orphans of a killed supervisor drain within their grace period
+    _check_free(config.grpc_address, "server.grpc", wait)
     if config.http_address and not config.http_address.endswith(":0"):
-        _check_free(config.http_address, "server.http")
+        _check_free(config.http_address, "server.http", wait)
     stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -118,6 +161,8 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
         log.info("supervisor stopped", extra={"workers": config.processes})
         return 1 if gave_up or not clean else 0
     finally:
+        for worker in workers:
+            worker.close_ready()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
@@ -138,10 +183,14 @@ def _watch(workers: list[_Worker], stop: threading.Event, hangup: threading.Even
                 if now >= worker.restart_at:
                     worker.start(command, env)
                 continue
+            worker.poll_ready()
             code = worker.process.poll()
             if code is None:
                 continue
-            worker.fast_exits = worker.fast_exits + 1 if now - worker.started < _FAST_EXIT else 0
+            worker.poll_ready()  # the byte may have come just before the exit
+            # Killed while serving is not a failure to start: restart it, however often.
+            failed_start = not worker.serving and now - worker.started < _FAST_EXIT
+            worker.fast_exits = worker.fast_exits + 1 if failed_start else 0
             status = {"worker": worker.index, "pid": worker.process.pid, **_exit_status(code)}
             worker.process = None
             if worker.fast_exits >= _MAX_FAST_EXITS:

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rate limit 1/N per process (default: the config, else 1)")
     # A worker of a `--processes N` supervisor; set by the supervisor only.
     parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # written to once the worker serves
     parser.epilog = ("SIGTERM or Ctrl-C stops it gracefully: health turns NOT_SERVING, in-flight uploads get "
                      "server.grace_period seconds to finish, then it exits 0. SIGHUP reloads the tokens ([auth] and "
                      "auth.tokens_file) without a restart; a config that fails its checks keeps the tokens in use "
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         from .._workers import label_worker_logs
 
         label_worker_logs(args.worker_index, args.log_format)
-        return _serve(config, args.worker_index, reload)
+        return _serve(config, args.worker_index, reload, args.ready_fd)
     if config.processes > 1 and not args.check_config:
         from .._workers import supervise  # imports no gRPC: the workers are fresh interpreters
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     return _serve(config, None, reload)
 
 
-def _serve(config, worker: int | None, reload) -> int:
+def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> int:
     """Serve until SIGTERM or SIGINT, as the one daemon (worker None) or as worker `worker` of a
     supervisor (only worker 0 runs the HTTP listener: the store holds everything it shows);
     on SIGHUP take the tokens of the config `reload()` reads."""
@@ -109,6 +110,10 @@ def _serve(config, worker: int | None, reload) -> int:
             return replace(load(), http_address="")
     aggregator = Aggregator(config)
     aggregator.start()
+    if ready_fd is not None:
+        from .._workers import tell_supervisor_serving
+
+        tell_supervisor_serving(ready_fd)
     freeze_startup_heap()
     scheme = " with TLS" if config.tls else ""
     print(f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
