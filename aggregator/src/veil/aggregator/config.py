@@ -257,6 +257,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the config file ({err.strerror or err}).") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text, which a TOML file must be.") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err}).") from None
     return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes,

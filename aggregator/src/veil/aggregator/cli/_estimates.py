@@ -16,7 +16,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from ._remote import add_address_argument, call, channel
+from ._remote import add_address_argument, call, channel, text_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
     with channel(args) as remote:
         stub = veil_pb2_grpc.EstimatesStub(remote)
+        metric, window = text_argument(args.metric, "METRIC"), text_argument(args.window, "--window")
         if ranged:
             response = call(args, stub.Series, veil_pb2.SeriesRequest(
-                metric=args.metric, window=args.window, from_unix=start, to_unix=args.end, merged=args.merged,
+                metric=metric, window=window, from_unix=start, to_unix=args.end, merged=args.merged,
                 group=group))
         else:
-            response = call(args, stub.Get, veil_pb2.EstimatesRequest(metric=args.metric, window=args.window,
-                                                                       group=group))
+            response = call(args, stub.Get, veil_pb2.EstimatesRequest(metric=metric, window=window, group=group))
     windows = [to_json(w) for w in response.estimates]
     if args.json:
         print(json.dumps({"projection": PROJECTION_NOTE, "estimates": windows}, indent=2))

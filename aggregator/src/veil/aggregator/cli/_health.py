@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 
-from ._remote import add_tls_arguments, channel
+from ._remote import add_tls_arguments, address, channel
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 3.0
@@ -33,9 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from . import CliError
 
-    host, _, port = args.address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise CliError(f"--address: expected HOST:PORT (e.g. {DEFAULT_ADDRESS}), got {args.address!r}.")
+    address(args)  # checked: HOST:PORT
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise CliError(f"--timeout: expected a number of seconds above 0, got {args.timeout:g}.")
 

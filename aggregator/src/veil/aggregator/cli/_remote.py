@@ -53,7 +53,31 @@ def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def address(args: argparse.Namespace) -> str:
-    return args.address or os.environ.get(ENV_ENDPOINT) or _DEFAULT_ADDRESS
+    """--address, else $VEIL_ENDPOINT, else the default; CliError unless it is host:port."""
+    from . import CliError
+
+    value = args.address or os.environ.get(ENV_ENDPOINT) or _DEFAULT_ADDRESS
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or not _is_utf8(value):
+        raise CliError(f"--address: expected HOST:PORT (e.g. {_DEFAULT_ADDRESS}), got {value!r}.")
+    return value
+
+
+def text_argument(value: str, what: str) -> str:
+    """A command-line text as given; CliError when it is not UTF-8 (it could not go on the wire)."""
+    from . import CliError
+
+    if not _is_utf8(value):
+        raise CliError(f"{what}: not UTF-8 text.")
+    return value
+
+
+def _is_utf8(value: str) -> bool:
+    try:  # bytes of argv that are not UTF-8 arrive as lone surrogates
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _setting(args: argparse.Namespace, name: str, variable: str) -> str | None:

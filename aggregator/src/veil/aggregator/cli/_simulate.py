@@ -14,9 +14,8 @@ import threading
 import time
 from concurrent import futures
 
-from ._remote import add_address_argument, address, call, channel, metadata
+from ._remote import add_address_argument, address, call, channel, metadata, text_argument
 
-_RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 _ATTEMPTS = 6
 
 
@@ -105,9 +104,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--reports, --batch-size and --devices must be at least 1, and --rate at least 0.")
     with channel(args) as specs_channel:
         response = call(args, veil_pb2_grpc.CollectorStub(specs_channel).GetMetricSpecs,
-                        veil_pb2.GetMetricSpecsRequest(metrics=[args.metric]))
+                        veil_pb2.GetMetricSpecsRequest(metrics=[text_argument(args.metric, "METRIC")]))
     if not response.specs:
         raise CliError(f"The aggregator at {address(args)} declares no metric {args.metric!r}.")
+    if response.max_batch and args.batch_size > response.max_batch:
+        print(f"veil simulate: --batch-size {args.batch_size} is above the aggregator's max_batch; sending "
+              f"{response.max_batch} reports per upload.", file=sys.stderr)
+        args.batch_size = response.max_batch
     spec = spec_from_proto(response.specs[0])
     law = truth(args.distribution, spec.k)
     values = np.random.default_rng(args.seed).choice(spec.k, size=args.reports, p=law)
@@ -126,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{spec.name}: {summary['acknowledged']:,} of {args.reports:,} reports acknowledged "
               f"({summary['failed']:,} failed{kept}) in {elapsed:.1f} s, {summary['reports_per_second'] or 0:,.0f}/s; "
               f"mode {args.mode}.")
+        for code, details in summary.get("errors", {}).items():
+            print(f"failed uploads: {code}: {details}")
     return 0 if summary["failed"] == 0 else 1
 
 
@@ -158,6 +163,7 @@ def _encode_batches(spec, reports, batch_size: int):
 def _run_batches(args, spec, values, progress: Progress) -> dict:
     import grpc
 
+    from veil.client._transport import FINAL, TOKEN_REFUSED
     from veil.wire.v1 import veil_pb2
 
     from ..simulate import AesCtrKeystream, FastKeystream, simulate_reports
@@ -181,7 +187,9 @@ def _run_batches(args, spec, values, progress: Progress) -> dict:
                         tally["duplicates"] += reply.duplicate
                     return
                 except grpc.RpcError as err:
-                    if err.code().name not in _RETRYABLE or attempt == _ATTEMPTS - 1:
+                    # The SDK's policy, except that a refused token fails at once: no operator
+                    # is going to fix it within this run.
+                    if err.code() in FINAL or err.code() in TOKEN_REFUSED or attempt == _ATTEMPTS - 1:
                         with lock:
                             tally["failed"] += count
                             tally.setdefault("errors", {}).setdefault(err.code().name, err.details())
@@ -247,9 +255,11 @@ def _run_devices(args, spec, values, progress: Progress) -> dict:
     finally:
         for device in devices:
             device.shutdown(1.0)
+    # Why reports failed is on stderr: the SDK logs each reason once (a refused token, an outage...).
     tally = {"acknowledged": sum(c.sent for c in counters), "dropped": sum(c.dropped for c in counters),
-             "failed": sum(c.failed + c.dropped for c in counters), "retries": sum(c.retried for c in counters),
-             "devices": devices_count, "limited": sum(c.limited for c in counters),
-             "over_budget": sum(c.over_budget for c in counters)}
+             "unsent": sum(c.queued for c in counters),
+             "failed": sum(c.failed + c.dropped + c.queued for c in counters),
+             "retries": sum(c.retried for c in counters), "devices": devices_count,
+             "limited": sum(c.limited for c in counters), "over_budget": sum(c.over_budget for c in counters)}
     progress.update(tally["acknowledged"], tally["failed"], final=True)
     return tally
