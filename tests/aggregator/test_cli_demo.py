@@ -18,6 +18,10 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
     assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/", out.stdout)
     directory = re.search(r"aggregator on SQLite \((.+)/veil\.db, removed at exit\)", out.stdout).group(1)
     assert not Path(directory).exists()  # the temporary data directory is gone
+    dashboard = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+/)", out.stdout).group(1)
+    # Every redrawn screen (a terminal clears the one before) still says where the dashboard is.
+    frames = re.findall(r"Veil demo: dashboard (\S+)  gRPC 127\.0\.0\.1:\d+", out.stdout)
+    assert len(frames) >= 5 and set(frames) == {dashboard}, frames
     last = out.stdout.rsplit("estimates over all reports so far", 1)[1]
     for name in ("browser", "country", "crash_screen"):
         n = int(re.search(rf"{name} .*n = ([\d,]+)", last).group(1).replace(",", ""))
@@ -33,3 +37,13 @@ def test_demo_refuses_bad_arguments(capsys):
     assert "--calls and --interval must be above 0" in capsys.readouterr().err
     assert main(["demo", "--period", "soon"]) == 2
     assert "--period: expected a duration" in capsys.readouterr().err
+
+
+
+def test_demo_at_an_unreachable_redis_is_one_sentence_at_once(capsys):
+    from veil.aggregator.cli import main
+
+    assert main(["demo", "--redis", "redis://127.0.0.1:1/0", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                 "--duration", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("veil demo: --redis: Redis at 127.0.0.1:1 unavailable") and len(err.splitlines()) == 1, err

@@ -200,14 +200,24 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
 
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
+    from ..store import StoreError
+    from . import CliError
+
     aggregator = _start_aggregator(args, store_url)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"
+    if args.redis:
+        try:  # at once, in one line: not an UNAVAILABLE from the first estimates read 10 s later
+            aggregator.store.ping()
+        except StoreError as err:
+            aggregator.stop(grace=0)
+            raise CliError(f"--redis: {err}.") from None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     devices = [_devices(endpoint, args, period, stop)]
     live = sys.stdout.isatty()
+    dashboard = f"http://127.0.0.1:{aggregator.http_port}/"
     print(f"Veil demo: aggregator on {where}, gRPC {endpoint}.")
-    print(f"Dashboard: http://127.0.0.1:{aggregator.http_port}/   (JSON: /v1/estimates, Prometheus: /metrics)")
+    print(f"Dashboard: {dashboard}   (JSON: /v1/estimates, Prometheus: /metrics)")
     print(f"{args.devices} simulated devices, each a Reporter with the SDK's defaults, call report() about "
           f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per period. "
           + ("Ctrl-C stops." if not args.duration else ""))
@@ -217,13 +227,22 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
         with grpc.insecure_channel(endpoint) as channel:
             stub = veil_pb2_grpc.EstimatesStub(channel)
             while not stop.wait(args.interval):
-                response = stub.Get(veil_pb2.EstimatesRequest(window="total"), timeout=10)
-                by_name = {w.metric: w for w in response.estimates}
-                lines, inside, total = [time.strftime("%H:%M:%S") + "  estimates over all reports so far", ""], 0, 0
-                for metric in DEMO_METRICS:
-                    table, hits, count = render(metric, by_name[metric.name])
-                    lines += table + [""]
-                    inside, total = inside + hits, total + count
+                # The redrawn screen keeps where everything is (the ports may not be the defaults).
+                lines = [f"{time.strftime('%H:%M:%S')}  Veil demo: dashboard {dashboard}  gRPC {endpoint}"
+                         + ("  (Ctrl-C stops)" if not args.duration else ""), ""]
+                try:
+                    response = stub.Get(veil_pb2.EstimatesRequest(window="total"), timeout=10)
+                except grpc.RpcError as err:  # e.g. Redis went away: say so and keep going
+                    lines.append(f"estimates unavailable: {err.code().name} ({err.details()})")
+                    response = None
+                if response is not None:
+                    by_name = {w.metric: w for w in response.estimates}
+                    lines.append("estimates over all reports so far")
+                    inside, total = 0, 0
+                    for metric in DEMO_METRICS:
+                        table, hits, count = render(metric, by_name[metric.name])
+                        lines += table + [""]
+                        inside, total = inside + hits, total + count
                 if live:
                     print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal
                 print("\n".join(lines), flush=True)
