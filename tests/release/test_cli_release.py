@@ -142,3 +142,26 @@ def test_through_veils_main_once_registered(monkeypatch, population_csv, tmp_pat
                      "--output", str(tmp_path / "p.csv")]) == 2
     assert capsys.readouterr().err == ("veil release: key column 'nope' is not in the table (its columns: sex, age, "
                                        "race, marital, area, education, work, smoker, insured).\n")
+
+
+def test_an_output_or_report_over_the_input_is_refused_and_the_report_is_owner_only(population_csv, tmp_path,
+                                                                                    capsys):
+    import os
+    import stat
+
+    original = population_csv.read_bytes()
+    link = tmp_path / "link.csv"
+    link.symlink_to(population_csv)
+    for output, report in ((population_csv, None), (link, None), (tmp_path / "out.csv", population_csv)):
+        args = ["dp-pram", "--input", str(population_csv), "--columns", "sex", "--epsilon", "1", "--seed", "1",
+                "--output", str(output)] + (["--report", str(report)] if report else [])
+        assert run_cli(*args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and ("is the --input" in err), err
+    assert population_csv.read_bytes() == original
+    report = tmp_path / "report.json"
+    report.write_text("{}")
+    os.chmod(report, 0o644)  # an earlier, world-readable report is tightened as it is replaced
+    assert run_cli("dp-pram", "--input", str(population_csv), "--columns", "sex", "--epsilon", "1", "--seed", "1",
+                   "--output", str(tmp_path / "out.csv"), "--report", str(report), "--quiet") == 0
+    assert stat.S_IMODE(report.stat().st_mode) == 0o600 and json.loads(report.read_text())["epsilon_per_record"] == 1

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from pathlib import Path
 
 _PARTITION_HELP = """\
 partition syntax (--partition): one item per variable, joined by ';'
@@ -143,10 +143,31 @@ def _write_report(path: str | None, report: dict) -> None:
             return x.tolist()
         raise TypeError(type(x).__name__)
 
+    text = json.dumps(report, indent=2, default=plain) + "\n"
     try:
-        Path(path).write_text(json.dumps(report, indent=2, default=plain) + "\n", encoding="utf-8")
+        # Owner-only: the report describes the original records (counts, risks, cells).
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w", encoding="utf-8") as file:
+            os.fchmod(fd, 0o600)  # a file that was there keeps its mode otherwise
+            file.write(text)
     except OSError as err:
         raise CliError(f"cannot write {path}: {err.strerror or err}.") from None
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse an --output or --report that would overwrite the original (or each other)."""
+    from . import CliError
+
+    def same(a: str, b: str) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one does not exist yet
+            return os.path.realpath(a) == os.path.realpath(b)
+
+    if same(args.output, args.input):
+        raise CliError(f"--output {args.output} is the --input file: the original would be overwritten.")
+    if args.report is not None and (same(args.report, args.input) or same(args.report, args.output)):
+        raise CliError(f"--report {args.report} is the --input or --output file.")
 
 
 def _table(rows: list[list[str]], right_from: int = 1) -> str:
@@ -338,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
     from . import CliError
 
     handler = {"pram": _pram, "dp-pram": _dp, "mask": _mask, "example": _example}[args.release_command]
+    if handler is not _example:
+        _check_paths(args)
     try:
         return handler(args)
     except ReleaseError as err:
