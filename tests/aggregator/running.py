@@ -55,6 +55,7 @@ class ServeProcess:
         self.log = directory / "serve.log"
         self.config.write_text(config_toml({**config_dict(store_url, self.grpc_port, **(server or {})),
                                       **(sections or {})}))
+        self.config.chmod(0o600)  # tokens inline make it a secrets file
         self.credentials = credentials
         self.process: subprocess.Popen | None = None
 
@@ -184,7 +185,7 @@ class Pki:
         def certificate(subject, key, issuer, issuer_key, *, ca: bool, usage=None, sans=None, days: int = 30):
             builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
                        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                       .not_valid_before(now - datetime.timedelta(minutes=5))
+                       .not_valid_before(min(now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days - 1)))
                        .not_valid_after(now + datetime.timedelta(days=days))
                        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
             if ca:
@@ -239,16 +240,18 @@ class Pki:
         section = {"cert_file": str(self.server_cert), "key_file": str(self.server_key)}
         return {**section, "client_ca_file": str(self.ca)} if mutual else section
 
-    def reissue_server(self, common_name: str) -> None:
-        """Replace the server certificate and key (a rotation) with new ones from the same CA."""
+    def reissue_server(self, common_name: str, *, days: int = 30, key_mode: int = 0o600) -> None:
+        """Replace the server certificate and key (a rotation) with new ones from the same CA,
+        valid for `days` from now (negative: expired that many days ago), the key of mode `key_mode`."""
         certificate, name, ca, ca_key, pem, pem_key, ec, usage, x509, ipaddress = self._issue
         key = ec.generate_private_key(ec.SECP256R1())
         cert = certificate(name(common_name), key, ca.subject, ca_key, ca=False, usage=usage.SERVER_AUTH,
-                           sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-        for path, data in ((self.server_key, pem_key(key)), (self.server_cert, pem(cert))):
+                           sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+                           days=days)
+        for path, data, mode in ((self.server_key, pem_key(key), key_mode), (self.server_cert, pem(cert), 0o600)):
             temporary = path.with_suffix(".new")
             temporary.write_bytes(data)
-            temporary.chmod(0o600)
+            temporary.chmod(mode)
             temporary.replace(path)  # atomic, as cert-manager and certbot do
 
     def channel_credentials(self, *, client: str | None = None, ca: Path | None = None) -> grpc.ChannelCredentials:

@@ -378,3 +378,19 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
     loaded = load_config(tmp_path / "veil.toml")
     assert loaded.auth.tokens_file == tmp_path / "tokens.toml" and loaded.auth.tokens[0].name == "r"
+
+
+def test_tokens_inline_in_a_config_others_may_read_are_refused(tmp_path):
+    from config_toml import config_toml
+
+    path = tmp_path / "veil.toml"
+    path.write_text(config_toml(config(auth_section())))
+    path.chmod(0o644)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"auth (tokens inline): {path} is open to group or others (mode 0644)")
+    path.chmod(0o600)
+    assert load_config(path).auth.enabled
+    path.write_text(config_toml(config_dict("memory")))  # no tokens in it: any mode will do
+    path.chmod(0o644)
+    assert not load_config(path).auth.enabled

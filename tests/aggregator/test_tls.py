@@ -271,3 +271,42 @@ def test_a_rotated_certificate_is_served_without_a_restart(start_aggregator, tmp
     pki.server_key.write_bytes(pki.client_key.read_bytes())
     time.sleep(1.1)
     assert [served_certificate(p, pki) for p in ports] == ["veil aggregator, rotated"] * 2
+
+
+def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path, capsys):
+    from config_toml import config_toml
+
+    pki = Pki(tmp_path / "pki")
+    pki.reissue_server("veil aggregator, expired", days=-1)
+    with pytest.raises(ConfigError, match=r"^tls.cert_file: the certificate in .* expired on "):
+        parse_config(tls_config(pki))
+    path = tmp_path / "veil.toml"
+    path.write_text(config_toml(tls_config(pki)))
+    assert main(["serve", "--config", str(path), "--check-config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "expired on" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_rotation_to_an_expired_certificate_keeps_the_old_one_and_logs_an_error(start_aggregator, tmp_path,
+                                                                                   caplog):
+    pki = Pki(tmp_path / "pki")
+    aggregator = start(start_aggregator, pki, auth=False)
+    time.sleep(1.1)  # files are looked at again at most once a second
+    with caplog.at_level("INFO", logger="veil.aggregator"):
+        pki.reissue_server("veil aggregator, expired", days=-1)
+        time.sleep(1.1)
+        assert served_certificate(aggregator.grpc_port, pki) == "veil aggregator"
+        assert served_certificate(aggregator.http_port, pki) == "veil aggregator"
+    (refused,) = [r for r in caplog.records if r.getMessage().startswith("TLS files changed but cannot be used")]
+    assert refused.levelname == "ERROR" and "expired on" in refused.problem
+
+
+def test_a_key_made_private_with_chmod_alone_is_reloaded(start_aggregator, tmp_path):
+    pki = Pki(tmp_path / "pki")
+    aggregator = start(start_aggregator, pki, auth=False)
+    time.sleep(1.1)
+    pki.reissue_server("veil aggregator, rotated", key_mode=0o644)  # refused: readable by others
+    time.sleep(1.1)
+    assert served_certificate(aggregator.grpc_port, pki) == "veil aggregator"
+    pki.server_key.chmod(0o600)  # the fix an operator makes: the file's contents and mtime stay
+    assert wait_until(lambda: served_certificate(aggregator.grpc_port, pki) == "veil aggregator, rotated")

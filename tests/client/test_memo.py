@@ -79,6 +79,12 @@ def test_the_store_is_owner_only_and_names_no_value(tmp_path):
     log = (tmp_path / "memo.log").read_bytes()
     assert b"browser" not in log and b"edge" not in log and spec.fingerprint.encode() not in log
     assert MemoStore(tmp_path, LogOnce()).response("browser", spec.fingerprint, 2, lambda: (9,)) == response
+    # Files left open to others (an old version, a careless copy) are tightened on open.
+    for name in ("device.key", "memo.log"):
+        (tmp_path / name).chmod(0o666)
+    MemoStore(tmp_path, LogOnce()).close()
+    for name in ("device.key", "memo.log"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
 
 
 def test_a_torn_tail_is_cut_off_and_the_rest_kept(tmp_path):

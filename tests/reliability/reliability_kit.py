@@ -100,6 +100,7 @@ class AggregatorProcess:
             config["auth"] = auth
         self._config_data = config
         self.config.write_text(config_toml(config))
+        self.config.chmod(0o600)  # tokens inline make it a secrets file
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self._channel: grpc.Channel | None = None
@@ -112,6 +113,7 @@ class AggregatorProcess:
         """Point the config at another store (a failover); takes effect at the next start()."""
         self._config_data["store"]["url"] = url
         self.config.write_text(config_toml(self._config_data))
+        self.config.chmod(0o600)  # tokens inline make it a secrets file
 
     @property
     def pid(self) -> int:

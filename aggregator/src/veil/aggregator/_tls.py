@@ -6,7 +6,9 @@
 
 The files are read again when they change on disk (checked at most once a second, at a new
 connection), so a rotated certificate (cert-manager, certbot) is served without a restart.
-A rotation caught half-written keeps the last good files and logs a warning.
+A rotation caught half-written, or to a certificate that has expired (or is not yet valid),
+keeps the last good files and logs an error. A change of mode alone (a key made owner-only
+with chmod after a refused rotation) counts as a change.
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ def load_tls(config: TlsConfig) -> TlsFiles:
         certificates = x509.load_pem_x509_certificates(chain)
     except ValueError:
         raise ConfigError(f"tls.cert_file: {config.cert_file} holds no PEM certificate.") from None
+    leaf, now = certificates[0], datetime.datetime.now(datetime.timezone.utc)
+    if leaf.not_valid_after_utc <= now:
+        raise ConfigError(f"tls.cert_file: the certificate in {config.cert_file} expired on "
+                          f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC.")
+    if leaf.not_valid_before_utc > now:
+        raise ConfigError(f"tls.cert_file: the certificate in {config.cert_file} is not valid before "
+                          f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC.")
     try:
         serialization.load_pem_private_key(key, password=None)
     except (ValueError, TypeError):
@@ -75,7 +84,7 @@ def load_tls(config: TlsConfig) -> TlsFiles:
             context.load_verify_locations(cadata=client_ca.decode("ascii"))
         except (ValueError, ssl.SSLError, UnicodeDecodeError):
             raise ConfigError(f"tls.client_ca_file: {config.client_ca_file} holds no PEM CA certificate.") from None
-    return TlsFiles(chain, key, client_ca, certificates[0].not_valid_after_utc)
+    return TlsFiles(chain, key, client_ca, leaf.not_valid_after_utc)
 
 
 def _load_chain(context: ssl.SSLContext, chain: bytes, key: bytes) -> None:
@@ -124,14 +133,16 @@ class ServerTls:
     def not_after(self) -> datetime.datetime:
         return self._files.not_after
 
-    def _mtimes(self) -> tuple[int, ...]:
+    def _mtimes(self) -> tuple[tuple[int, int], ...]:
         paths = (self.config.cert_file, self.config.key_file, self.config.client_ca_file)
         stamps = []
         for path in paths:
             try:
-                stamps.append(path.stat().st_mtime_ns if path else 0)
+                info = path.stat() if path else None
+                # ctime too: chmod changes it and not the mtime.
+                stamps.append((info.st_mtime_ns, info.st_ctime_ns) if info else (0, 0))
             except OSError:
-                stamps.append(-1)
+                stamps.append((-1, -1))
         return tuple(stamps)
 
     def _refresh(self) -> tuple[TlsFiles, int]:
@@ -146,8 +157,8 @@ class ServerTls:
                         check_private_file(self.config.key_file, "tls.key_file")
                         files = load_tls(self.config)
                     except ConfigError as err:
-                        log.warning("TLS files changed but cannot be used; serving the previous ones",
-                                    extra={"problem": str(err)})
+                        log.error("TLS files changed but cannot be used; serving the previous ones",
+                                  extra={"problem": str(err)})
                     else:
                         self._files, self._version = files, self._version + 1
                         log.info("TLS files reloaded", extra={"not_after": files.not_after.isoformat()})

@@ -261,6 +261,10 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
         raise ConfigError(f"{path}: not UTF-8 text, which a TOML file must be.") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err}).") from None
+    auth = data.get("auth")
+    if isinstance(auth, Mapping) and ("upload_tokens" in auth or "read_tokens" in auth):
+        # Tokens inline make the config file a secrets file, held to the same rule.
+        check_private_file(Path(path), "auth (tokens inline)")
     return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes,
                         data_dir=data_dir)
 
