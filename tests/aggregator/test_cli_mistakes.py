@@ -45,11 +45,13 @@ def test_privacy_with_a_vanishing_epsilon_is_one_sentence(capsys):
     assert err == "veil privacy: epsilon must be a number from 0.0001 to 20, not 1e-09.", err
 
 
-def test_a_config_file_that_is_not_utf8_is_one_sentence(tmp_path, capsys):
+def test_a_config_file_that_is_not_utf8_is_one_sentence(tmp_path):
+    from test_cli_serve import check  # a process of its own: `serve` sets up the process's logging
+
     path = tmp_path / "veil.toml"
     path.write_bytes(b'[[metrics]]\nname = "caf\xe9"\nlabels = ["a", "b"]\n')
-    err = one_line_error(capsys, ["serve", "--config", str(path), "--check-config"])
-    assert err == f"veil serve: {path}: not UTF-8 text, which a TOML file must be.", err
+    out = check(path)
+    assert out.returncode == 2 and out.stderr == f"veil serve: {path}: not UTF-8 text, which a TOML file must be.\n"
 
 
 def test_simulate_fits_its_batches_to_the_server_and_says_why_reports_failed(start_aggregator, capsys):

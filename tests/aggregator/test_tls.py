@@ -273,8 +273,9 @@ def test_a_rotated_certificate_is_served_without_a_restart(start_aggregator, tmp
     assert [served_certificate(p, pki) for p in ports] == ["veil aggregator, rotated"] * 2
 
 
-def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path, capsys):
+def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path):
     from config_toml import config_toml
+    from test_cli_serve import check  # a process of its own: `serve` sets up the process's logging
 
     pki = Pki(tmp_path / "pki")
     pki.reissue_server("veil aggregator, expired", days=-1)
@@ -282,9 +283,8 @@ def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path
         parse_config(tls_config(pki))
     path = tmp_path / "veil.toml"
     path.write_text(config_toml(tls_config(pki)))
-    assert main(["serve", "--config", str(path), "--check-config"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "expired on" in err and len(err.splitlines()) == 1, err
+    out = check(path)
+    assert out.returncode == 2 and "expired on" in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
 
 
 def test_a_rotation_to_an_expired_certificate_keeps_the_old_one_and_logs_an_error(start_aggregator, tmp_path,
