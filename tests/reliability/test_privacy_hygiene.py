@@ -258,6 +258,8 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
         elif match := DEDUPE_KEY.match(key):
             assert kind == "string" and client.get(raw) == b"1" and 0 < ttl <= DEDUPE_TTL, (key, kind, ttl)
             dedupe_ids.add(bytes.fromhex(match["id"]))
+        elif key == "veil:probe":  # the health ping's write, to find a Redis refusing writes
+            assert kind == "string" and client.get(raw) == b"1" and 0 < ttl <= 10, (key, kind, ttl)
         elif match := SINCE_KEY.match(key):  # when counting of a spec began: a time, kept like its totals
             assert kind == "string" and re.fullmatch(rb"\d{10}", client.get(raw)) and ttl == -1, (key, kind, ttl)
             assert match["fp"] == fingerprints[match["metric"]], key
