@@ -171,7 +171,8 @@ class Worker:
         return (self._take() if due or requests else []), requests
 
     def _await(self, future: grpc.Future) -> None:
-        """Wait for a call in flight, batching (and spooling) the queued reports as they fall due."""
+        """Wait for a call in flight, batching (and spooling) the queued reports as they fall due
+        (also after a quick call: a backlog's uploads follow each other without a turn between)."""
         p = self.p
         done = []
 
@@ -184,10 +185,12 @@ class Worker:
         while True:
             reports = []
             with p.lock:
-                while not done:
+                while True:
                     now = time.monotonic()
                     if self._drain_due(now):
                         reports = self._take()
+                        break
+                    if done:
                         break
                     p.wake.wait(None if self.next_drain is None else max(self.next_drain - now, 0.0005))
             if not reports:
