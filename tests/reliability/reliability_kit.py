@@ -100,6 +100,7 @@ class AggregatorProcess:
             config["auth"] = auth
         self._config_data = config
         self.config.write_text(config_toml(config))
+        self.config.chmod(0o600)  # tokens inline make it a secrets file
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self._channel: grpc.Channel | None = None
@@ -112,6 +113,7 @@ class AggregatorProcess:
         """Point the config at another store (a failover); takes effect at the next start()."""
         self._config_data["store"]["url"] = url
         self.config.write_text(config_toml(self._config_data))
+        self.config.chmod(0o600)  # tokens inline make it a secrets file
 
     @property
     def pid(self) -> int:
@@ -306,12 +308,17 @@ class Device:
         transport = self.reporter._processor.transport
         upload = transport.upload
 
-        def observed(payload: bytes, timeout: float) -> veil_pb2.UploadResponse:
-            response = upload(payload, timeout)
-            if response.duplicate:
-                self.duplicates += 1
-            self.acknowledged[veil_pb2.UploadRequest.FromString(payload).batch_id] = payload
-            return response
+        def observed(payload: bytes, timeout: float) -> grpc.Future:
+            def record(future: grpc.Future) -> None:  # runs before the worker hears of the outcome
+                if future.exception() is not None:
+                    return
+                if future.result().duplicate:
+                    self.duplicates += 1
+                self.acknowledged[veil_pb2.UploadRequest.FromString(payload).batch_id] = payload
+
+            future = upload(payload, timeout)
+            future.add_done_callback(record)
+            return future
 
         transport.upload = observed
 
