@@ -135,22 +135,22 @@ def test_retryable_failures_keep_a_spooled_batch_on_disk(ready_reporter, state, 
 def test_a_hung_upload_spills_new_reports_to_disk_instead_of_dropping_them(ready_reporter, state, tmp_path):
     # A backlog drains slowly after an outage: reports keep coming while an upload is in flight.
     # With a queue directory they become batches on disk (room left), not "queue full" drops.
-    reporter = ready_reporter(queue_dir=tmp_path, max_queue_size=128, max_batch_size=32, schedule_delay_ms=20,
+    reporter = ready_reporter(queue_dir=tmp_path, max_queue_size=256, max_batch_size=32, schedule_delay_ms=20,
                               export_timeout_ms=60_000)  # the held upload stays in flight however slow the loop
     in_flight, release = threading.Event(), threading.Event()
     state.gate = (in_flight, release)
     reporter.report("country", "c0")
     assert in_flight.wait(10)
-    for i in range(60):  # 1,200 reports, ten times the memory bound, while the upload hangs
-        for _ in range(20):
+    for i in range(80):  # 800 reports, three times the memory bound, while the upload hangs
+        for _ in range(10):
             reporter.report("country", "c1")
         time.sleep(0.01)
-    assert eventually(lambda: sum(map(_count, _files(tmp_path))) == 1201)
-    assert eventually(lambda: reporter.counters().queued == 1201)  # counted once the batch is written
+    assert eventually(lambda: sum(map(_count, _files(tmp_path))) == 801)
+    assert eventually(lambda: reporter.counters().queued == 801)  # counted once the batch is written
     counters = reporter.counters()
-    assert (counters.accepted, counters.dropped, counters.queued) == (1201, 0, 1201)
+    assert (counters.accepted, counters.dropped, counters.queued) == (801, 0, 801)
     release.set()
-    assert reporter.force_flush(10) and state.total("country") == 1201
+    assert reporter.force_flush(10) and state.total("country") == 801
 
 
 _APP = textwrap.dedent("""
