@@ -218,7 +218,8 @@ def run_throughput(reports: dict[int, int], seed: int) -> dict:
         for k in KS:
             for epsilon in EPSILONS:
                 n = reports[k]
-                with Reporter(endpoint, tls=False, max_queue_size=n + 1) as reporter:
+                # Room for the warm-up (one report per label) and the n measured: none dropped.
+                with Reporter(endpoint, tls=False, max_queue_size=n + k + 1) as reporter:
                     assert reporter.wait_for_specs(30)
                     spec = reporter.metrics[metric_name(k, epsilon)]
                     values = [f"c{rng.randrange(k)}" for _ in range(n)]
