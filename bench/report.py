@@ -328,6 +328,8 @@ def series_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
     stores = ("memory", "redis") if data is None else data["settings"]["stores"]
     for store in stores:
         for name, goal, text in (("series_720_hourly", SERIES_P99_GOAL_MS, "a series of 720 hourly buckets"),
+                                 ("series_720_hourly_cold", SERIES_P99_GOAL_MS,
+                                  "a series of 720 hourly buckets, first (cold) read"),
                                  ("merged_7_daily", MERGED_P99_GOAL_MS, "a 7-day merged estimate")):
             row = None if data is None else data["series"].get(store, {}).get(name)
             entries.append(target(f"{text} p99, k=1024, {store}", f"{text} at k = 1024 answers (p99)", "<=", goal,
