@@ -472,23 +472,17 @@ class RedisStore(Store):
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
         return self.read_many([(key, weights, k)])[0]
 
-    def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
-        """read(key, weights, k) of each request, in one round trip (two when a hash holds
-        fields of another design, to name them; on a cluster one per node, sent at once).
-
-        A design with its field names cached (a q-subset design) is read with HMGET of exactly
-        its fields, and HLEN: half the reply of HGETALL, which also sends the names. When HLEN
-        says the hash has other fields too (or changed in between), HGETALL reads it again."""
-        return [counts for _, counts in self.versioned_read((), requests)[1]]
-
     def versions(self, keys: Sequence[CountsKey]) -> list[int | tuple[int, ...]]:
         return self.versioned_read(keys, ())[0]
 
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
                        ) -> tuple[list[int | tuple[int, ...]], list[tuple[int | tuple[int, ...], Counts]]]:
-        """versions(keys) and read_many(requests) in one pipeline, so one round trip (two as in
-        read_many), each bucket read with the version its counts are at: both from one command
-        (HMGET with "version" among the fields, or HGETALL), so they belong to the same moment.
+        """versions(keys) and the requests' counts in one pipeline, so one round trip (on a
+        cluster one per node, sent at once), each bucket read with the version its counts are at:
+        both from one command, so they belong to the same moment. A design with its field names
+        cached (a q-subset design) is read with HMGET of exactly its fields and "version", and
+        HLEN: half the reply of HGETALL, which also sends the names; when HLEN says the hash has
+        other fields too (or changed in between), HGETALL reads it again (a second round trip).
         Redis runs the version reads first, so that version may be later than the one
         versions(keys) gave for the same bucket. With S > 1 shards a version is the tuple of
         the shards' versions and the counts are the shards' sum, each shard read atomically

@@ -250,10 +250,6 @@ class SqliteStore(Store):
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
         return self.versioned_read((), [(key, weights, k)])[1][0][1]
 
-    def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
-        """read(key, weights, k) of each request, all from one snapshot."""
-        return [counts for _, counts in self.versioned_read((), requests)[1]]
-
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         return self.versioned_read(keys, ())[0]
 
