@@ -127,13 +127,13 @@ def stand_ins(tmp_path_factory) -> Path:
 def check_config(path: Path) -> subprocess.CompletedProcess:
     # The file's own [store] url, not one from the environment of whoever runs the tests.
     env = {k: v for k, v in os.environ.items() if k not in ("VEIL_STORE_URL", "VEIL_CONFIG")}
-    return subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "serve", "--config", str(path),
+    return subprocess.run([sys.executable, "-m", "veil.cli", "serve", "--config", str(path),
                            "--check-config"], capture_output=True, text=True, timeout=120, env=env)
 
 
 def veil_argv(argv: list[str]):
     """argv parsed by the real `veil` parser, as the container or unit would run it."""
-    from veil.aggregator.cli import build_parser
+    from veil.cli import build_parser
 
     assert argv[0] in ("veil", "/opt/veil/bin/veil"), argv
     return build_parser().parse_args(argv[1:])
@@ -346,7 +346,7 @@ def test_the_wheel_builds_from_what_the_dockerfile_copies(tmp_path):
     (wheel,) = tmp_path.glob("veil-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in ("veil/mechanism/__init__.py", "veil/client/__init__.py", "veil/aggregator/daemon.py",
-                   "veil/aggregator/cli/_serve.py", "veil/aggregator/cli/_health.py", "veil/wire/v1/veil_pb2.py"):
+                   "veil/cli/_serve.py", "veil/cli/_health.py", "veil/wire/v1/veil_pb2.py"):
         assert module in names
     assert not any("__pycache__" in n for n in names)
 
@@ -358,9 +358,13 @@ def test_the_constraints_pin_every_dependency_within_pyproject():
         if line and not line.startswith("#"):
             name, _, version = line.partition("==")
             pins[canonicalize_name(name)] = version
-    for spec in project["dependencies"] + project["optional-dependencies"]["aggregator"]:
+    specs = project["dependencies"] + project["optional-dependencies"]["aggregator"]
+    for spec in specs:
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
+        if name == "veil":  # an extra of its own (veil[release]): its dependencies, not itself
+            specs += [s for extra in requirement.extras for s in project["optional-dependencies"][extra]]
+            continue
         assert name in pins, f"constraints.txt does not pin {requirement.name}"
         assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside {spec}"
         for extra in requirement.extras:  # redis[hiredis]
@@ -835,7 +839,7 @@ def test_the_docker_config_with_make_secrets_output_answers_the_health_check_and
                                                                                             capsys):
     """docker/veil.toml's TLS and tokens, on free loopback ports and a memory store: the image's
     HEALTHCHECK and compose's Prometheus job, with the files compose mounts, both get in."""
-    from veil.aggregator.cli import main
+    from veil.cli import main
     from veil.aggregator.config import parse_config
     from veil.aggregator.daemon import Aggregator
 

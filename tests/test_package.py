@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["veil.mechanism", "veil.client", "veil.aggregator.store", "veil.release", "veil.aggregator", "veil.aggregator.cli", "veil.wire.v1.veil_pb2",
+SUBPACKAGES = ["veil.mechanism", "veil.client", "veil.aggregator.store", "veil.release", "veil.aggregator", "veil.cli", "veil.wire.v1.veil_pb2",
                "veil.wire.v1.veil_pb2_grpc"]
-SOURCE_DIRS = ["client/src", "aggregator/src", "proto"]
+SOURCE_DIRS = ["client/src", "cli/src", "aggregator/src", "release/src", "proto"]
 
 
 def test_the_editable_install_imports_every_subpackage_from_the_checkout():
@@ -37,7 +37,7 @@ def test_the_wheel_has_one_namespace_and_no_veil_init(wheel):
     for module in ("veil/mechanism/__init__.py", "veil/aggregator/estimate.py", "veil/wire/v1/veil_pb2.py",
                    "veil/wire/v1/veil.proto"):
         assert module in names
-    assert not any(n.startswith(("client/", "aggregator/", "proto/", "tests/")) for n in names)
+    assert not any(n.startswith(("client/", "cli/", "aggregator/", "release/", "proto/", "tests/")) for n in names)
 
 
 def test_the_wheel_imports_every_subpackage(wheel, tmp_path):

@@ -18,7 +18,7 @@ from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, SPEC_NAMES, TOKENS, UPLOAD_
 
 from veil.aggregator._errors import ConfigError
 from veil.aggregator._logging import JsonFormatter
-from veil.aggregator.cli import main
+from veil.cli import main
 from veil.aggregator.config import load_config, parse_config
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 

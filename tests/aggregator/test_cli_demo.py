@@ -10,7 +10,7 @@ from pathlib import Path
 
 def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_intervals():
     out = subprocess.run(
-        [sys.executable, "-m", "veil.aggregator.cli", "demo", "--duration", "20", "--interval", "2", "--seed", "3",
+        [sys.executable, "-m", "veil.cli", "demo", "--duration", "20", "--interval", "2", "--seed", "3",
          "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
     )
@@ -31,7 +31,7 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
 
 
 def test_demo_refuses_bad_arguments(capsys):
-    from veil.aggregator.cli import main
+    from veil.cli import main
 
     assert main(["demo", "--calls", "0"]) == 2
     assert "--calls and --interval must be above 0" in capsys.readouterr().err
@@ -41,7 +41,7 @@ def test_demo_refuses_bad_arguments(capsys):
 
 
 def test_demo_at_an_unreachable_redis_is_one_sentence_at_once(capsys):
-    from veil.aggregator.cli import main
+    from veil.cli import main
 
     assert main(["demo", "--redis", "redis://127.0.0.1:1/0", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
                  "--duration", "5"]) == 2

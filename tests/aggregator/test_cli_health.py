@@ -9,7 +9,7 @@ import pytest
 from redis_server import free_port
 from running import wait_until
 
-from veil.aggregator.cli import main
+from veil.cli import main
 
 
 def health(capsys, *args: str) -> tuple[int, str, str]:
@@ -71,6 +71,6 @@ def test_argparse_refuses_a_timeout_that_is_not_a_number(capsys):
 
 def test_the_command_line_as_a_container_runs_it(start_aggregator):
     address = f"127.0.0.1:{start_aggregator().grpc_port}"
-    command = [sys.executable, "-m", "veil.aggregator.cli", "health", "--address", address]
+    command = [sys.executable, "-m", "veil.cli", "health", "--address", address]
     out = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout, out.stderr) == (0, "SERVING\n", "")

@@ -8,7 +8,7 @@ import os
 import pytest
 from running import UPLOAD_TOKEN, auth_section
 
-from veil.aggregator.cli import main
+from veil.cli import main
 
 NOT_UTF8 = os.fsdecode(b"br\xffowser")  # how Python hands over argv bytes that are not UTF-8
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from veil.aggregator.cli import main
+from veil.cli import main
 from veil.mechanism import MECHANISMS, spec_for
 
 
@@ -58,7 +58,7 @@ def test_one_mechanism_and_the_table(capsys):
      (["--k", "4", "--epsilon", "1", "--mechanism", "warner"], "Warner's design is for two categories")],
 )
 def test_errors_are_one_line_and_exit_2(args, message):
-    out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "privacy", *args],
+    out = subprocess.run([sys.executable, "-m", "veil.cli", "privacy", *args],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().startswith("veil privacy: ") and message in out.stderr
@@ -66,5 +66,5 @@ def test_errors_are_one_line_and_exit_2(args, message):
 
 
 def test_help_lists_every_command():
-    out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "veil.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "privacy" in out.stdout and "demo" in out.stdout

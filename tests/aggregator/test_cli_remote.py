@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from running import SPEC_NAMES
 
-from veil.aggregator.cli import main
+from veil.cli import main
 
 
 def run_json(capsys, *args: str) -> dict:

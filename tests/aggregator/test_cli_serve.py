@@ -10,7 +10,7 @@ from running import config_dict
 
 
 def check(path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "serve", "--config", str(path),
+    return subprocess.run([sys.executable, "-m", "veil.cli", "serve", "--config", str(path),
                            "--check-config", *extra], capture_output=True, text=True, timeout=60)
 
 
@@ -60,7 +60,7 @@ def test_the_default_sqlite_store_is_checked_never_created(tmp_path):
 
 
 def test_veil_store_check_finds_the_default_store_in_the_data_directory(tmp_path, capsys, monkeypatch):
-    from veil.aggregator.cli import main
+    from veil.cli import main
     from veil.aggregator.counts import Counts
     from veil.aggregator.store import BatchWrite, CountsKey, SqliteStore
 

@@ -7,8 +7,9 @@ import threading
 import pytest
 
 from veil.aggregator._errors import ConfigError
-from veil.aggregator.config import (ENV_CONFIG, ENV_DATA_DIR, ENV_STORE_URL, Window, default_data_dir, is_loopback,
+from veil.aggregator.config import (ENV_CONFIG, ENV_DATA_DIR, ENV_STORE_URL, Window, default_data_dir,
                                     load_config, parse_config, parse_duration)
+from veil.client._config import is_loopback
 
 METRIC = {"name": "browser", "labels": ["a", "b", "c"], "epsilon": 1.0}
 

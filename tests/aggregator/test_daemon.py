@@ -168,7 +168,7 @@ def test_bad_uploads_get_their_status_and_count_nothing(start_aggregator, store_
 def test_http_estimates_are_the_json_of_the_live_estimates_byte_for_byte(start_aggregator, store_url):
     """GET /v1/estimates joins each window's cached JSON text: the very bytes json.dumps writes
     for the whole body, for every request shape, before and after new counts."""
-    from veil.aggregator.live import PROJECTION_NOTE
+    from veil.mechanism import PROJECTION_NOTE
 
     aggregator = start_aggregator(store_url, min_n=10)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"

@@ -11,7 +11,8 @@ import pytest
 
 from veil.aggregator.config import MetricConfig, Window
 from veil.aggregator.estimate import Estimate
-from veil.aggregator.live import PROJECTION_NOTE, WindowEstimate, estimates_json
+from veil.aggregator.live import WindowEstimate, estimates_json
+from veil.mechanism import PROJECTION_NOTE
 from veil.aggregator.service import ResponseCache, encode_window
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from running import make_upload
 
-from veil.aggregator.cli import main
+from veil.cli import main
 from veil.aggregator.config import parse_config
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import Z95, estimate, group_estimate

@@ -243,7 +243,7 @@ def test_each_worker_enforces_its_share_of_a_rate_limit():
 
 
 def test_help_documents_processes():
-    out = subprocess.run([sys.executable, "-m", "veil.aggregator.cli", "serve", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "veil.cli", "serve", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert "--processes N" in out.stdout and "--worker-index" not in out.stdout
 

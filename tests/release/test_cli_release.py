@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from veil.aggregator import cli
+from veil import cli
 
 PARTITION = "sex;age=0-17,18-24,25-34,35-44,45-54,55-64,65-;race=White,Black,*"
 
@@ -22,7 +22,7 @@ def run_cli(*args: str) -> int:
         return cli.main(["release", *args])
     parser = argparse.ArgumentParser(prog="veil")
     commands = parser.add_subparsers(dest="command", required=True)
-    module = importlib.import_module("veil.aggregator.cli._release")
+    module = importlib.import_module("veil.cli._release")
     module.add_arguments(commands.add_parser("release"))
     namespace = parser.parse_args(["release", *args])
     try:
@@ -125,7 +125,7 @@ def test_help_documents_the_partition_syntax(capsys):
 
 
 def test_importing_the_cli_module_loads_no_numpy():
-    code = "import sys, veil.aggregator.cli._release; print('numpy' in sys.modules)"
+    code = "import sys, veil.cli._release; print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

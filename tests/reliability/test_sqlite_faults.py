@@ -170,7 +170,7 @@ def test_files_it_cannot_serve_stop_veil_serve_in_one_sentence_and_veil_store_ch
     for _ in range(2000):
         device.report_some(1)
     flush_all([device])
-    check = [sys.executable, "-m", "veil.aggregator.cli", "store", "check", "--store"]
+    check = [sys.executable, "-m", "veil.cli", "store", "check", "--store"]
     out = subprocess.run([*check, f"sqlite://{path}"], capture_output=True, text=True, timeout=60)  # while it serves
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{path}: OK" in out.stdout and f"schema version {SCHEMA_VERSION}" in out.stdout, out.stdout

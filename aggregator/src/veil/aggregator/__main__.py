@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from veil.cli import main
 
 sys.exit(main(["serve", *sys.argv[1:]]))

@@ -70,7 +70,6 @@ VEIL_DATA_DIR, else default_data_dir().
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import math
 import os
 import re
@@ -81,11 +80,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from veil.mechanism import DEFAULT_MECHANISM, EPSILON_RANGE, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
+from veil.mechanism import parse_duration as mechanism_duration
 
 from ._errors import ConfigError
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
-           "parse_config", "parse_duration", "check_private_file", "token_digest", "is_loopback", "ENV_CONFIG",
+           "parse_config", "parse_duration", "check_private_file", "token_digest", "ENV_CONFIG",
            "ENV_STORE_URL", "ENV_DATA_DIR", "default_data_dir", "default_store_url"]
 
 ENV_CONFIG = "VEIL_CONFIG"
@@ -113,18 +113,13 @@ _MAX_TOKEN_LENGTH = 4096
 _DEFAULT_WINDOWS = ("total",)
 _DEFAULT_RETENTION_BUCKETS = 7  # a time window keeps this many spans of history by default
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
-
 
 def parse_duration(text: object, key: str) -> int:
     """Seconds in a duration like "90s", "15m", "1h", "1d", "2w" (or a whole number of seconds)."""
-    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
-        return text
-    match = _DURATION.match(text) if isinstance(text, str) else None
-    if not match or int(match.group(1)) == 0:
-        raise ConfigError(f"{key}: expected a duration such as \"15m\", \"1h\" or \"1d\", got {text!r}.")
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        return mechanism_duration(text)
+    except MechanismError as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 def _dedupe_ttl(text: object) -> int:
@@ -632,18 +627,6 @@ def _address(value: object, key: str, *, allow_empty: bool) -> str:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{key}: expected host:port (e.g. \"127.0.0.1:50051\"), got {value!r}.")
     return text
-
-
-def is_loopback(address: str) -> bool:
-    """True when host:port (or a bare host) names this machine only; a name other than
-    localhost, "" or 0.0.0.0 may be reachable from elsewhere."""
-    host = address.rpartition(":")[0].strip("[]") or address
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _whole(value: object, key: str, *, low: int) -> int:

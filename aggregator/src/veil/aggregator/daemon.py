@@ -49,6 +49,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
+from veil.client._config import is_loopback
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
@@ -56,7 +57,7 @@ from ._auth import AccessInterceptor, Limits, token_limits
 from ._budget import ByteBudget
 from ._errors import ConfigError
 from ._tls import ServerTls
-from .config import AggregatorConfig, AuthConfig, is_loopback
+from .config import AggregatorConfig, AuthConfig
 from ._http_collector import HttpCollector
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments

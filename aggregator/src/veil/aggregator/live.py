@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from veil.mechanism import PROJECTION_NOTE
+
 from ._errors import AggregatorError, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
@@ -47,7 +49,6 @@ log = logging.getLogger("veil.aggregator")
 
 Version = int | tuple[int, ...]  # a bucket's, or the tuple of its shards' (a sharded store)
 
-PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability simplex: a distribution, but biased."
 
 
 class UnknownWindow(UnknownMetric):

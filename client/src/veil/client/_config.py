@@ -59,13 +59,20 @@ class Config:
     @property
     def loopback(self) -> bool:
         """True when the endpoint names this machine (a token in clear then stays local)."""
-        host = self.endpoint.rsplit(":", 1)[0].strip("[]")
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback(self.endpoint)
+
+
+def is_loopback(address: str) -> bool:
+    """True when host:port (or a bare host) names this machine only; a name other than
+    localhost, "" or 0.0.0.0 may be reachable from elsewhere. The aggregator and the CLI ask
+    the same question of their own addresses."""
+    host = address.rpartition(":")[0].strip("[]") or address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _from_env(environ: Mapping[str, str], name: str) -> str | None:

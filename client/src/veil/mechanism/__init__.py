@@ -8,8 +8,8 @@ package; the aggregator's estimators read their coefficients from it.
 
 from ._epsilon import EPSILON_RANGE, check_epsilon, epsilon_to_gamma, gamma_to_epsilon
 from ._errors import MechanismError
-from ._law import LinearEstimator, WeightLaw
-from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MECHANISMS, MetricSpec, spec_for
+from ._law import PROJECTION_NOTE, LinearEstimator, WeightLaw
+from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MECHANISMS, MetricSpec, parse_duration, spec_for
 from ._privacy import (
     is_admissible,
     parity,
@@ -36,10 +36,12 @@ __all__ = [
     "DEFAULT_PERIOD",
     "MAX_PERIOD",
     "spec_for",
+    "parse_duration",
     "minimax_q",
     "subset_objective",
     "subset_gain",
     "LinearEstimator",
+    "PROJECTION_NOTE",
     "WeightLaw",
     "RandomSource",
     "SystemRandomSource",

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 
 from ._errors import MechanismError
 
-__all__ = ["WeightLaw", "LinearEstimator"]
+__all__ = ["WeightLaw", "LinearEstimator", "PROJECTION_NOTE"]
+
+# What an estimate's "projected" numbers are, said wherever they are shown (HTTP JSON, the CLI).
+PROJECTION_NOTE = "Euclidean projection of the estimate onto the probability simplex: a distribution, but biased."
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ only cap what a device spends, so they are not.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,11 +24,24 @@ from ._errors import MechanismError
 from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, fingerprint_of
 
-__all__ = ["MECHANISMS", "DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec"]
+__all__ = ["MECHANISMS", "DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec", "parse_duration"]
 
 DEFAULT_PERIOD = 86400  # one report per device per day, as Chrome's RAPPOR sends
 MAX_PERIOD = 366 * 86400
 _MAX_REPORTS_PER_PERIOD = 2**32 - 1  # a uint32 on the wire
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+
+
+def parse_duration(text: object) -> int:
+    """Seconds in a duration like "90s", "15m", "1h", "1d", "2w" (or a whole number of seconds):
+    how periods, windows and ranges are written everywhere (config files, the CLI, HTTP)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if not match or int(match.group(1)) == 0:
+        raise MechanismError(f"expected a duration such as \"15m\", \"1h\" or \"1d\", got {text!r}.")
+    return int(match.group(1)) * _UNITS[match.group(2)]
 
 _SPECS: dict[str, type[MechanismSpec]] = {
     cls.name: cls for cls in (SubsetSpec, RapporSpec, AdmissibleRapporSpec, KrrSpec, WarnerSpec)

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_address: str):
-    from ..config import parse_config
+    from veil.aggregator.config import parse_config
 
     return parse_config({
         "server": {"grpc": grpc_address, "http": http_address, "min_n": 100, "watch_interval": 0.5,
@@ -94,8 +94,8 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
 
 def _start_aggregator(args: argparse.Namespace, store_url: str):
     """The aggregator on the asked-for ports, or free ones where those are taken."""
-    from .._errors import ConfigError
-    from ..daemon import Aggregator
+    from veil.aggregator._errors import ConfigError
+    from veil.aggregator.daemon import Aggregator
 
     for grpc_address, http_address in ((args.grpc, args.http), ("127.0.0.1:0", "127.0.0.1:0")):
         try:
@@ -175,17 +175,17 @@ def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import CliError
+    from veil.mechanism import MechanismError, parse_duration
 
-    from ..config import ConfigError, parse_duration
+    from . import CliError
 
     if args.calls <= 0 or args.devices < 1 or args.interval <= 0 or args.duration < 0 or not 0 <= args.churn <= 1:
         raise CliError("--calls and --interval must be above 0, --devices at least 1, --duration at least 0, "
                        "--churn from 0 to 1.")
     try:
-        period = parse_duration(args.period, "--period")
-    except ConfigError as err:
-        raise CliError(str(err)) from None
+        period = parse_duration(args.period)
+    except MechanismError as err:
+        raise CliError(f"--period: {err}") from None
     temporary = None
     if args.redis:
         store_url, where = args.redis, "Redis"
@@ -206,7 +206,7 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
 
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    from ..store import StoreError
+    from veil.aggregator.store import StoreError
     from . import CliError
 
     aggregator = _start_aggregator(args, store_url)

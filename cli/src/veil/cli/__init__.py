@@ -1,24 +1,26 @@
 """The `veil` command: one entry point, a subcommand per job.
 
-Each subcommand's module is imported only when it runs, so `veil privacy` needs nothing but
-the standard library and `veil --help` is instant.
+The command comes with the SDK, so it is there in every install; what a subcommand needs is
+imported only when it runs. `veil privacy` needs nothing but the standard library; `veil specs`
+and `veil estimates` need only the SDK's gRPC; `serve`, `demo`, `simulate`, `store` and `health`
+need the aggregator (`pip install 'veil[aggregator]'`), `release` needs numpy (`veil[release]`),
+and without them they say so in one sentence.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 
 from veil.mechanism import MechanismError
 
-from .._errors import AggregatorError, StoreError
-
 __all__ = ["main"]
 
-# name -> (module under veil.aggregator.cli, one-line help)
+# name -> (module under veil.cli, one-line help)
 _COMMANDS = {
     "privacy": ("_privacy", "what each mechanism costs and guarantees at a given k and epsilon"),
     "serve": ("_serve", "run the aggregator daemon (gRPC and HTTP) from a config file"),
@@ -32,8 +34,41 @@ _COMMANDS = {
 }
 
 
+# The extra that brings what a subcommand imports beyond the SDK, and the top-level modules of
+# that extra's packages (pyproject.toml's lists; a test keeps the two the same). Each is looked
+# up, not imported, before the subcommand runs, so a missing one is named before any other work.
+_EXTRAS = {"serve": "aggregator", "demo": "aggregator", "simulate": "aggregator", "store": "aggregator",
+           "health": "aggregator", "release": "release"}
+EXTRA_MODULES = {
+    "release": ("numpy",),
+    "aggregator": ("numpy", "numba", "redis", "hiredis", "cryptography", "grpc_health", "grpc_reflection",
+                   "prometheus_client", "aiohttp"),
+}
+
+
+def _missing(extra: str) -> str | None:
+    for name in EXTRA_MODULES[extra]:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ModuleNotFoundError:
+            return name
+    return None
+
+
 class CliError(Exception):
     """A problem the user can fix, reported as one line and exit status 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The errors reported as one line: the aggregator's only when it was loaded (an SDK-only
+    install has none, and loading it here would cost every command its import time)."""
+    errors: tuple[type[BaseException], ...] = (CliError, MechanismError)
+    if "veil.aggregator._errors" in sys.modules:
+        from veil.aggregator._errors import AggregatorError, StoreError
+
+        errors += (AggregatorError, StoreError)
+    return errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,11 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    extra = _EXTRAS.get(args.command)
+    missing = extra and _missing(extra)
+    if missing:
+        print(f"veil {args.command}: needs the {extra} packages ({missing} is not installed): "
+              f"pip install 'veil[{extra}]'.", file=sys.stderr)
+        return 2
     try:
         return importlib.import_module(f"{__name__}.{args._module}").run(args)
-    except (CliError, MechanismError, AggregatorError, StoreError) as err:
-        print(f"veil {args.command}: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -63,3 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # exit from raising again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
+        print(f"veil {args.command}: {err}", file=sys.stderr)
+        return 2

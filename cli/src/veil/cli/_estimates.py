@@ -63,10 +63,8 @@ def to_json(window) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from veil.mechanism import PROJECTION_NOTE, MechanismError, parse_duration
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
-
-    from ..config import ConfigError, parse_duration
-    from ..live import PROJECTION_NOTE
 
     group = [label.strip() for label in args.group.split(",") if label.strip()]
     ranged = bool(args.last or args.start or args.end or args.merged)
@@ -76,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     start = args.start
     if args.last:
         try:
-            start = int(time.time()) - parse_duration(args.last, "--last")
-        except ConfigError as err:
-            print(f"veil estimates: {err}", file=sys.stderr)
+            start = int(time.time()) - parse_duration(args.last)
+        except MechanismError as err:
+            print(f"veil estimates: --last: {err}", file=sys.stderr)
             return 2
     with channel(args) as remote:
         stub = veil_pb2_grpc.EstimatesStub(remote)

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ENV_CONFIG, ENV_STORE_URL, default_store_url, load_config
+    from veil.aggregator.config import ENV_CONFIG, ENV_STORE_URL, default_store_url, load_config
 
     url = args.store or os.environ.get(ENV_STORE_URL)
     if not url and (args.config or os.environ.get(ENV_CONFIG)):
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         url = default_store_url(args.data_dir)
     if url.startswith("sqlite:"):
         return _check_sqlite(url)
-    from ..store import StoreError, open_store
+    from veil.aggregator.store import StoreError, open_store
 
     try:
         store = open_store(url)
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_sqlite(url: str) -> int:
     from urllib.parse import unquote, urlsplit
 
-    from ..store._sqlite import check_database, describe_database
+    from veil.aggregator.store._sqlite import check_database, describe_database
 
     path = unquote(urlsplit(url).path)
     problem = check_database(path, integrity=True)

@@ -166,7 +166,7 @@ def _run_batches(args, spec, values, progress: Progress) -> dict:
     from veil.client._transport import FINAL, TOKEN_REFUSED
     from veil.wire.v1 import veil_pb2
 
-    from ..simulate import AesCtrKeystream, FastKeystream, simulate_reports
+    from veil.aggregator.simulate import AesCtrKeystream, FastKeystream, simulate_reports
 
     keystream = FastKeystream(args.seed) if args.seed is not None else AesCtrKeystream()
     reports = simulate_reports(spec.mechanism, values, keystream=keystream)

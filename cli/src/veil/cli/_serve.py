@@ -38,9 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._errors import StoreError, StoreMisconfigured
-    from .._logging import configure_logging
-    from ..config import load_config
+    from veil.aggregator._errors import StoreError, StoreMisconfigured
+    from veil.aggregator._logging import configure_logging
+    from veil.aggregator.config import load_config
 
     configure_logging(args.log_format, args.log_level)
 
@@ -49,17 +49,17 @@ def run(args: argparse.Namespace) -> int:
 
     config = reload()
     if args.worker_index is not None:
-        from .._workers import label_worker_logs
+        from veil.aggregator._workers import label_worker_logs
 
         label_worker_logs(args.worker_index, args.log_format)
         return _serve(config, args.worker_index, reload, args.ready_fd)
     if config.processes > 1 and not args.check_config:
-        from .._workers import supervise  # imports no gRPC: the workers are fresh interpreters
+        from veil.aggregator._workers import supervise  # imports no gRPC: the workers are fresh interpreters
 
         return supervise(config, [sys.executable, "-m", "veil.aggregator", "--config", config.source,
                                   "--processes", str(config.processes), "--log-format", args.log_format,
                                   "--log-level", args.log_level])
-    from ..daemon import inflight_bytes, open_configured_store
+    from veil.aggregator.daemon import inflight_bytes, open_configured_store
 
     if args.check_config:
         inflight_bytes(config)  # a budget no upload fits in is a config error
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             # a running aggregator holds its lock.
             from urllib.parse import unquote, urlsplit
 
-            from ..store._sqlite import check_database
+            from veil.aggregator.store._sqlite import check_database
 
             problem = check_database(unquote(urlsplit(config.store_url).path), full=False, missing_ok=True)
             reach = "usable" if problem is None else f"not usable ({problem})"
@@ -97,7 +97,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     on SIGHUP take the tokens of the config `reload()` reads."""
     from dataclasses import replace
 
-    from ..daemon import Aggregator, freeze_startup_heap
+    from veil.aggregator.daemon import Aggregator, freeze_startup_heap
 
     stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -111,7 +111,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     aggregator = Aggregator(config)
     aggregator.start()
     if ready_fd is not None:
-        from .._workers import tell_supervisor_serving
+        from veil.aggregator._workers import tell_supervisor_serving
 
         tell_supervisor_serving(ready_fd)
     freeze_startup_heap()

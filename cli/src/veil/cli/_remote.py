@@ -17,8 +17,6 @@ import argparse
 import os
 import sys
 
-from ..config import is_loopback
-
 _DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_ENDPOINT = "VEIL_ENDPOINT"  # the SDK's variables: the same aggregator, the same credentials
 ENV_TOKEN = "VEIL_TOKEN"
@@ -136,6 +134,8 @@ def credentials(args: argparse.Namespace):
 def channel(args: argparse.Namespace, *, target: str | None = None, options: list | tuple = ()):
     """A channel to the aggregator (`target`, else address(args)), with TLS when asked for."""
     import grpc
+
+    from veil.client._config import is_loopback
 
     target = target or address(args)
     secure = credentials(args)
