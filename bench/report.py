@@ -1,9 +1,9 @@
-"""Combine the four benchmarks' results into one document, one table and one plot.
+"""Combine the benchmarks' results into one document, one table and one plot.
 
     .venv/bin/python bench/report.py                # bench/results/{randomize,client,ingest}.json
     .venv/bin/python bench/report.py --markdown     # the same table as Markdown (the README's)
     .venv/bin/python bench/report.py --update-readme  # ... and put it into README.md's performance section
-    .venv/bin/python bench/report.py --run          # run the four benchmarks first (`make bench`)
+    .venv/bin/python bench/report.py --run          # run the benchmarks first (`make bench`)
     .venv/bin/python bench/report.py --run --quick  # smoke runs in bench/results/quick/ (`make bench-quick`)
 
 Reads randomize.json (bench_randomize.py), client.json (bench_client.py), ingest.json
@@ -22,7 +22,7 @@ randomize cells with Veil / peer ratios measured in the same run, report() laten
 ingest per store and shape with the exact-count verdict, estimate latency, the capacity model's
 predictions, and the targets.
 
-With --run the four benchmarks run first, one after the other, each writing its own JSON into
+With --run the benchmarks run first, one after the other, each writing its own JSON into
 the results directory; a benchmark that fails still lets the others run, and the report then
 combines what this run wrote (never an older file left from an earlier run).
 
@@ -52,7 +52,7 @@ from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, progress, write_results
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 BENCHMARKS = {"randomize": "bench_randomize.py", "client": "bench_client.py", "ingest": "bench_ingest.py",
-              "capacity": "bench_capacity.py", "series": "bench_series.py"}
+              "capacity": "bench_capacity.py", "series": "bench_series.py", "cli": "bench_cli.py"}
 LATEST, PLOT = "latest.json", "throughput.png"
 # The README's performance table sits between these lines; --update-readme replaces what is between.
 README_BEGIN = "<!-- bench/report.py --markdown: begin -->"
@@ -68,6 +68,7 @@ SMALL_UPLOADS_GOAL = 25_000  # uploads/s of 10-report uploads
 SQLITE_SMALL_RATIO_GOAL = 0.8  # SQLite's 10-report uploads/s over Redis's, same run: within 20% (issue 14)
 GET_P99_GOAL_MS = 5.0  # Estimates.Get p99 at k = 1024 with 3 windows
 CLIENT_KS = (16, 128, 1024)  # report() median and p99 published for these k
+CLI_START_GOAL_MS = 500.0  # issue 18: `veil specs` and `veil estimates`, spawn to exit (median)
 SERIES_P99_GOAL_MS = 50.0  # issue 16: 720 hourly buckets at k = 1024, each estimated
 MERGED_P99_GOAL_MS = 10.0  # issue 16: a 7-day merged estimate at k = 1024
 
@@ -338,6 +339,19 @@ def series_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
     return entries
 
 
+def cli_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str, Any]]:
+    entries = []
+    for name, text in (("veil_specs", "veil specs"), ("veil_estimates", "veil estimates")):
+        row = None if data is None else data["cli"].get(name)
+        floor = None if data is None else data["cli"]["python_grpc_wire"]["median_s"] * 1000
+        entries.append(target(f"`{text}` against a running aggregator, spawn to exit (median)",
+                              f"`{text}` starts and answers", "<=", CLI_START_GOAL_MS, "ms", "cli",
+                              None if row is None else row["median_s"] * 1000, file,
+                              None if row is None else f"cli.{name}.median_s",
+                              None if floor is None else f"python importing grpc and the wire module: {floor:.0f} ms"))
+    return entries
+
+
 def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[str, Any]]:
     def file(name: str) -> str | None:
         return sources[name]["file"] if name in results else None
@@ -345,7 +359,8 @@ def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[s
     return (randomize_targets(results.get("randomize"), file("randomize"))
             + ingest_targets(results.get("ingest"), file("ingest"))
             + client_targets(results.get("client"), file("client"))
-            + series_targets(results.get("series"), file("series")))
+            + series_targets(results.get("series"), file("series"))
+            + cli_targets(results.get("cli"), file("cli")))
 
 
 def grouped(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -90,7 +90,10 @@ def test_quick_run_writes_every_benchmark_and_the_combined_results(quick_run):
     assert set(series["series"]) == {"memory", "redis"} and series["settings"]["quick"] is True
     assert series["series"]["redis"]["series_720_hourly"]["buckets"] == 721
 
-    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity", "series"}
+    cli = json.loads((directory / "cli.json").read_text())
+    assert set(cli["cli"]) >= {"veil_specs", "veil_estimates"} and cli["settings"]["quick"] is True
+
+    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity", "series", "cli"}
     assert latest["benchmarks"]["ingest"] == ingest  # each benchmark's results as it wrote them
     assert latest["quick"] is True and latest["summary"]["ok"] is True and not latest["problems"]
     assert latest["machine"]["cpu_count"] >= 1 and latest["machine"]["python"]

@@ -16,8 +16,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from veil.mechanism import MechanismError
-
 __all__ = ["main"]
 
 # name -> (module under veil.cli, one-line help)
@@ -61,9 +59,13 @@ class CliError(Exception):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """The errors reported as one line: the aggregator's only when it was loaded (an SDK-only
-    install has none, and loading it here would cost every command its import time)."""
-    errors: tuple[type[BaseException], ...] = (CliError, MechanismError)
+    """The errors reported as one line, of the packages the command loaded: loading them here
+    would cost every command their import time (and an SDK-only install has no aggregator)."""
+    errors: tuple[type[BaseException], ...] = (CliError,)
+    if "veil.mechanism" in sys.modules:
+        from veil.mechanism import MechanismError
+
+        errors += (MechanismError,)
     if "veil.aggregator._errors" in sys.modules:
         from veil.aggregator._errors import AggregatorError, StoreError
 
