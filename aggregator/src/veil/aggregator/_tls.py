@@ -22,13 +22,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import ConfigError
-from .config import TlsConfig, check_private_file
+from ._secrets import check_private_file
 
-__all__ = ["TlsFiles", "ServerTls", "load_tls"]
+__all__ = ["TlsConfig", "TlsFiles", "ServerTls", "load_tls"]
 
 log = logging.getLogger("veil.aggregator")
 
 _RECHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS for both listeners; mutual TLS (client certificates required) with client_ca_file."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_ca_file is not None
 
 
 @dataclass(frozen=True)

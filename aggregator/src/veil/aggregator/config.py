@@ -73,7 +73,6 @@ import hashlib
 import math
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,9 +82,11 @@ from veil.mechanism import DEFAULT_MECHANISM, EPSILON_RANGE, MAX_PERIOD, MECHANI
 from veil.mechanism import parse_duration as mechanism_duration
 
 from ._errors import ConfigError
+from ._secrets import check_private_file
+from ._tls import TlsConfig, load_tls
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
-           "parse_config", "parse_duration", "check_private_file", "token_digest", "ENV_CONFIG",
+           "parse_config", "parse_duration", "token_digest", "ENV_CONFIG",
            "ENV_STORE_URL", "ENV_DATA_DIR", "default_data_dir", "default_store_url"]
 
 ENV_CONFIG = "VEIL_CONFIG"
@@ -162,19 +163,6 @@ class MetricConfig:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-@dataclass(frozen=True)
-class TlsConfig:
-    """TLS for both listeners; mutual TLS (client certificates required) with client_ca_file."""
-
-    cert_file: Path
-    key_file: Path
-    client_ca_file: Path | None = None
-
-    @property
-    def mutual(self) -> bool:
-        return self.client_ca_file is not None
 
 
 @dataclass(frozen=True)
@@ -374,21 +362,6 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
-def check_private_file(path: Path, key: str) -> None:
-    """Refuse a secrets file others may read or change: owner-only (0600 or less), or owned by
-    root and at most group-readable (0640: a Kubernetes secret mounted with an fsGroup),
-    as PostgreSQL requires of its key files."""
-    try:
-        info = path.stat()
-    except OSError as err:
-        raise ConfigError(f"{key}: cannot read {path} ({err.strerror or err}).") from None
-    mode = stat.S_IMODE(info.st_mode)
-    forbidden = 0o037 if info.st_uid == 0 else 0o077
-    if mode & forbidden:
-        raise ConfigError(f"{key}: {path} is open to group or others (mode {mode:04o}); make it owner-only "
-                          f"(chmod 600), or owned by root and at most group-readable (0640).")
-
-
 def _path(value: object, key: str, base: Path) -> Path:
     path = Path(_text(value, key)).expanduser()
     return path if path.is_absolute() else base / path
@@ -408,9 +381,7 @@ def _tls(data: Mapping[str, object], base: Path) -> TlsConfig | None:
         client_ca_file=_path(tls["client_ca_file"], "tls.client_ca_file", base) if "client_ca_file" in tls else None,
     )
     check_private_file(config.key_file, "tls.key_file")
-    from ._tls import load_tls  # checks that the files hold what they should, naming the key
-
-    load_tls(config)
+    load_tls(config)  # checks that the files hold what they should, naming the key
     return config
 
 
