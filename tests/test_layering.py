@@ -51,6 +51,56 @@ def test_each_package_imports_only_the_packages_below_it(package):
         assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
 
 
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Each module of a package -> the modules of the same package it imports (anywhere in it,
+    so a cycle hidden by an import inside a function counts), its own package left out."""
+    root = PACKAGES[package]
+    modules = {}
+    for path in root.rglob("*.py"):
+        name = ".".join((package, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = here
+                for _ in range(max(node.level - 1, 0)):
+                    base = base.rpartition(".")[0]
+                target = node.module if node.level == 0 else ".".join(filter(None, (base, node.module)))
+                found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in modules and m not in (name, here)}
+    return graph
+
+
+@pytest.mark.parametrize("package", ["veil.mechanism", "veil.aggregator", "veil.release", "veil.cli"])
+def test_no_two_modules_of_a_package_import_each_other(package):
+    graph = module_graph(package)
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        for target in sorted(graph[name]):
+            assert target not in path, f"import cycle: {' -> '.join(path[path.index(target):] + [target])}"
+            if target not in done:
+                visit(target, [*path, target])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [name])
+
+
+def test_the_cycle_check_sees_a_cycle_hidden_in_a_function(monkeypatch, tmp_path):
+    (tmp_path / "a.py").write_text("from .b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import y\n")
+    monkeypatch.setitem(PACKAGES, "veil.toy", tmp_path)
+    assert module_graph("veil.toy") == {"veil.toy.a": {"veil.toy.b"}, "veil.toy.b": {"veil.toy.a"}}
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_no_two_modules_of_a_package_import_each_other("veil.toy")
+
+
 def test_the_check_reads_imports_as_written(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import veil.aggregator.store\nfrom veil.client import Reporter\nfrom . import x\n"
