@@ -2,7 +2,7 @@
 
 The estimators are linear per report (Y_j = alpha_t z_j + beta_t for a report of weight t), so
 everything here can be checked exactly: against the mechanism's own transition probabilities,
-against a per-report NumPy computation, and against the closed forms of MATH.md.
+against a per-report NumPy computation, and against the closed forms of docs/math.md.
 """
 
 from __future__ import annotations
@@ -266,11 +266,11 @@ def test_counts_with_inconsistent_shapes_raise():
         Counts((1,), np.zeros(1, np.int64), np.zeros(4, np.int64))
 
 
-# --- closed forms of MATH.md -----------------------------------------------------------------
+# --- closed forms of docs/math.md ------------------------------------------------------------
 
 
 def math_md_f(k: int, gamma: float, x: float) -> float:
-    """f(x) of MATH.md, written out again here so the test does not borrow the code's."""
+    """f(x) of docs/math.md, written out again here so the test does not borrow the code's."""
     return k**2 * (x * gamma**2 + k - x) / (x * gamma + k - x) ** 2
 
 

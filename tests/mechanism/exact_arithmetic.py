@@ -1,6 +1,6 @@
 """Exact references for the numerics tests, in Fractions: e^x bounded by rationals from its
 series, the minimax q, the realized parity of integer thresholds, and each design's estimator
-and risk. Written from the definitions (MATH.md), not from veil.mechanism's formulas. The
+and risk. Written from the definitions (docs/math.md), not from veil.mechanism's formulas. The
 RAPPOR references round intermediate values to 256 significant bits (see rounded)."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def rappor_law(k: int, s: Fraction, admissible: bool) -> tuple[list[int], list[F
 
 
 def rappor_minimax(k: int, gamma: Fraction, weights: list[int], p: list[Fraction]) -> tuple[list[Fraction], list[Fraction]]:
-    """(alpha_t, beta_t) of MATH.md's minimax estimator (003 eq. 7.11), from the definitions:
+    """(alpha_t, beta_t) of docs/math.md's minimax estimator (003 eq. 7.11), from the definitions:
     w(t) = k / (t g + k - t), a_t = (f(t) - k) / (k - 1), a* = sum_t p_t a_t."""
     a = [Fraction(0) if t in (0, k) else rounded((objective(k, gamma, t) - k) / (k - 1)) for t in weights]
     a_star = sum(pt * at for pt, at in zip(p, a))

@@ -1,4 +1,4 @@
-"""The privacy calculus of MATH.md (003 ch. 3-4, 000 sec. 3)."""
+"""The privacy calculus of docs/math.md (003 ch. 3-4, 000 sec. 3)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """An empirical audit of local differential privacy, through the SDK's own randomization.
 
 epsilon-LDP says: for any two true values x, x' and every set E of reports,
-P(Z in E | X = x) <= e^epsilon P(Z in E | X = x')  (MATH.md: parity eta(P) <= gamma).
+P(Z in E | X = x) <= e^epsilon P(Z in E | X = x')  (docs/math.md: parity eta(P) <= gamma).
 So the audit draws many reports of x and of x' and bounds P(E | x) / P(E | x') from below with
 exact (Clopper-Pearson) binomial bounds, Bonferroni-corrected over every event and direction
 tested: a lower confidence bound above gamma proves a violation at family-wise level ALPHA.

@@ -1,6 +1,6 @@
 """What the estimators and the risk calculus need to know about a design.
 
-Every mechanism here is a mixture of t-subset designs (MATH.md): a report has some number t of
+Every mechanism here is a mixture of t-subset designs (docs/math.md, 3): a report has some number t of
 categories ("Hamming weight"), drawn with a probability p_t that does not depend on the true
 value, and given t it is a t-subset design. Every estimator here is linear per report and per
 weight: category j's estimate is the mean over reports of Y_j = alpha_t z_j + beta_t, where z_j

@@ -1,4 +1,4 @@
-"""The privacy calculus (MATH.md; 003 ch. 3-4, 000 sec. 3).
+"""The privacy calculus (docs/math.md, 2; 003 ch. 3-4, 000 sec. 3).
 
 A transition matrix P has p_ij = P(Z = d_i | X = c_j): one row per report, one column per
 true category. Its parity is the largest ratio within a row; P gives epsilon-LDP exactly when

@@ -1,10 +1,10 @@
-"""Basic RAPPOR and admissible RAPPOR (MATH.md; 003 sec. 7.2).
+"""Basic RAPPOR and admissible RAPPOR (docs/math.md, 3.3-3.4 and 4.2; 003 sec. 7.2).
 
 The one-hot vector of the true category has every bit flipped independently with probability
 f = 1 / (sqrt(gamma) + 1). Two true values i != j differ in bits i and j only, so a report's
 likelihood ratio is at most ((1 - f) / f)^2 = gamma. Given its number of ones t, a report is
 a t-subset design, so RAPPOR is a mixture of them with weights p_t; its minimax estimator uses
-per-weight counts (MATH.md, from 003 eq. 7.11).
+per-weight counts (docs/math.md, 4.2, from 003 eq. 7.11).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class RapporSpec(MechanismSpec):
         return self._full_law()
 
     def _minimax(self, law: WeightLaw) -> LinearEstimator:
-        # MATH.md: pi_j = ((gamma-1) sum_t w(t) V_j^(t) + sum_t (w(t)-1) n_t) / (n a*) + 1/k with
+        # docs/math.md 4.2: pi_j = ((gamma-1) sum_t w(t) V_j^(t) + sum_t (w(t)-1) n_t) / (n a*) + 1/k with
         # w(t) = k / (t gamma + k - t), a_t = (f(t) - k) / (k - 1) (zero at t = 0 and t = k) and
         # a* = sum_t p_t a_t. In d = gamma - 1, without cancellation: w(t) = k / (k + t d),
         # w(t) - 1 = -t d / (k + t d), and f(t) - k is subset_gain.
@@ -115,7 +115,7 @@ class RapporSpec(MechanismSpec):
 class AdmissibleRapporSpec(RapporSpec):
     """RAPPOR whose all-zeros and all-ones reports are redrawn on the device. Every remaining
     row has parity exactly gamma with two distinct values, so the design is admissible; given
-    t in 1..k-1 it is the same t-subset design, with p_t renormalised (MATH.md)."""
+    t in 1..k-1 it is the same t-subset design, with p_t renormalised (docs/math.md, 4.2)."""
 
     name: ClassVar[str] = "rappor-admissible"
     admissible: ClassVar[bool] = True

@@ -33,7 +33,7 @@ Report = tuple[int, ...]
 
 
 def subset_objective(k: int, gamma: float, x: float) -> float:
-    """f(x) = k^2 (x gamma^2 + k - x) / (x gamma + k - x)^2 (MATH.md, 003 ch. 6); the minimax
+    """f(x) = k^2 (x gamma^2 + k - x) / (x gamma + k - x)^2 (docs/math.md 3.1, 003 ch. 6); the minimax
     q maximizes it, and the price of privacy of a q-subset design is (k-1)^2 / (f(q) - k).
     Near gamma = 1 it is k plus a sliver: take differences from subset_gain."""
     return k + subset_gain(k, gamma, x)
@@ -166,7 +166,7 @@ class MechanismSpec:
         return (estimator or self.estimator).variances(self.weight_law(), pi)
 
     def risk(self, pi: Sequence[float], estimator: LinearEstimator | None = None) -> float:
-        """n * (sum of the estimator's variances), the risk of MATH.md, under pi."""
+        """n * (sum of the estimator's variances), the risk of docs/math.md 4, under pi."""
         return math.fsum(self.variances(pi, estimator))
 
     def risk_uniform(self, estimator: LinearEstimator | None = None) -> float:
@@ -187,7 +187,7 @@ def fingerprint_of(canonical: dict[str, object]) -> str:
 
 @dataclass(frozen=True)
 class SubsetSpec(MechanismSpec):
-    """The q-subset design with the minimax q (MATH.md; 003 ch. 6-7, 000 sec. 4.2).
+    """The q-subset design with the minimax q (docs/math.md 3.1, 4.1; 003 ch. 6-7, 000 sec. 4.2).
 
     The true category j is kept with probability p = q gamma / (q gamma + k - q); the report
     then holds j and q-1 of the other k-1 categories, or q of them without j, chosen uniformly.
@@ -255,8 +255,9 @@ class SubsetSpec(MechanismSpec):
         return WeightLaw((q,), (1.0,), (p,), (other,))
 
     def _build_estimators(self) -> dict[str, LinearEstimator]:
-        # pi_j = c V_j / n + d (MATH.md, 4.5 / 7.2), in e = gamma - 1: d = ((1-k)(q gamma + k - q)
-        # / (e (k-q)) + 1) / k, summed over one denominator so that no two large terms cancel.
+        # pi_j = c V_j / n + d (docs/math.md 4.1; 000 eq. 4.5, 003 eq. 7.2), in e = gamma - 1:
+        # d = ((1-k)(q gamma + k - q) / (e (k-q)) + 1) / k, summed over one denominator so that no
+        # two large terms cancel.
         e, q, k = self.gamma - 1.0, self.q, self.k
         c = (k - 1) * (k + q * e) / (q * e * (k - q))
         d = -((k - 1) + e * (q - 1)) / (e * (k - q))
