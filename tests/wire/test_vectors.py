@@ -34,15 +34,29 @@ def test_vectors_have_not_drifted_from_the_code():
     assert out.returncode == 0, out.stderr
 
 
-def test_the_vector_drift_check_can_fail(tmp_path):
+def _edited_check(tmp_path, name: str, edit) -> subprocess.CompletedProcess[str]:
     copy = tmp_path / "proto"
     shutil.copytree(ROOT / "proto", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / "veil" / "wire" / "v1" / "vectors" / "fingerprints.json"
+    target = copy / "veil" / "wire" / "v1" / "vectors" / name
     data = json.loads(target.read_text(encoding="utf-8"))
-    data["vectors"][0]["fingerprint"] = "0" * 32
+    edit(data["vectors"][0])
     target.write_text(json.dumps(data), encoding="utf-8")
-    out = subprocess.run([sys.executable, str(copy / "vectors.py"), "--check"], capture_output=True, text=True)
+    return subprocess.run([sys.executable, str(copy / "vectors.py"), "--check"], capture_output=True, text=True)
+
+
+def test_the_vector_drift_check_can_fail(tmp_path):
+    out = _edited_check(tmp_path, "fingerprints.json", lambda v: v.update(fingerprint="0" * 32))
     assert out.returncode == 1 and "fingerprints.json" in out.stderr
+
+
+@pytest.mark.parametrize(("change", "drifts"), [(1e-9, True), (1e-15, False)])
+def test_estimates_drift_beyond_the_last_bits_only(tmp_path, change, drifts):
+    """Estimates may differ in their last bits between machines; not by more."""
+    def nudge(vector: dict) -> None:
+        vector["estimate"][0] *= 1 + change
+
+    out = _edited_check(tmp_path, "estimates.json", nudge)
+    assert (out.returncode == 1 and "estimates.json" in out.stderr) if drifts else out.returncode == 0, out.stderr
 
 
 def test_every_mechanism_has_vectors():
