@@ -184,3 +184,22 @@ def test_batches_wait_out_an_aggregator_that_is_down_and_count_once(start_aggreg
     assert up["counters"] | {"retried": 0} == {"accepted": 500, "dropped": 0, "sent": 500, "retried": 0, "failed": 0,
                                                "queued": 0, "limited": 0, "overBudget": 0}
     assert counted(aggregator, "browser") == 500
+
+
+def test_the_memo_is_keyed_as_the_python_sdk_keys_it(tmp_path):
+    # One device secret, the same key for every (metric, fingerprint, category) in both SDKs.
+    from veil.client._log import LogOnce
+    from veil.client._memo import MemoStore
+
+    secret = bytes(range(7, 39))
+    (tmp_path / MemoStore.SECRET_FILE).write_bytes(secret)
+    (tmp_path / MemoStore.SECRET_FILE).chmod(0o600)
+    python = MemoStore(tmp_path, LogOnce())
+    cases = [("browser", "0123456789abcdef0123456789abcdef", 3), ("écran", "f" * 32, 0), ("m" * 300, "", 2**31)]
+    script = ("import { Memo } from './dist/src/memo.js';"
+              f"const memo = new Memo(Uint8Array.from({list(secret)}));"
+              f"console.log(JSON.stringify({json.dumps(cases)}.map(([m, f, i]) => memo.key(m, f, i))));")
+    out = subprocess.run([shutil.which("node") or "node", "--input-type=module", "-e", script], cwd=JS,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [python.key(*case).hex() for case in cases]
