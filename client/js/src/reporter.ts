@@ -156,7 +156,7 @@ export class Reporter {
     if (!this.ready) {
       // Until the device's store is open and specs are known, calls wait here (true values, on the
       // device only, never sent as such).
-      if (this.held.length + this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
+      if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
       this.held.push([metric, value]);
       this.counts.queued += 1;
       return;
