@@ -398,12 +398,18 @@ export class Reporter {
   // --- start and specs -------------------------------------------------------------------------
 
   private async start(): Promise<void> {
+    let store: DeviceStore;
     try {
-      this.device = await DeviceState.open(await (this.options.store ?? new MemoryStore()),
-        (key, message) => this.warnOnce(key, `Veil: ${message}`));
+      store = await (this.options.store ?? new MemoryStore());
+    } catch {
+      this.warnOnce("store:open", "Veil: the device store cannot be opened; the memo and the ledger live in memory.");
+      store = new MemoryStore();
+    }
+    this.device = await DeviceState.open(store, (key, message) => this.warnOnce(key, message));
+    try {
       if (this.device.specs !== null) this.useSpecs(JSON.parse(this.device.specs), false);
     } catch {
-      this.device ??= await DeviceState.open(new MemoryStore(), (key, message) => this.warnOnce(key, message));
+      // an unreadable copy of the specs: wait for fresh ones
     }
     await this.refreshSpecs();
   }
