@@ -54,8 +54,10 @@ node:
 	  echo "installing nodejs and npm (Debian packages)"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
 
-# client/js: its packages from the lockfile, then built (the Python tests run the built SDK).
-client/js/dist/.built: client/js/package-lock.json $(wildcard client/js/src/*.ts client/js/test/*.ts) | node
+# client/js: its packages from the lockfile, then built (the Python tests run the built SDK; the
+# build copies the wire contract's veil.proto beside it for gRPC).
+client/js/dist/.built: client/js/package.json client/js/package-lock.json proto/veil/wire/v1/veil.proto \
+		$(wildcard client/js/src/*.ts client/js/test/*.ts) | node
 	cd client/js && npm ci --no-audit --no-fund && npm run build
 	touch $@
 

@@ -5,12 +5,9 @@ binary protobuf and proto3 JSON bodies, and the documented statuses."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import random
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
@@ -154,39 +151,6 @@ def test_fuzzed_uploads_count_exactly_what_was_accepted(start_aggregator):
             reply = veil_pb2.UploadResponse.FromString(answer)
             accepted += 0 if reply.duplicate else reply.accepted
     assert counted(aggregator, "os") == accepted and {200, 400} <= statuses
-
-
-JS = Path(__file__).resolve().parents[2] / "client" / "js"
-
-
-def run_js_reporter(aggregator, token: str, *wanted: str) -> dict:
-    node = shutil.which("node")
-    assert node, "node is missing: `make test` installs it (Debian's nodejs)"
-    script = JS / "dist" / "test" / "report-over-http.js"
-    assert script.exists(), "the TypeScript SDK is not built: `make test` runs npm ci and npm run build in client/js"
-    out = subprocess.run([node, str(script), f"http://127.0.0.1:{aggregator.http_port}", token, *wanted],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def test_the_typescript_sdk_reports_every_mechanism_over_http_counted_exactly(start_aggregator):
-    # Node fetches the specs (checking each fingerprint), randomizes with Web Crypto and uploads
-    # over HTTP; every mechanism's batches are counted, exactly.
-    aggregator = start_aggregator()
-    wanted = {"browser": 250, "os": 130, "opted_in": 120, "crash_screen": 101, "feature": 99}
-    accepted = run_js_reporter(aggregator, "-", *(f"{m}=1x{n}" for m, n in wanted.items()))
-    assert accepted == wanted
-    assert {metric: counted(aggregator, metric) for metric in wanted} == wanted
-
-
-def test_the_typescript_sdk_sends_its_token_and_retries_through_a_rate_limit(start_aggregator):
-    aggregator = start_aggregator(max_batch=100, sections={"auth": auth_section(rate_limit=400, rate_burst=100)})
-    assert run_js_reporter(aggregator, UPLOAD_TOKEN, "browser=2x600") == {"browser": 600}
-    assert counted(aggregator, "browser") == 600
-    limited = aggregator.instruments.registry.get_sample_value("veil_token_reports_rate_limited_total",
-                                                               {"token": "app-a"})
-    assert limited and limited > 0  # some batches were refused with a hint, then sent again
 
 
 def test_cors_admits_the_configured_origins_only(start_aggregator):

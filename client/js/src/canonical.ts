@@ -1,6 +1,8 @@
 // The spec's canonical form and fingerprint (docs/protocol.md, "Fingerprints"): JSON with sorted
 // keys and no spaces, numbers spelled as Python's repr spells them, UTF-8, SHA-256, 32 hex digits.
 
+import { hex, sha256 } from "./sha256.js";
+
 export interface CanonicalSpec {
   name: string;
   labels: readonly string[];
@@ -43,7 +45,6 @@ export function canonicalJson(spec: CanonicalSpec): string {
 }
 
 /** The spec's fingerprint: the first 32 hex digits of SHA-256 of its canonical JSON (UTF-8). */
-export async function fingerprint(spec: CanonicalSpec): Promise<string> {
-  const digest = await globalThis.crypto.subtle.digest("SHA-256", new TextEncoder().encode(canonicalJson(spec)));
-  return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("").slice(0, 32);
+export function fingerprint(spec: CanonicalSpec): string {
+  return hex(sha256(new TextEncoder().encode(canonicalJson(spec)))).slice(0, 32);
 }

@@ -1,19 +1,9 @@
-// Specs and uploads over the aggregator's HTTP listener (docs/protocol.md, section 5): fetch
-// with keepalive, in Node >= 20 and browsers alike.
+// Specs and uploads over the aggregator's HTTP listener (docs/protocol.md, section 5), with fetch
+// in Node >= 20 and browsers alike: keepalive, so a batch sent as the page goes away still leaves.
 
-import { fingerprint } from "./canonical.js";
 import { uploadJson } from "./encode.js";
-import { design, type Design } from "./mechanism.js";
-
-/** A metric as fetched: its spec, checked against its fingerprint, and its design. */
-export interface Metric {
-  name: string;
-  labels: string[];
-  fingerprint: string;
-  periodSeconds: number;
-  reportsPerPeriod: number;
-  design: Design;
-}
+import { parseSpecs, type Metric } from "./specs.js";
+import { hintOf, type Batch, type Outcome, type SpecsAnswer, type Transport } from "./transport.js";
 
 export interface Endpoint {
   /** e.g. "https://veil.example.com:8080" */
@@ -21,76 +11,59 @@ export interface Endpoint {
   token?: string;
 }
 
-const MECHANISM_NAMES: Record<string, string> = {
-  SUBSET: "subset", RAPPOR: "rappor", RAPPOR_ADMISSIBLE: "rappor-admissible", KRR: "krr", WARNER: "warner",
-};
+// Browsers refuse keepalive bodies above 64 KiB in flight.
+const KEEPALIVE_BYTES = 60_000;
 
-function headers(endpoint: Endpoint, extra: Record<string, string> = {}): Record<string, string> {
-  return endpoint.token ? { Authorization: `Bearer ${endpoint.token}`, ...extra } : extra;
-}
+export class HttpTransport implements Transport {
+  readonly kind = "http";
 
-/** The aggregator's specs (GET /v1/specs), each checked against its fingerprint: a spec whose
- * fingerprint this SDK does not reproduce is left out (its reports would be refused or wrong). */
-export async function fetchSpecs(endpoint: Endpoint): Promise<{ metrics: Metric[]; maxBatch: number }> {
-  const response = await fetch(`${endpoint.url}/v1/specs`, { headers: headers(endpoint), keepalive: true });
-  if (!response.ok) throw new Error(`GET /v1/specs answered ${response.status}`);
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any
-  const body: any = await response.json();
-  const metrics: Metric[] = [];
-  for (const s of body.specs ?? []) {
-    const mechanism = MECHANISM_NAMES[s.mechanism];
-    const periodSeconds = s.periodSeconds || 86400;
-    const reportsPerPeriod = s.reportsPerPeriod || 1;
-    const labels: string[] = s.labels ?? [];
-    if (!mechanism) continue;
-    const mine = await fingerprint({ name: s.name, labels, mechanism, k: labels.length, epsilon: s.epsilon,
-      period: periodSeconds, reportsPerPeriod });
-    if (mine !== s.fingerprint) continue;
-    metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
-      design: design(mechanism, labels.length, s.epsilon) });
+  constructor(private readonly endpoint: Endpoint) {}
+
+  private headers(extra: Record<string, string> = {}): Record<string, string> {
+    return this.endpoint.token ? { Authorization: `Bearer ${this.endpoint.token}`, ...extra } : extra;
   }
-  return { metrics, maxBatch: body.maxBatch ?? 0 };
-}
 
-export interface UploadResult {
-  status: number;
-  accepted: number;
-  duplicate: boolean;
-}
+  async specs(timeoutMs: number): Promise<SpecsAnswer> {
+    const response = await fetch(`${this.endpoint.url}/v1/specs`, { headers: this.headers(),
+      signal: AbortSignal.timeout(timeoutMs) });
+    if (!response.ok) throw new Error(`GET /v1/specs answered ${response.status}`);
+    return await response.json() as SpecsAnswer;
+  }
 
-/** POST one batch; on 429, 503 or a network error, retry the same bytes (batch id included)
- * after a backoff with full jitter, never sooner than the aggregator's retry-after-ms. */
-export async function uploadBatch(endpoint: Endpoint, metric: Metric, reports: readonly (readonly number[])[],
-                                  options: { attempts?: number; initialMs?: number; maxMs?: number } = {}):
-  Promise<UploadResult> {
-  const batchId = globalThis.crypto.getRandomValues(new Uint8Array(16));
-  const body = JSON.stringify(uploadJson(metric.design, metric.name, metric.fingerprint, reports, batchId));
-  const attempts = options.attempts ?? 8;
-  const initial = options.initialMs ?? 1000;
-  const max = options.maxMs ?? 60_000;
-  let status = 0;
-  for (let attempt = 0; attempt < attempts; attempt++) {
-    let hint = 0;
+  async upload(batch: Batch, timeoutMs: number): Promise<Outcome> {
+    const { metric, reports, id } = batch;
+    const body = JSON.stringify(uploadJson(metric.design, metric.name, metric.fingerprint, reports, id));
+    let response: Response;
     try {
-      const response = await fetch(`${endpoint.url}/v1/upload`, {
-        method: "POST", body, keepalive: body.length < 60_000,
-        headers: headers(endpoint, { "Content-Type": "application/json" }),
-      }).catch(() => null);
-      if (response !== null) {
-        status = response.status;
-        if (status === 200) {
-          // eslint-disable-next-line @typescript-eslint/no-explicit-any
-          const answer: any = await response.json();
-          return { status, accepted: answer.accepted, duplicate: answer.duplicate };
-        }
-        if (status !== 429 && status !== 503) return { status, accepted: 0, duplicate: false };
-        hint = Math.min(Number(response.headers.get("retry-after-ms") ?? 0) || 0, 300_000);
-      }
-    } catch {
-      // a network error: retried like a 503
+      response = await fetch(`${this.endpoint.url}/v1/upload`, {
+        method: "POST", body, keepalive: body.length < KEEPALIVE_BYTES, signal: AbortSignal.timeout(timeoutMs),
+        headers: this.headers({ "Content-Type": "application/json" }),
+      });
+    } catch (error) {
+      return { kind: "retry", why: (error as Error)?.name === "TimeoutError" ? "timeout" : "unreachable", hintMs: 0,
+        token: false };
     }
-    const backoff = Math.random() * Math.min(max, initial * 2 ** attempt);
-    await new Promise((resolve) => setTimeout(resolve, Math.max(backoff, hint)));
+    const status = response.status;
+    if (status === 200) {
+      try {
+        const answer = await response.json() as { accepted?: number; duplicate?: boolean };
+        return { kind: "ok", accepted: answer.accepted ?? 0, duplicate: answer.duplicate ?? false };
+      } catch {
+        return { kind: "retry", why: "unreadable answer", hintMs: 0, token: false };
+      }
+    }
+    await response.body?.cancel().catch(() => undefined);
+    if (status === 400 || status === 413) return { kind: "fail", why: `HTTP ${status}`, refetch: false };
+    if (status === 409) return { kind: "fail", why: "stale spec (HTTP 409)", refetch: true };
+    return { kind: "retry", why: `HTTP ${status}`, token: status === 401 || status === 403,
+      hintMs: hintOf(response.headers.get("retry-after-ms"), response.headers.get("retry-after")) };
   }
-  return { status, accepted: 0, duplicate: false };
+
+  close(): void {}
+}
+
+/** The aggregator's specs (GET /v1/specs), each checked against its fingerprint. */
+export async function fetchSpecs(endpoint: Endpoint, timeoutMs = 10_000): Promise<{ metrics: Metric[];
+  maxBatch: number }> {
+  return parseSpecs(await new HttpTransport(endpoint).specs(timeoutMs));
 }

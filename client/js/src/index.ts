@@ -1,4 +1,5 @@
-// @veil/client: Veil's TypeScript SDK (the v1 wire contract, docs/protocol.md).
+// @veil/client: Veil's TypeScript SDK (the v1 wire contract, docs/protocol.md). Node's file store
+// and gRPC are in "@veil/client/node".
 export { canonicalJson, fingerprint, pythonFloat, type CanonicalSpec } from "./canonical.js";
 export { below, bernoulli, bits64, choose, GivenWords, SystemWords, type WordSource } from "./random.js";
 export {
@@ -6,5 +7,14 @@ export {
   type Design, type Mechanism,
 } from "./mechanism.js";
 export { encodeUpload, reportBytes, uploadJson, usesBitmaps } from "./encode.js";
-export { fetchSpecs, uploadBatch, type Endpoint, type Metric, type UploadResult } from "./http.js";
-export { Ledger, MemoryStore, type KeyValueStore, type Rule } from "./ledger.js";
+export { parseSpecs, type Metric } from "./specs.js";
+export { fetchSpecs, HttpTransport, type Endpoint } from "./http.js";
+export { backoffMs, RETRY_HORIZON_MS, type Batch, type Outcome, type SpecsAnswer, type Transport } from "./transport.js";
+export { Ledger, type PrivacySpent, type Refusal, type Rule } from "./ledger.js";
+export { Memo } from "./memo.js";
+export { MemoryStore, type DeviceStore } from "./store.js";
+export { browserStore } from "./browser-store.js";
+export { hmacSha256, sha256 } from "./sha256.js";
+export {
+  Reporter, UnknownCategoryError, UnknownMetricError, type Counters, type ReporterOptions,
+} from "./reporter.js";

@@ -1,0 +1,453 @@
+// The Reporter: report() randomizes at the call (memoized responses, the device ledger) and
+// returns; batches are made per metric and spec (maxBatchSize reports or scheduleDelayMs) and
+// uploaded in the background, one at a time, each retried with the same batch id until the
+// aggregator acknowledges it, refuses it for good, or the retry horizon passes.
+
+import { DeviceState } from "./device.js";
+import { HttpTransport } from "./http.js";
+import type { PrivacySpent, Refusal } from "./ledger.js";
+import { randomize, VeilUsageError } from "./mechanism.js";
+import { SystemWords, type WordSource } from "./random.js";
+import { parseSpecs, type Metric } from "./specs.js";
+import { MemoryStore, type DeviceStore } from "./store.js";
+import { backoffMs, RETRY_HORIZON_MS, type Batch, type Transport } from "./transport.js";
+
+/** A metric name that is not a string. */
+export class UnknownMetricError extends VeilUsageError {
+  override name = "UnknownMetricError";
+}
+
+/** A value that is neither a category label nor a category index from 0 up. */
+export class UnknownCategoryError extends VeilUsageError {
+  override name = "UnknownCategoryError";
+}
+
+export interface ReporterOptions {
+  /** The aggregator's HTTP listener, e.g. "https://veil.example.com:8080" (or give transport). */
+  endpoint?: string;
+  /** Sent as `authorization: Bearer <token>` over HTTP. */
+  token?: string;
+  /** Another wire: new GrpcTransport(address, options) from "@veil/client/node". */
+  transport?: Transport;
+  /** Where the device keeps its secret, memo, ledger and last specs: nodeFileStore(dir) in Node,
+   * browserStore() in browsers; default memory (each start is a new device). */
+  store?: DeviceStore | Promise<DeviceStore>;
+  maxQueueSize?: number;
+  maxBatchSize?: number;
+  scheduleDelayMs?: number;
+  exportTimeoutMs?: number;
+  specTtlMs?: number;
+  retryInitialBackoffMs?: number;
+  retryMaxBackoffMs?: number;
+  /** true (default), false, or per metric: { metric: false }. */
+  memoize?: boolean | Record<string, boolean>;
+  /** Lower the aggregator's budgets (epsilon), for all metrics or per metric; never raise them. */
+  periodBudget?: number | Record<string, number>;
+  lifetimeBudget?: number | Record<string, number>;
+  /** The random words; the platform CSPRNG by default. Anything else is for tests only. */
+  words?: WordSource;
+  /** Unix milliseconds now (reporting periods); Date.now by default. Anything else is for tests only. */
+  clock?: () => number;
+  /** Where the SDK's few log lines go (counts and reasons, never values or tokens). */
+  log?: (message: string) => void;
+}
+
+/** A snapshot of the Reporter's counts, in reports unless said otherwise (as the Python SDK's). */
+export interface Counters {
+  /** report() calls randomized and queued. */
+  accepted: number;
+  /** Reports discarded on the device: a full queue, a metric or category the aggregator does not
+   * declare, a Reporter shut down, a store that cannot record the spending, or left at shutdown. */
+  dropped: number;
+  /** Reports the aggregator acknowledged (a duplicate acknowledgement included). */
+  sent: number;
+  /** Upload attempts (batches) repeated after a retryable failure. */
+  retried: number;
+  /** Reports in batches refused for good or unacknowledged past the retry horizon. */
+  failed: number;
+  /** Reports awaiting acknowledgement now (and calls waiting for the first specs). */
+  queued: number;
+  /** Calls not sent because this period's reports of the metric were sent already. */
+  limited: number;
+  /** Calls not sent because they would exceed the metric's period or lifetime budget. */
+  overBudget: number;
+}
+
+interface Open { batch: Batch; due: number }
+
+const DEFAULTS = {
+  maxQueueSize: 2048, maxBatchSize: 512, scheduleDelayMs: 5000, exportTimeoutMs: 10_000, specTtlMs: 3_600_000,
+  retryInitialBackoffMs: 1000, retryMaxBackoffMs: 60_000,
+};
+
+function positive(options: ReporterOptions, key: keyof typeof DEFAULTS): number {
+  const value = options[key] ?? DEFAULTS[key];
+  if (typeof value !== "number" || !(value > 0)) throw new VeilUsageError(`${key} must be a positive number, not ${value}.`);
+  return value;
+}
+
+function perMetric<T>(setting: T | Record<string, T> | undefined, metric: string, fallback: T): T {
+  if (setting === undefined) return fallback;
+  if (typeof setting === "object" && setting !== null) return (setting as Record<string, T>)[metric] ?? fallback;
+  return setting as T;
+}
+
+const unref = (timer: ReturnType<typeof setTimeout>) => (timer as { unref?: () => void }).unref?.();
+
+export class Reporter {
+  private readonly transport: Transport;
+  private readonly settings: { [K in keyof typeof DEFAULTS]: number };
+  private readonly words: WordSource;
+  private readonly clock: () => number;
+  private readonly log: (message: string) => void;
+  private readonly logged = new Set<string>();
+  private device: DeviceState | null = null;
+  private metrics = new Map<string, Metric>();
+  private maxBatch = 0;
+  private ready = false;
+  private closed = false;
+  private stopping = false;
+  private readonly held: [string, string | number][] = [];
+  private readonly open = new Map<string, Open>();
+  private readonly batches: Batch[] = [];
+  private pumping = false;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  private specTimer: ReturnType<typeof setTimeout> | null = null;
+  private wake: (() => void) | null = null;
+  private waiters: (() => void)[] = [];
+  private readonly counts: Counters = { accepted: 0, dropped: 0, sent: 0, retried: 0, failed: 0, queued: 0, limited: 0,
+    overBudget: 0 };
+  private lastFlush = { dropped: 0, failed: 0 };
+  private readonly onExit = () => void this.shutdown(this.settings.exportTimeoutMs);
+  private readonly onHide = () => {
+    if (globalThis.document?.visibilityState !== "visible") this.cut(true);
+  };
+
+  constructor(private readonly options: ReporterOptions) {
+    if (options.transport === undefined && typeof options.endpoint !== "string") {
+      throw new VeilUsageError("A Reporter needs an endpoint (the aggregator's HTTP address) or a transport.");
+    }
+    this.transport = options.transport ?? new HttpTransport({ url: options.endpoint!.replace(/\/+$/, ""),
+      token: options.token });
+    this.settings = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, positive(options, k as keyof typeof DEFAULTS)])
+    ) as Reporter["settings"];
+    this.words = options.words ?? new SystemWords();
+    this.clock = options.clock ?? Date.now;
+    this.log = options.log ?? ((message) => console.warn(message));
+    // A page going away sends what is batched at once (fetch keepalive outlives the page); a Node
+    // process about to exit shuts the Reporter down first.
+    globalThis.addEventListener?.("pagehide", this.onHide);
+    globalThis.document?.addEventListener("visibilitychange", this.onHide);
+    globalThis.process?.once?.("beforeExit", this.onExit);
+    void this.start();
+  }
+
+  // --- what the app calls ----------------------------------------------------------------------
+
+  /** Randomize `value` (a category label or index of `metric`) and queue the report. Never waits
+   * on the network; throws only for a metric that is not a string (UnknownMetricError) or a value
+   * that is neither a string nor a whole number from 0 up (UnknownCategoryError). */
+  report(metric: string, value: string | number): void {
+    if (typeof metric !== "string") throw new UnknownMetricError("A metric name must be a string.");
+    if (typeof value !== "string" && !(Number.isInteger(value) && value >= 0)) {
+      throw new UnknownCategoryError("A value must be a category label or a whole category index from 0 up.");
+    }
+    if (this.stopping) return this.drop("closed", "The Veil Reporter is shut down; reports are dropped.");
+    if (!this.ready) {
+      // Until the device's store is open and specs are known, calls wait here (true values, on the
+      // device only, never sent as such).
+      if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
+      this.held.push([metric, value]);
+      this.counts.queued += 1;
+      return;
+    }
+    this.process(metric, value);
+  }
+
+  /** Send everything queued now; true when all of it was acknowledged within timeoutMs and
+   * nothing was dropped or failed since the previous flush (or the start). */
+  async flush(timeoutMs = 30_000): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    await this.until(() => this.ready || this.closed, deadline);
+    this.cut(true);
+    const done = await this.until(() => this.counts.queued === 0, deadline);
+    const clean = this.counts.dropped === this.lastFlush.dropped && this.counts.failed === this.lastFlush.failed;
+    this.lastFlush = { dropped: this.counts.dropped, failed: this.counts.failed };
+    return done && clean;
+  }
+
+  /** Stop accepting reports, send what is queued for at most timeoutMs, drop (and count) the rest,
+   * and close the connection. True when everything was delivered. Idempotent. */
+  async shutdown(timeoutMs = 5000): Promise<boolean> {
+    if (this.stopping) return this.until(() => this.closed, Date.now() + timeoutMs).then(() => this.counts.queued === 0);
+    this.stopping = true;
+    globalThis.removeEventListener?.("pagehide", this.onHide);
+    globalThis.document?.removeEventListener("visibilitychange", this.onHide);
+    globalThis.process?.removeListener?.("beforeExit", this.onExit);
+    const delivered = await this.flush(timeoutMs);
+    this.closed = true;
+    for (const timer of [this.timer, this.specTimer]) if (timer) clearTimeout(timer);
+    const left = this.counts.queued;
+    this.counts.dropped += left;
+    this.counts.queued = 0;
+    this.held.length = 0;
+    this.batches.length = 0;
+    this.open.clear();
+    this.wake?.();
+    this.transport.close();
+    if (left > 0) this.log(`Veil: shut down with ${left} reports unsent (dropped); sent ${this.counts.sent}, ` +
+      `dropped ${this.counts.dropped}, failed ${this.counts.failed}.`);
+    this.notify();
+    return delivered && left === 0;
+  }
+
+  counters(): Counters {
+    return { ...this.counts };
+  }
+
+  /** Whether the first specs arrived within timeoutMs (until then report() holds its calls). */
+  whenReady(timeoutMs = 10_000): Promise<boolean> {
+    return this.until(() => this.ready, Date.now() + timeoutMs);
+  }
+
+  /** What this device has spent on `metric` (undefined: no spec for it yet). */
+  privacySpent(metric: string): PrivacySpent | undefined {
+    const m = this.metrics.get(metric);
+    if (!m || !this.device) return undefined;
+    return this.device.ledger.spent(m, this.period(m), ...this.budgets(m));
+  }
+
+  // --- report() once ready ---------------------------------------------------------------------
+
+  private process(name: string, value: string | number): void {
+    const device = this.device!;
+    try {
+      const metric = this.metrics.get(name);
+      if (!metric) return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
+      const index = typeof value === "string" ? metric.labels.indexOf(value) : value;
+      if (index < 0 || index >= metric.labels.length) {
+        return this.drop(`unknown-category:${name}`, `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
+      }
+      const period = this.period(metric);
+      if (device.ledger.full(metric, period)) return void (this.counts.limited += 1);
+      if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
+      if (!device.writable) return void (this.counts.overBudget += 1);  // no spending it cannot record
+      const memoizes = perMetric(this.options.memoize, name, true);
+      const key = memoizes ? device.memo.key(name, metric.fingerprint, index) : null;
+      const fresh = key === null || !device.memo.known(key);
+      const refused: Refusal | null = device.ledger.admit(metric, period, fresh ? metric.design.epsilon : 0,
+        ...this.budgets(metric));
+      if (refused === "period") return void (this.counts.limited += 1);
+      if (refused === "budget") return void (this.counts.overBudget += 1);
+      device.changed("ledger");
+      const draw = () => randomize(metric.design, index, this.words);
+      const report = key === null ? draw() : device.memo.response(key, draw);
+      if (key !== null && fresh) device.changed("memo");
+      this.enqueue(metric, report);
+    } catch {
+      this.drop("error", "Veil: a report could not be randomized and was dropped.");
+    }
+  }
+
+  private period(metric: Metric): number {
+    return Math.floor(this.clock() / 1000 / metric.periodSeconds);
+  }
+
+  private budgets(metric: Metric): [number, number] {
+    return [Math.min(metric.periodBudget, perMetric(this.options.periodBudget, metric.name, Infinity)),
+      Math.min(metric.lifetimeBudget, perMetric(this.options.lifetimeBudget, metric.name, Infinity))];
+  }
+
+  private enqueue(metric: Metric, report: number[]): void {
+    const key = `${metric.name}\u0000${metric.fingerprint}`;
+    let open = this.open.get(key);
+    if (!open) {
+      open = { batch: { metric, reports: [], id: new Uint8Array(0), made: 0 }, due: Date.now() + this.settings.scheduleDelayMs };
+      this.open.set(key, open);
+      this.schedule();
+    }
+    open.batch.reports.push(report);
+    this.counts.accepted += 1;
+    this.counts.queued += 1;
+    const limit = Math.min(this.settings.maxBatchSize, this.maxBatch || Infinity);
+    if (open.batch.reports.length >= limit) this.cut(false, key);
+  }
+
+  private drop(key: string, message: string): void {
+    this.counts.dropped += 1;
+    this.warnOnce(key, message);
+  }
+
+  private warnOnce(key: string, message: string): void {
+    if (this.logged.has(key)) return;
+    this.logged.add(key);
+    this.log(message);
+  }
+
+  // --- batches and uploads ---------------------------------------------------------------------
+
+  /** Close the open batches that are due (all, or the one of `only`) and start uploading them. */
+  private cut(all: boolean, only?: string): void {
+    const now = Date.now();
+    for (const [key, open] of this.open) {
+      if (only !== undefined ? key !== only : !all && open.due > now) continue;
+      this.open.delete(key);
+      open.batch.id = globalThis.crypto.getRandomValues(new Uint8Array(16));
+      open.batch.made = this.clock();
+      this.batches.push(open.batch);
+    }
+    this.schedule();
+    void this.pump();
+  }
+
+  private schedule(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    if (this.open.size === 0 || this.closed) return;
+    const due = Math.min(...[...this.open.values()].map((o) => o.due));
+    this.timer = setTimeout(() => this.cut(false), Math.max(0, due - Date.now()));
+    unref(this.timer);
+  }
+
+  private async pump(): Promise<void> {
+    if (this.pumping) return;
+    this.pumping = true;
+    try {
+      let failures = 0;
+      while (this.batches.length > 0 && !this.closed) {
+        const batch = this.batches[0];
+        const n = batch.reports.length;
+        // The spending and responses these reports used are stored before they leave the device.
+        if (!(await this.device!.persisted())) {
+          this.settle(batch, "dropped");
+          continue;
+        }
+        const outcome = await this.transport.upload(batch, this.settings.exportTimeoutMs);
+        if (this.closed) break;
+        if (outcome.kind === "ok") {
+          failures = 0;
+          this.logged.delete("upload");
+          this.settle(batch, "sent");
+        } else if (outcome.kind === "fail") {
+          this.warnOnce(`fail:${outcome.why}`, `Veil: the aggregator refused a batch of ${n} reports for good (${outcome.why}).`);
+          this.settle(batch, "failed");
+          if (outcome.refetch) void this.refreshSpecs();
+        } else if (this.clock() - batch.made > RETRY_HORIZON_MS) {
+          this.settle(batch, "failed");
+        } else {
+          this.counts.retried += 1;
+          this.warnOnce("upload", outcome.token
+            ? "Veil: the aggregator refused the Veil token; batches stay queued and are retried."
+            : `Veil: uploads are failing (${outcome.why}); batches stay queued and are retried with backoff.`);
+          await this.sleep(backoffMs(failures++, this.settings.retryInitialBackoffMs, this.settings.retryMaxBackoffMs,
+            outcome.hintMs));
+        }
+      }
+    } catch {
+      this.warnOnce("pump", "Veil: the uploader stopped on an unexpected error; it restarts with the next batch.");
+    } finally {
+      this.pumping = false;
+    }
+  }
+
+  private settle(batch: Batch, how: "sent" | "failed" | "dropped"): void {
+    this.batches.shift();
+    this.counts[how] += batch.reports.length;
+    this.counts.queued -= batch.reports.length;
+    this.notify();
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      unref(timer);
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        if (self.wake === done) self.wake = null;
+        resolve();
+      }
+      this.wake = done;
+    });
+  }
+
+  // --- waiting ---------------------------------------------------------------------------------
+
+  private notify(): void {
+    const waiters = this.waiters;
+    this.waiters = [];
+    for (const wake of waiters) wake();
+  }
+
+  /** Wait until `condition` holds (re-checked at each change) or the deadline passes. */
+  private async until(condition: () => boolean, deadline: number): Promise<boolean> {
+    while (!condition()) {
+      const left = deadline - Date.now();
+      if (left <= 0) return false;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+    return true;
+  }
+
+  // --- start and specs -------------------------------------------------------------------------
+
+  private async start(): Promise<void> {
+    let store: DeviceStore;
+    try {
+      store = await (this.options.store ?? new MemoryStore());
+    } catch {
+      this.warnOnce("store:open", "Veil: the device store cannot be opened; the memo and the ledger live in memory.");
+      store = new MemoryStore();
+    }
+    this.device = await DeviceState.open(store, (key, message) => this.warnOnce(key, message));
+    try {
+      if (this.device.specs !== null) this.useSpecs(JSON.parse(this.device.specs), false);
+    } catch {
+      // an unreadable copy of the specs: wait for fresh ones
+    }
+    await this.refreshSpecs();
+  }
+
+  private async refreshSpecs(failures = 0): Promise<void> {
+    if (this.closed) return;
+    if (this.specTimer) clearTimeout(this.specTimer);
+    let next = this.settings.specTtlMs;
+    try {
+      this.useSpecs(await this.transport.specs(this.settings.exportTimeoutMs), true);
+      this.logged.delete("specs");
+    } catch {
+      this.warnOnce("specs", "Veil: the specs cannot be fetched now; retrying with backoff.");
+      next = backoffMs(failures, this.settings.retryInitialBackoffMs, this.settings.retryMaxBackoffMs);
+      failures += 1;
+    }
+    if (this.closed) return;
+    this.specTimer = setTimeout(() => void this.refreshSpecs(next === this.settings.specTtlMs ? 0 : failures), next);
+    unref(this.specTimer);
+  }
+
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  private useSpecs(answer: any, fetched: boolean): void {
+    const { metrics, maxBatch } = parseSpecs(answer);
+    this.metrics = new Map(metrics.map((m) => [m.name, m]));
+    this.maxBatch = maxBatch;
+    if (fetched && this.device) {
+      this.device.specs = JSON.stringify(answer);  // a copy for the next start
+      this.device.changed("specs");
+    }
+    if (!this.ready) {
+      this.ready = true;
+      const held = this.held.splice(0);
+      this.counts.queued -= held.length;
+      for (const [metric, value] of held) this.process(metric, value);
+      this.notify();
+    }
+  }
+}
+
+const FULL = "Veil: the report queue is full; new reports are dropped until uploads catch up.";

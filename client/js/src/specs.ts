@@ -1,0 +1,47 @@
+// The aggregator's specs as a device uses them: each checked against its fingerprint (a spec this
+// SDK does not reproduce is left out: its reports would be refused or wrong), with its design.
+
+import { fingerprint } from "./canonical.js";
+import { design, type Design } from "./mechanism.js";
+import type { SpecsAnswer } from "./transport.js";
+
+/** A metric as fetched: its spec, checked against its fingerprint, and its design. */
+export interface Metric {
+  name: string;
+  labels: string[];
+  fingerprint: string;
+  periodSeconds: number;
+  reportsPerPeriod: number;
+  /** epsilon per period and per lifetime the operator allows (Infinity: no lifetime cap). */
+  periodBudget: number;
+  lifetimeBudget: number;
+  design: Design;
+}
+
+const MECHANISM_NAMES: Record<string, string> = {
+  SUBSET: "subset", RAPPOR: "rappor", RAPPOR_ADMISSIBLE: "rappor-admissible", KRR: "krr", WARNER: "warner",
+};
+
+/** The metrics of an answer whose fingerprints this SDK reproduces, and the largest batch allowed. */
+export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number } {
+  const metrics: Metric[] = [];
+  for (const s of answer.specs ?? []) {
+    try {
+      const mechanism = MECHANISM_NAMES[s.mechanism];
+      const periodSeconds = s.periodSeconds || 86400;
+      const reportsPerPeriod = s.reportsPerPeriod || 1;
+      const labels: string[] = s.labels ?? [];
+      const epsilon = Number(s.epsilon);
+      if (!mechanism) continue;
+      const mine = fingerprint({ name: s.name, labels, mechanism, k: labels.length, epsilon, period: periodSeconds,
+        reportsPerPeriod });
+      if (mine !== s.fingerprint) continue;
+      metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
+        periodBudget: Number(s.periodBudget) || reportsPerPeriod * epsilon,
+        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: design(mechanism, labels.length, epsilon) });
+    } catch {
+      // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
+    }
+  }
+  return { metrics, maxBatch: Number(answer.maxBatch) || 0 };
+}
