@@ -48,7 +48,7 @@ from veil.mechanism import MechanismError, MechanismSpec
 
 from .counts import Counts
 
-__all__ = ["Estimate", "GroupEstimate", "estimate", "group_estimate", "project_to_simplex", "Z95"]
+__all__ = ["Estimate", "GroupEstimate", "estimate", "estimate_many", "group_estimate", "project_to_simplex", "Z95"]
 
 Z95 = NormalDist().inv_cdf(0.975)  # 1.959964...: the two-sided 95% normal quantile
 
@@ -74,45 +74,72 @@ def estimate(spec: MechanismSpec, counts: Counts, *, estimator: str = "minimax",
     """The unbiased estimate of the distribution behind ``counts`` (reports of ``spec``), with
     standard errors and intervals allowing for up to ``reports_per_device`` reports of one
     device among them (1: independent reports)."""
+    return estimate_many(spec, [counts], estimator=estimator, project=project,
+                         reports_per_device=[reports_per_device])[0]
+
+
+def estimate_many(spec: MechanismSpec, counts: Sequence[Counts], *, estimator: str = "minimax",
+                  project: bool = False, reports_per_device: Sequence[int] | None = None) -> list[Estimate]:
+    """estimate() of each of several counts of one design (e.g. the buckets of a series), the
+    same numbers, computed over a (buckets, k) matrix at once: the per-bucket cost of a long
+    series is then a few numpy passes, not a few dozen numpy calls. reports_per_device: one per
+    counts (default 1 each). Each Estimate's arrays are rows of shared matrices: read-only."""
     try:
         linear = spec.estimators()[estimator]
     except KeyError:
         raise MechanismError(
             f"The {spec.name} design has no {estimator!r} estimator; it has {', '.join(spec.estimators())}."
         ) from None
-    if counts.weights != linear.weights or counts.k != spec.k:
-        raise MechanismError(f"These counts were not made by the {spec.name} design with k = {spec.k}.")
-    if isinstance(reports_per_device, bool) or not isinstance(reports_per_device, int) or reports_per_device < 1:
-        raise MechanismError(f"reports_per_device must be a whole number of at least 1, not {reports_per_device!r}.")
-    n = counts.total
-    if n == 0:
-        nan = np.full(spec.k, np.nan)
-        return Estimate(0, estimator, nan, nan, nan, nan, nan.copy() if project else None, reports_per_device)
+    per_device = [1] * len(counts) if reports_per_device is None else list(reports_per_device)
+    if len(per_device) != len(counts):
+        raise MechanismError("estimate_many takes one reports_per_device per counts.")
+    for c, each in zip(per_device, counts):
+        if each.weights != linear.weights or each.k != spec.k:
+            raise MechanismError(f"These counts were not made by the {spec.name} design with k = {spec.k}.")
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise MechanismError(f"reports_per_device must be a whole number of at least 1, not {c!r}.")
+    totals = [each.total for each in counts]
+    found: list[Estimate | None] = [None] * len(counts)
+    for i, n in enumerate(totals):
+        if n == 0:
+            nan = np.full(spec.k, np.nan)
+            found[i] = Estimate(0, estimator, nan, nan, nan, nan, nan.copy() if project else None, per_device[i])
+    rows = [i for i, n in enumerate(totals) if n]
+    if not rows:
+        return found  # type: ignore[return-value]
 
     alpha = np.asarray(linear.alpha)
     beta = np.asarray(linear.beta)
-    mean = (alpha @ counts.v.astype(np.float64) + beta @ counts.n.astype(np.float64)) / n
+    n = np.array([totals[i] for i in rows], dtype=np.float64)[:, None]
+    c = np.array([per_device[i] for i in rows], dtype=np.float64)[:, None]
+    # alpha @ V per bucket: V has a row per report weight (RAPPOR: k + 1 of them), so the
+    # buckets' V are never stacked into one (buckets, weights, k) array.
+    mean = (np.stack([alpha @ counts[i].v.astype(np.float64) for i in rows])
+            + np.array([beta @ counts[i].n.astype(np.float64) for i in rows])[:, None]) / n
     _, _, a, b = linear.moments(spec.weight_law())
     # Variance of the mean at share pi: scale * s2(pi), s2(pi) = b + (a - b) pi - pi^2.
-    scale = reports_per_device / n
+    scale = c / n
     clipped = np.clip(mean, 0.0, 1.0)
     stderr = np.sqrt(np.maximum(scale * (b + (a - b) * clipped - clipped * clipped), 0.0))
     # Half a lattice step where every report moves the estimate by the same step (one weight, or
     # the same alpha for every weight); with several steps the lattice is fine-grained and a
     # correction of the largest step would only widen the interval.
     steps = set(linear.alpha)
-    delta = reports_per_device * abs(linear.alpha[0]) / (2.0 * n) if len(steps) == 1 else 0.0
+    delta = c * abs(linear.alpha[0]) / (2.0 * n) if len(steps) == 1 else 0.0
     lower, upper = _score_interval(mean, delta, stderr, a, b, scale)
-    return Estimate(
-        n=n,
-        estimator=estimator,
-        estimate=mean,
-        stderr=stderr,
-        lower=lower,
-        upper=upper,
-        projection=project_to_simplex(mean) if project else None,
-        reports_per_device=reports_per_device,
-    )
+    projection = project_to_simplex(mean) if project else None
+    for row, i in enumerate(rows):
+        found[i] = Estimate(
+            n=totals[i],
+            estimator=estimator,
+            estimate=mean[row],
+            stderr=stderr[row],
+            lower=lower[row],
+            upper=upper[row],
+            projection=None if projection is None else projection[row],
+            reports_per_device=per_device[i],
+        )
+    return found  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -195,12 +222,13 @@ def _roots(center: np.ndarray, w: float, a: float, b: float) -> tuple[np.ndarray
 
 
 def project_to_simplex(x: np.ndarray) -> np.ndarray:
-    """The closest point (Euclidean) of the probability simplex to x: max(x - theta, 0) with
-    theta chosen so the result sums to 1 (sort-based, exact in O(k log k))."""
+    """The closest point (Euclidean) of the probability simplex to x, or to each row of a 2-D x:
+    max(x - theta, 0) with theta chosen so the result sums to 1 (sort-based, exact in O(k log k))."""
     x = np.asarray(x, dtype=np.float64)
-    u = np.sort(x)[::-1]
-    excess = np.cumsum(u) - 1.0
-    ranks = np.arange(1, x.size + 1)
-    last = np.nonzero(u - excess / ranks > 0)[0][-1]
-    theta = excess[last] / (last + 1)
+    u = -np.sort(-x, axis=-1)  # descending
+    excess = np.cumsum(u, axis=-1) - 1.0
+    ranks = np.arange(1, x.shape[-1] + 1)
+    # The last rank at which u - excess / rank is positive (the first is; rounding may break the run).
+    last = x.shape[-1] - 1 - np.argmax((u - excess / ranks > 0)[..., ::-1], axis=-1)
+    theta = np.take_along_axis(excess, last[..., None], axis=-1) / (last[..., None] + 1)
     return np.maximum(x - theta, 0.0)

@@ -36,7 +36,7 @@ from veil.mechanism import PROJECTION_NOTE
 from ._errors import AggregatorError, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
-from .estimate import Estimate, GroupEstimate, estimate, group_estimate
+from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate
 from .store import CountsKey, Store
 
 __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory", "InvalidRange", "estimates_json",
@@ -44,6 +44,10 @@ __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory"
 
 MAX_BUCKETS = 10_000  # buckets one series or merged range may span: 416 days of hourly buckets
 _PAST_KEPT = 1 << 21  # categories of the bucket estimates series() keeps (some 40 bytes each: 80 MB)
+# Seconds after its end from which a bucket is read as settled (Store.settled_read): a batch's
+# bucket is the one current when it arrives, so a late one (its write in flight at the end, an
+# aggregator whose clock lags) can still land; then the versions show it, and nothing is lost.
+_SETTLED_AFTER = 60
 
 log = logging.getLogger("veil.aggregator")
 
@@ -304,7 +308,8 @@ class LiveEstimates:
 
         Past buckets rarely change, so their estimates are kept with their version: one store
         call reads every version (one round trip on Redis), a second reads, with their versions,
-        the counts of the buckets whose estimates are not kept at that version."""
+        the counts of the buckets whose estimates are not kept at that version (those that
+        ended a while ago as settled: see _read_buckets), and those are estimated together."""
         m, w, starts, now = self._buckets(metric, window, start, end)
         keys = [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts]
         versions = self._store.versions(keys) if keys else []
@@ -316,10 +321,10 @@ class LiveEstimates:
                                                                                   key.bucket + w.span, now))
             found.append(held if fresh else None)
         stale = [i for i, e in enumerate(found) if e is None]
-        shape = self._shape(m)
-        read = self._store.versioned_read((), [(keys[i], *shape) for i in stale])[1] if stale else []
-        for i, (version, counts) in zip(stale, read):
-            found[i] = self._compute(m, w, starts[i], starts[i] + w.span, version, counts, now)
+        read = self._read_buckets(m, w, [keys[i] for i in stale], now)
+        fresh = self._compute_many(m, w, [(starts[i], starts[i] + w.span) for i in stale], read, now)
+        for i, estimate_ in zip(stale, fresh):
+            found[i] = estimate_
         with self._lock:
             if len(self._past) + len(stale) > _PAST_KEPT // m.spec.mechanism.k:
                 self._past.clear()  # buckets age out; forgetting them all now and then bounds the memory
@@ -333,10 +338,28 @@ class LiveEstimates:
         m, w, starts, now = self._buckets(metric, window, start, end)
         if not starts:
             raise InvalidRange(f"No retained {w.name} bucket of {m.name} overlaps that range.")
-        shape = self._shape(m)
-        counts = self._store.read_many([(CountsKey(m.name, m.spec.fingerprint, w.name, b), *shape) for b in starts])
+        read = self._read_buckets(m, w, [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts], now)
+        counts = [c for _, c in read]
         total = Counts(counts[0].weights, sum(c.n for c in counts), sum(c.v for c in counts))
-        return self._compute(m, w, starts[0], starts[-1] + w.span, 0, total, now, buckets=len(starts))
+        return self._compute_many(m, w, [(starts[0], starts[-1] + w.span)], [(0, total)], now,
+                                  buckets=len(starts))[0]
+
+    def _read_buckets(self, metric: MetricConfig, window: Window, keys: list[CountsKey], now: float
+                      ) -> list[tuple[Version, Counts]]:
+        """Each bucket's counts with their version: the buckets that ended a while ago through
+        Store.settled_read (a store may serve them from a compact copy), the others as usual."""
+        weights, k = self._shape(metric)
+        settled = [i for i, key in enumerate(keys) if key.bucket + window.span + _SETTLED_AFTER <= now]
+        others = [i for i, key in enumerate(keys) if key.bucket + window.span + _SETTLED_AFTER > now]
+        found: list[tuple[Version, Counts] | None] = [None] * len(keys)
+        if settled:
+            got = self._store.settled_read([(keys[i], weights, k, window.expiry(keys[i].bucket)) for i in settled])
+            for i, each in zip(settled, got):
+                found[i] = each
+        if others:
+            for i, each in zip(others, self._store.versioned_read((), [(keys[i], weights, k) for i in others])[1]):
+                found[i] = each
+        return found  # type: ignore[return-value]
 
     def _buckets(self, metric: str, window: str, start: float | None, end: float | None
                  ) -> tuple[MetricConfig, Window, list[int], float]:
@@ -388,21 +411,42 @@ class LiveEstimates:
         return since
 
     def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version,
-                 counts: Counts, now: float, buckets: int = 1) -> WindowEstimate:
+                 counts: Counts, now: float) -> WindowEstimate:
+        return self._compute_many(metric, window, [(start, end)], [(version, counts)], now)[0]
+
+    def _compute_many(self, metric: MetricConfig, window: Window, spans: list[tuple[int, int]],
+                      read: list[tuple[Version, Counts]], now: float, buckets: int = 1) -> list[WindowEstimate]:
+        """The estimate of each (start, end) span from its (version, counts), those with enough
+        reports computed together (estimate_many: one pass over a (spans, k) matrix)."""
         spec = metric.spec.mechanism
-        n = counts.total
-        per_device = self._reports_per_device(metric, window, start, end, now) if n else metric.spec.reports_per_period
-        what = estimand(metric, window, per_device, buckets)
         least = max(self._config.min_n, 2)
-        if n < least:
+        found: list[WindowEstimate | None] = [None] * len(spans)
+        shown = []
+        for i, ((start, end), (version, counts)) in enumerate(zip(spans, read)):
+            n = counts.total
+            per_device = (self._reports_per_device(metric, window, start, end, now) if n
+                          else metric.spec.reports_per_period)
+            if n >= least:
+                shown.append((i, per_device))
+                continue
             reason = (f"{n} reports so far; estimates are shown from {least} reports on, so that "
                       "no small group is singled out and the error bars mean something.")
-            return WindowEstimate(metric, window, start, end, version, n, None, reason, per_device, what)
-        try:
-            computed = estimate(spec, counts, project=True, reports_per_device=per_device)
-        except Exception as err:  # noqa: BLE001 (any failure is this metric's alone)
-            return self._failed(metric, window, start, end, version, n, err, per_device)
-        return WindowEstimate(metric, window, start, end, version, n, computed, "", per_device, what)
+            found[i] = WindowEstimate(metric, window, start, end, version, n, None, reason, per_device,
+                                      estimand(metric, window, per_device, buckets))
+        if shown:
+            try:
+                computed = estimate_many(spec, [read[i][1] for i, _ in shown], project=True,
+                                         reports_per_device=[c for _, c in shown])
+            except Exception as err:  # noqa: BLE001 (any failure is this metric's alone)
+                for i, per_device in shown:
+                    (start, end), (version, counts) = spans[i], read[i]
+                    found[i] = self._failed(metric, window, start, end, version, counts.total, err, per_device)
+            else:
+                for (i, per_device), e in zip(shown, computed):
+                    (start, end), version = spans[i], read[i][0]
+                    found[i] = WindowEstimate(metric, window, start, end, version, e.n, e, "", per_device,
+                                              estimand(metric, window, per_device, buckets))
+        return found  # type: ignore[return-value]
 
     def _failed(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version, n: int,
                 err: Exception, per_device: int | None = None) -> WindowEstimate:

@@ -86,6 +86,17 @@ class Store(abc.ABC):
         they are at, read in one atomic step: LiveEstimates may carry such
         counts forward by the writes it observes, so they must be exactly those of that version."""
 
+    def settled_read(self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
+                     ) -> list[tuple[int, Counts]]:
+        """versioned_read((), [(key, weights, k), ...])[1] of buckets that have ended, each with
+        when the store may drop it (its targets' expiry; None: never). An ended bucket seldom
+        changes, though a late batch can still land in it, so a store may keep a compact copy of
+        what it read, tagged with the version, until that expiry, and serve the copy while the
+        bucket is still at that version (RedisStore: one GET of a packed array per bucket, not an
+        HMGET of its k + 1 fields). Exactly versioned_read's answer either way. This default is
+        versioned_read."""
+        return self.versioned_read((), [(key, weights, k) for key, weights, k, _ in requests])[1]
+
     @abc.abstractmethod
     def since(self, metric: str, fingerprint: str, now: int) -> int:
         """When counting of a metric's spec began (Unix seconds): the first ``now`` this was
