@@ -174,6 +174,44 @@ def since_key(metric: str, fingerprint: str) -> str:
     return f"veil:{{{_tag(metric)}}}:s:{quote(fingerprint, safe='')}"
 
 
+def _packed_key(counts_hash: str) -> str:
+    """The Redis string holding the packed copy of a counts hash (Store.settled_read): its key
+    with "c" made "p", so in the same slot."""
+    head, _, rest = counts_hash.partition("}:c:")
+    return f"{head}}}:p:{rest}"
+
+
+def _pack(version: int, counts: Counts) -> bytes:
+    """A packed copy: int64 little-endian version, k, the number R of rows held, their weights,
+    their n, their V rows (R x k); the rows of weights with no reports are left out (RAPPOR
+    has k + 1 weights, most of them never reported)."""
+    rows = np.flatnonzero((counts.n != 0) | counts.v.any(axis=1))
+    weights = np.asarray(counts.weights, np.int64)[rows]
+    head = np.array([version, counts.k, rows.size], np.int64)
+    return b"".join(part.astype("<i8", copy=False).tobytes()
+                    for part in (head, weights, counts.n[rows], counts.v[rows]))
+
+
+def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tuple[int, Counts] | None:
+    """(version, counts) from a packed copy of a hash at `version`, the design (weights, k); None
+    when it is of another version or does not fit the design (then the hash is read: it says
+    what is wrong, if anything)."""
+    if len(packed) < 24 or len(packed) % 8:
+        return None
+    flat = np.frombuffer(packed, "<i8")
+    held, held_k, rows = (int(x) for x in flat[:3])
+    if held != version or held_k != k or rows < 0 or flat.size != 3 + rows * (k + 2):
+        return None
+    row_of = {t: r for r, t in enumerate(weights)}
+    at = [row_of.get(t, -1) for t in flat[3:3 + rows].tolist()]
+    if -1 in at:
+        return None
+    counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
+    counts.n[at] = flat[3 + rows:3 + 2 * rows]
+    counts.v[at] = flat[3 + 2 * rows:].reshape(rows, k)
+    return version, counts
+
+
 def dedupe_key(metric: str, batch_id: bytes, tag: str | None = None) -> str:
     """The Redis key remembering that a batch id of a metric has been applied."""
     return f"veil:{{{tag or _tag(metric)}}}:b:{batch_id.hex()}"
@@ -489,26 +527,84 @@ class RedisStore(Store):
         with its version."""
         with self._boundary("read" if requests else "versions"):
             key_hashes = [self.bucket_hashes(key) for key in keys]
-            pipe = self._redis.pipeline(transaction=False) if not self._cluster else self._redis.pipeline()
+            pipe = self._pipeline()
             for names in key_hashes:
                 for name in names:
                     pipe.hget(name, "version")
-            plans = []  # one per hash: (name, weights, k, read by field)
-            for key, weights, k in requests:
-                weights = tuple(weights)
-                fields = _field_resp(weights, k, True) if self._packed else None
-                for name in self.bucket_hashes(key):
-                    if fields is None:
-                        pipe.hgetall(name)
-                    else:
-                        pipe.hlen(name)
-                        pipe.execute_command("HMGET", name, fields)
-                    plans.append((name, weights, k, fields is not None))
+            plans = [(name, tuple(weights), k) for key, weights, k in requests for name in self.bucket_hashes(key)]
+            queued = self._queue_hashes(pipe, plans)
             found = iter(pipe.execute())
         versions = [_joined([int(next(found) or 0) for _ in names]) for names in key_hashes]
+        return versions, self._by_bucket(self._parse_hashes(found, queued), len(requests))
+
+    def settled_read(self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
+                     ) -> list[tuple[int | tuple[int, ...], Counts]]:
+        """Store.settled_read: per hash (a bucket's, or each of its shards'), its "version" and its
+        packed copy (packed_key: the counts at a version, as one int64 array; see _pack) in one
+        pipeline; a copy at the hash's version is its counts. The hashes without one are read as
+        versioned_read reads them, in a second round trip, and a copy of each is written (SET
+        with the bucket's expiry, in a third, failing quietly: the copy only saves time). A copy
+        is never out of date in a way that matters: a later write gives the hash a new version
+        (drawn at random, never reused), and the copy is then passed over and replaced."""
+        plans = [(name, tuple(weights), k) for key, weights, k, _ in requests for name in self.bucket_hashes(key)]
+        expiries = [expires_at for key, _, _, expires_at in requests for _ in self.bucket_hashes(key)]
+        with self._boundary("read"):
+            pipe = self._pipeline()
+            for name, _, _ in plans:
+                pipe.hget(name, "version")
+                pipe.get(_packed_key(name))
+            found = iter(pipe.execute())
+        hashes: list[tuple[int, Counts] | None] = []
+        for name, weights, k in plans:
+            version, packed = next(found), next(found)
+            try:
+                version = _version(version)
+            except ValueError as error:
+                raise _not_counts(name, weights, k, error) from None
+            hashes.append(_unpack(packed, version, weights, k) if version and packed else None)
+        missing = [i for i, held in enumerate(hashes) if held is None]
+        if missing:
+            with self._boundary("read"):
+                pipe = self._pipeline()
+                queued = self._queue_hashes(pipe, [plans[i] for i in missing])
+                read = self._parse_hashes(iter(pipe.execute()), queued)
+            pipe = self._pipeline()
+            for i, (version, counts) in zip(missing, read):
+                hashes[i] = (version, counts)
+                if version:  # a hash that exists: 0 is no hash, whose zeros need no copy
+                    pipe.set(_packed_key(plans[i][0]), _pack(version, counts), exat=expiries[i])
+            with suppress(redis.RedisError):
+                pipe.execute()
+        return self._by_bucket(hashes, len(requests))
+
+    def _pipeline(self):
+        return self._redis.pipeline(transaction=False) if not self._cluster else self._redis.pipeline()
+
+    def _queue_hashes(self, pipe, plans: list[tuple[str, tuple[int, ...], int]]
+                      ) -> list[tuple[str, tuple[int, ...], int, bool]]:
+        """Queue on pipe the commands reading each (hash, weights, k) with its version: HLEN and
+        HMGET of exactly the design's fields and "version" where the design's field names are
+        cached (a q-subset design; half the reply of HGETALL, which also sends the names),
+        HGETALL otherwise. The plans, each marked with whether it is read by field."""
+        queued = []
+        for name, weights, k in plans:
+            fields = _field_resp(weights, k, True) if self._packed else None
+            if fields is None:
+                pipe.hgetall(name)
+            else:
+                pipe.hlen(name)
+                pipe.execute_command("HMGET", name, fields)
+            queued.append((name, weights, k, fields is not None))
+        return queued
+
+    def _parse_hashes(self, found: Iterator[object], queued: list[tuple[str, tuple[int, ...], int, bool]]
+                      ) -> list[tuple[int, Counts]]:
+        """(version, counts) of each hash _queue_hashes queued, from the pipeline's answers. A hash
+        read by field whose HLEN says it has other fields too (or changed in between) is read
+        again with HGETALL (a second round trip)."""
         counts: list[tuple[int, Counts] | None] = []
         again = []
-        for i, (name, weights, k, by_field) in enumerate(plans):
+        for i, (name, weights, k, by_field) in enumerate(queued):
             if not by_field:
                 counts.append(_checked_versioned(name, next(found), weights, k))
                 continue
@@ -526,16 +622,20 @@ class RedisStore(Store):
                                            flat[len(weights):].reshape(len(weights), k))))
         if again:
             with self._boundary("read"):
-                pipe = self._redis.pipeline(transaction=False) if not self._cluster else self._redis.pipeline()
+                pipe = self._pipeline()
                 for i in again:
-                    pipe.hgetall(plans[i][0])
+                    pipe.hgetall(queued[i][0])
                 for i, fields in zip(again, pipe.execute(), strict=True):
-                    counts[i] = _checked_versioned(plans[i][0], fields, plans[i][1], plans[i][2])
-        shards = len(counts) // len(requests) if requests else 1
+                    counts[i] = _checked_versioned(queued[i][0], fields, queued[i][1], queued[i][2])
+        return counts  # type: ignore[return-value]
+
+    @staticmethod
+    def _by_bucket(hashes: list[tuple[int, Counts]], buckets: int) -> list[tuple[int | tuple[int, ...], Counts]]:
+        """Each bucket's (version, counts) from its hashes' (one, or one per shard, in order)."""
+        shards = len(hashes) // buckets if buckets else 1
         if shards == 1:
-            return versions, counts  # type: ignore[return-value]
-        summed = [_summed(counts[i:i + shards]) for i in range(0, len(counts), shards)]  # type: ignore[arg-type]
-        return versions, summed
+            return hashes  # type: ignore[return-value]
+        return [_summed(hashes[i:i + shards]) for i in range(0, len(hashes), shards)]
 
     def since(self, metric: str, fingerprint: str, now: int) -> int:
         """SET NX GET: one round trip records the time unless one is there, and returns the old."""

@@ -261,11 +261,10 @@ class SqliteStore(Store):
         with self._reading() as db, self._boundary("read"):
             db.execute("BEGIN")
             try:
-                versions = []
-                for key in keys:
-                    row = _live_bucket(db, key, now)
-                    versions.append(0 if row is None else row[3])
-                read = [_read_bucket(db, key, tuple(weights), k, now) for key, weights, k in requests]
+                live = _live_buckets(db, [*keys, *(key for key, _, _ in requests)], now)
+                versions = [row[3] if (row := live.get(key)) else 0 for key in keys]
+                counters = _counters(db, [row[0] for key, _, _ in requests if (row := live.get(key))])
+                read = [_read_bucket(key, tuple(weights), k, live.get(key), counters) for key, weights, k in requests]
             finally:
                 _rollback(db)  # a read transaction: nothing to commit
         return versions, read
@@ -426,8 +425,9 @@ def _other_designs(db: sqlite3.Connection, targets, weights: tuple[int, ...], k:
                    now: float) -> tuple[CountsKey, tuple] | None:
     """The first target holding counts of another design, with that design; None when none does."""
     text = _weights_text(weights)
+    live = _live_buckets(db, [target for target, _ in targets], now)
     for target, _ in targets:
-        row = _live_bucket(db, target, now)
+        row = live.get(target)
         if row is not None and (row[1] != k or row[2] != text):
             return target, row[1:3]
     return None
@@ -491,22 +491,51 @@ def _weights_text(weights: Sequence[int]) -> str:
     return ",".join(str(int(t)) for t in weights)
 
 
-def _live_bucket(db: sqlite3.Connection, key: CountsKey, now: float) -> tuple | None:
-    return db.execute("SELECT id, k, weights, version FROM buckets WHERE metric = ? AND fingerprint = ? "
-                      "AND window = ? AND start = ? AND (expires_at IS NULL OR expires_at > ?)",
-                      (*_where(key), now)).fetchone()
+_CHUNK = 500  # values per IN (...) list, well below SQLite's limit on a statement's parameters
 
 
-def _read_bucket(db: sqlite3.Connection, key: CountsKey, weights: tuple[int, ...], k: int,
-                 now: float) -> tuple[int, Counts]:
+def _live_buckets(db: sqlite3.Connection, keys: Sequence[CountsKey], now: float) -> dict[CountsKey, tuple]:
+    """(id, k, weights, version) of each of the keys' buckets that exists and has not expired:
+    one query per metric, spec and window (per _CHUNK buckets), not one per bucket, as a series
+    of hundreds of buckets reads them."""
+    starts: dict[tuple[str, str, str], set[int]] = {}
+    for key in keys:
+        starts.setdefault((key.metric, key.fingerprint, key.window), set()).add(int(key.bucket))
+    found = {}
+    for (metric, fingerprint, window), wanted in starts.items():
+        wanted = sorted(wanted)
+        for at in range(0, len(wanted), _CHUNK):
+            chunk = wanted[at:at + _CHUNK]
+            for start, *row in db.execute(
+                    f"SELECT start, id, k, weights, version FROM buckets WHERE metric = ? AND fingerprint = ? AND "
+                    f"window = ? AND start IN ({', '.join('?' * len(chunk))}) AND (expires_at IS NULL OR expires_at > ?)",
+                    (metric, fingerprint, window, *chunk, now)):
+                found[CountsKey(metric, fingerprint, window, start)] = tuple(row)
+    return found
+
+
+def _counters(db: sqlite3.Connection, buckets: Sequence[int]) -> dict[int, list[tuple[int, int, bytes]]]:
+    """The (weight, n, V blob) rows of each bucket id, _CHUNK buckets per query."""
+    found: dict[int, list[tuple[int, int, bytes]]] = {}
+    wanted = sorted(set(buckets))
+    for at in range(0, len(wanted), _CHUNK):
+        chunk = wanted[at:at + _CHUNK]
+        for bucket, weight, n, v in db.execute(
+                f"SELECT bucket, weight, n, v FROM counters WHERE bucket IN ({', '.join('?' * len(chunk))})", chunk):
+            found.setdefault(bucket, []).append((weight, n, v))
+    return found
+
+
+def _read_bucket(key: CountsKey, weights: tuple[int, ...], k: int, row: tuple | None,
+                 counters: dict[int, list[tuple[int, int, bytes]]]) -> tuple[int, Counts]:
+    """The version and counts of a bucket from its _live_buckets row (None: none) and _counters."""
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
-    row = _live_bucket(db, key, now)
     if row is None:
         return 0, counts
     if row[1] != k or row[2] != _weights_text(weights):
         raise _other_design(key, row[1:3])
     rows = {t: r for r, t in enumerate(weights)}
-    for t, n, v in db.execute("SELECT weight, n, v FROM counters WHERE bucket = ?", (row[0],)):
+    for t, n, v in counters.get(row[0], ()):
         r = rows[t]
         counts.n[r] = n
         counts.v[r] = np.frombuffer(v, "<i8")
