@@ -9,7 +9,7 @@ kernel stops at the last report boundary and returns (reports done, words those 
 caller refills and calls again on the rest.
 
 Compile flags live in _JIT alone. No fastmath: the kernels are integer arithmetic whose exact
-results are the point.
+results are the point, and score_intervals does numpy's float operations in numpy's order.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "decode_subset_bitmaps",
     "decode_bitmaps",
     "encode_categories",
+    "score_intervals",
 ]
 
 # error_model="numpy": the one modulo below has a nonzero divisor, so skip Python's check.
@@ -555,3 +556,52 @@ def sfc64_fill(state, out):
         state[4] = output >> _SHIFT
         state[5] = 1
     state[0], state[1], state[2], state[3] = a, b, c, counter
+
+
+@_kernel
+def _score_roots(center, w, a, b):
+    """veil.aggregator.estimate's roots of (center - pi)^2 = w s2(pi), with whether they exist."""
+    qa = 1.0 + w
+    qb = -(2.0 * center + w * (a - b))
+    qc = center * center - w * b
+    disc = qb * qb - 4.0 * qa * qc
+    root = np.sqrt(max(disc, 0.0))
+    q = -0.5 * (qb + np.copysign(root, qb))
+    first = q / qa
+    second = qc / q if q != 0.0 else first
+    return min(first, second), max(first, second), disc >= 0.0
+
+
+@_kernel
+def score_intervals(mean, delta, scale, a, b, z, stderr, lower, upper):
+    """For each row i and category j of mean (rows, k): the standard error sqrt(scale_i s2(pi~))
+    at pi~ = mean clipped to [0, 1], and the continuity-corrected score interval of half-step
+    delta_i, into stderr, lower, upper: the rules and the order of operations of
+    veil.aggregator.estimate._score_interval, one pass per element instead of some forty numpy
+    passes over the whole matrix (a series of 720 buckets at k = 1024 is 737,280 of them)."""
+    rows, k = mean.shape
+    for i in range(rows):
+        w = z * z * scale[i]
+        d = delta[i]
+        for j in range(k):
+            m = mean[i, j]
+            clipped = min(max(m, 0.0), 1.0)
+            s = np.sqrt(max(scale[i] * (b + (a - b) * clipped - clipped * clipped), 0.0))
+            stderr[i, j] = s
+            center_low, center_high = m - d, m + d
+            low, high = np.inf, -np.inf
+            r1, r2, ok = _score_roots(center_low, w, a, b)
+            start, end = max(r1, 0.0), min(min(r2, center_low), 1.0)
+            if ok and start <= end:
+                low, high = min(low, start), max(high, end)
+            start, end = max(center_low, 0.0), min(center_high, 1.0)
+            if start <= end:
+                low, high = min(low, start), max(high, end)
+            r1, r2, ok = _score_roots(center_high, w, a, b)
+            start, end = max(max(r1, center_high), 0.0), min(r2, 1.0)
+            if ok and start <= end:
+                low, high = min(low, start), max(high, end)
+            if low > high:  # no share qualifies: the data contradict the design
+                low, high = center_low - z * s, center_high + z * s
+            lower[i, j] = low
+            upper[i, j] = high

@@ -46,6 +46,7 @@ import numpy as np
 
 from veil.mechanism import MechanismError, MechanismSpec
 
+from ._kernels import score_intervals
 from .counts import Counts
 
 __all__ = ["Estimate", "GroupEstimate", "estimate", "estimate_many", "group_estimate", "project_to_simplex", "Z95"]
@@ -119,14 +120,12 @@ def estimate_many(spec: MechanismSpec, counts: Sequence[Counts], *, estimator: s
     _, _, a, b = linear.moments(spec.weight_law())
     # Variance of the mean at share pi: scale * s2(pi), s2(pi) = b + (a - b) pi - pi^2.
     scale = c / n
-    clipped = np.clip(mean, 0.0, 1.0)
-    stderr = np.sqrt(np.maximum(scale * (b + (a - b) * clipped - clipped * clipped), 0.0))
     # Half a lattice step where every report moves the estimate by the same step (one weight, or
     # the same alpha for every weight); with several steps the lattice is fine-grained and a
     # correction of the largest step would only widen the interval.
     steps = set(linear.alpha)
-    delta = c * abs(linear.alpha[0]) / (2.0 * n) if len(steps) == 1 else 0.0
-    lower, upper = _score_interval(mean, delta, stderr, a, b, scale)
+    delta = c * abs(linear.alpha[0]) / (2.0 * n) if len(steps) == 1 else np.zeros_like(n)
+    stderr, lower, upper = _score_interval(mean, delta[:, 0], scale[:, 0], a, b)
     projection = project_to_simplex(mean) if project else None
     for row, i in enumerate(rows):
         found[i] = Estimate(
@@ -168,57 +167,32 @@ def group_estimate(spec: MechanismSpec, e: Estimate, members: Sequence[int], lab
         return GroupEstimate(tuple(labels), math.nan, math.nan, math.nan, math.nan)
     linear = spec.estimators()[e.estimator]
     a, b = linear.group_moments(spec.weight_law(), spec.k, len(members))
-    mean = np.array([float(np.sum(e.estimate[members]))])
+    mean = np.array([[float(np.sum(e.estimate[members]))]])
     scale = e.reports_per_device / e.n
-    clipped = np.clip(mean, 0.0, 1.0)
-    stderr = np.sqrt(np.maximum(scale * (b + (a - b) * clipped - clipped * clipped), 0.0))
     # A report moves the sum by alpha_t times the group members it holds: the same lattice.
     delta = e.reports_per_device * abs(linear.alpha[0]) / (2.0 * e.n) if len(set(linear.alpha)) == 1 else 0.0
-    lower, upper = _score_interval(mean, delta, stderr, a, b, scale)
-    return GroupEstimate(tuple(labels), float(mean[0]), float(stderr[0]), float(lower[0]), float(upper[0]))
+    stderr, lower, upper = _score_interval(mean, np.array([delta]), np.array([scale]), a, b)
+    return GroupEstimate(tuple(labels), float(mean[0, 0]), float(stderr[0, 0]), float(lower[0, 0]),
+                         float(upper[0, 0]))
 
 
-def _score_interval(mean: np.ndarray, delta: float, stderr: np.ndarray, a: float, b: float, scale: float
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """The shares pi in [0, 1] with (|mean - pi| - delta)_+^2 <= w s2(pi), w = z^2 scale: the
-    union of three pieces, each an interval because its side's function is a convex quadratic:
-    below mean - delta, the roots of (mean - delta - pi)^2 = w s2(pi); between mean - delta and
-    mean + delta, all of it (s2 >= 0 on [0, 1]); above mean + delta, the roots of
-    (mean + delta - pi)^2 = w s2(pi). Where no share qualifies, the data contradict the design,
-    and the interval is the clipped share's standard error either side, unclipped."""
-    w = Z95 * Z95 * scale
-    center_low, center_high = mean - delta, mean + delta
-    r1, r2, ok = _roots(center_low, w, a, b)
-    pieces = [
-        (np.maximum(r1, 0.0), np.minimum(np.minimum(r2, center_low), 1.0), ok),
-        (np.maximum(center_low, 0.0), np.minimum(center_high, 1.0), np.ones_like(ok)),
-    ]
-    r1, r2, ok = _roots(center_high, w, a, b)
-    pieces.append((np.maximum(np.maximum(r1, center_high), 0.0), np.minimum(r2, 1.0), ok))
-    low = np.full(mean.shape, np.inf)
-    high = np.full(mean.shape, -np.inf)
-    for start, end, valid in pieces:
-        valid = valid & (start <= end)
-        low = np.where(valid, np.minimum(low, start), low)
-        high = np.where(valid, np.maximum(high, end), high)
-    empty = low > high
-    return (np.where(empty, center_low - Z95 * stderr, low), np.where(empty, center_high + Z95 * stderr, high))
-
-
-def _roots(center: np.ndarray, w: float, a: float, b: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The roots r1 <= r2 of (center - pi)^2 = w (b + (a - b) pi - pi^2), i.e. of
-    (1 + w) pi^2 - (2 center + w (a - b)) pi + center^2 - w b = 0, and where they exist."""
-    qa = 1.0 + w
-    qb = -(2.0 * center + w * (a - b))
-    qc = center * center - w * b
-    disc = qb * qb - 4.0 * qa * qc
-    root = np.sqrt(np.maximum(disc, 0.0))
-    # By the form that avoids cancellation: q = -(qb + sign(qb) root) / 2, roots q / qa, qc / q.
-    q = -0.5 * (qb + np.copysign(root, qb))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        first = q / qa
-        second = np.where(q != 0.0, qc / q, first)
-    return np.minimum(first, second), np.maximum(first, second), disc >= 0.0
+def _score_interval(mean: np.ndarray, delta: np.ndarray, scale: np.ndarray, a: float, b: float
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of each row i of mean (rows, k), with its half step delta[i] and variance scale[i]: the
+    standard error sqrt(scale s2(pi~)) at the clipped share pi~, and the shares pi in [0, 1]
+    with (|mean - pi| - delta)_+^2 <= w s2(pi), w = z^2 scale: the union of three pieces, each
+    an interval because its side's function is a convex quadratic: below mean - delta, the
+    roots of (mean - delta - pi)^2 = w s2(pi), i.e. of (1 + w) pi^2 - (2 c + w (a - b)) pi +
+    c^2 - w b = 0 at c = mean - delta (taken by the form that avoids cancellation); between
+    mean - delta and mean + delta, all of it (s2 >= 0 on [0, 1]); above mean + delta, the roots
+    at c = mean + delta. Where no share qualifies, the data contradict the design, and the
+    interval is the clipped share's standard error either side, unclipped. One pass of a numba
+    kernel (_kernels.score_intervals) over the matrix."""
+    mean = np.ascontiguousarray(mean, dtype=np.float64)
+    stderr, lower, upper = np.empty_like(mean), np.empty_like(mean), np.empty_like(mean)
+    score_intervals(mean, np.ascontiguousarray(delta, dtype=np.float64),
+                    np.ascontiguousarray(scale, dtype=np.float64), float(a), float(b), Z95, stderr, lower, upper)
+    return stderr, lower, upper
 
 
 def project_to_simplex(x: np.ndarray) -> np.ndarray:

@@ -306,8 +306,10 @@ def encode_categories(labels: tuple[str, ...], columns: Sequence[np.ndarray]) ->
 
 
 def warm_up() -> None:
-    """Compile, or load from numba's cache, the encoder's kernel (EstimatesService does)."""
+    """Compile, or load from numba's cache, the encoder's kernel and the estimator's
+    (EstimatesService does)."""
     encode_categories(("a", "b"), [np.array([0.5, np.nan])] * len(_NUMBERS))
+    _kernels.score_intervals(np.zeros((1, 1)), np.zeros(1), np.ones(1), 1.0, 0.5, 2.0, *np.zeros((3, 1, 1)))
 
 
 def encode_window(e: WindowEstimate) -> bytes:

@@ -539,9 +539,9 @@ class RedisStore(Store):
 
     def settled_read(self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
                      ) -> list[tuple[int | tuple[int, ...], Counts]]:
-        """Store.settled_read: per hash (a bucket's, or each of its shards'), its "version" and its
-        packed copy (packed_key: the counts at a version, as one int64 array; see _pack) in one
-        pipeline; a copy at the hash's version is its counts. The hashes without one are read as
+        """Store.settled_read: per hash (a bucket's, or each of its shards'), its size, "version"
+        and packed copy (_packed_key: the counts at a version, as one int64 array; see _pack) in
+        one pipeline; no hash reads as zeros, and a copy at the hash's version is its counts. The hashes without one are read as
         versioned_read reads them, in a second round trip, and a copy of each is written (SET
         with the bucket's expiry, in a third, failing quietly: the copy only saves time). A copy
         is never out of date in a way that matters: a later write gives the hash a new version
@@ -551,12 +551,17 @@ class RedisStore(Store):
         with self._boundary("read"):
             pipe = self._pipeline()
             for name, _, _ in plans:
+                pipe.hlen(name)
                 pipe.hget(name, "version")
                 pipe.get(_packed_key(name))
             found = iter(pipe.execute())
         hashes: list[tuple[int, Counts] | None] = []
         for name, weights, k in plans:
-            version, packed = next(found), next(found)
+            size, version, packed = next(found), next(found), next(found)
+            if not size:  # no hash (never written, or gone): zeros, as versioned_read reads it
+                hashes.append((0, Counts(weights, np.zeros(len(weights), np.int64),
+                                         np.zeros((len(weights), k), np.int64))))
+                continue
             try:
                 version = _version(version)
             except ValueError as error:
