@@ -307,19 +307,21 @@ class LiveEstimates:
         rules as the current one.
 
         Past buckets rarely change, so their estimates are kept with their version: one store
-        call reads every version (one round trip on Redis), a second reads, with their versions,
-        the counts of the buckets whose estimates are not kept at that version (those that
-        ended a while ago as settled: see _read_buckets), and those are estimated together."""
+        call reads the versions of the buckets whose estimates are kept (one round trip on
+        Redis; none on a first read), a second reads, with their versions, the counts of the
+        others and of those no longer at the version kept (those that ended a while ago as
+        settled: see _read_buckets), and those are estimated together."""
         m, w, starts, now = self._buckets(metric, window, start, end)
         keys = [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts]
-        versions = self._store.versions(keys) if keys else []
+        with self._lock:
+            held = [self._past.get(key) for key in keys]
+        kept = [i for i, e in enumerate(held) if e is not None]  # only these need their versions compared
+        versions = dict(zip(kept, self._store.versions([keys[i] for i in kept]))) if kept else {}
         found: list[WindowEstimate | None] = []
-        for key, version in zip(keys, versions):
-            held = self._past.get(key)
-            fresh = held is not None and held.version == version and (
-                not held.n or held.reports_per_device == self._reports_per_device(m, w, key.bucket,
-                                                                                  key.bucket + w.span, now))
-            found.append(held if fresh else None)
+        for i, (key, e) in enumerate(zip(keys, held)):
+            fresh = e is not None and e.version == versions[i] and (
+                not e.n or e.reports_per_device == self._reports_per_device(m, w, key.bucket, key.bucket + w.span, now))
+            found.append(e if fresh else None)
         stale = [i for i, e in enumerate(found) if e is None]
         read = self._read_buckets(m, w, [keys[i] for i in stale], now)
         fresh = self._compute_many(m, w, [(starts[i], starts[i] + w.span) for i in stale], read, now)
