@@ -22,7 +22,7 @@ from running import make_upload
 from veil.cli import main
 from veil.aggregator.config import parse_config
 from veil.aggregator.counts import Counts
-from veil.aggregator.estimate import Z95, estimate, group_estimate
+from veil.aggregator.estimate import Z95, _binomial_lower, estimate, group_estimate, rest_estimate
 from veil.aggregator.live import InvalidRange, LiveEstimates, UnknownCategory, with_group
 from veil.aggregator.simulate import FastKeystream, simulate_counts
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore
@@ -202,6 +202,38 @@ def test_group_intervals_cover_at_their_rate_in_simulation(name, k, epsilon, siz
         errors.append(g.stderr)
     assert covered / 300 >= 0.91
     assert np.std(values) == pytest.approx(np.mean(errors), rel=0.15)
+
+
+def test_the_rest_of_the_top_estimates_allows_for_its_choice():
+    # The fold's estimate and stderr are the fixed group's; its interval reaches at least as
+    # high, and where noise picks the top (k-RR, k = 1024, a few reports per category) far higher.
+    spec = spec_for("krr", 1024, 1.0)
+    rng = np.random.default_rng(11)
+    e = estimate(spec, simulate_counts(spec, rng.integers(0, 1024, 2000), keystream=FastKeystream(11)))
+    rest = rest_estimate(spec, e, 5)
+    members = sorted(np.argsort(-e.estimate, kind="stable")[5:].tolist())
+    plain = group_estimate(spec, e, members)
+    assert (rest.estimate, rest.stderr, rest.lower) == (plain.estimate, plain.stderr, plain.lower)
+    assert rest.upper > plain.upper + 0.2
+    sharp = spec_for("subset", 16, 4.0)
+    shares = np.arange(1, 17) / np.arange(1, 17).sum()  # category j's share grows with j
+    values = np.repeat(np.arange(16), np.round(shares * 200_000).astype(int))
+    clear = estimate(sharp, simulate_counts(sharp, values, keystream=FastKeystream(12)))
+    fixed = group_estimate(sharp, clear, list(range(5)))
+    folded = rest_estimate(sharp, clear, 11)  # the 5 smallest: a clear choice
+    # (Exactly the same group: the union bound over 16 categories still costs a little width.)
+    assert folded.lower == fixed.lower and fixed.upper <= folded.upper <= fixed.upper + 0.03
+    with pytest.raises(ValueError, match="top"):
+        rest_estimate(spec, e, 1024)
+
+
+def test_the_exact_binomial_bound_is_clopper_pearsons():
+    from scipy.stats import beta
+
+    for hits, trials, level in [(10, 2000, 2.4e-5), (1, 100, 0.01), (500, 2000, 1e-4), (3, 10, 0.05)]:
+        assert _binomial_lower(hits, trials, level) == pytest.approx(beta.ppf(level, hits, trials - hits + 1),
+                                                                      rel=1e-9)
+    assert _binomial_lower(0, 50, 0.01) == 0.0
 
 
 # --- through gRPC and the CLI -----------------------------------------------------------------

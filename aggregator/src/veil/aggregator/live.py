@@ -36,7 +36,7 @@ from veil.mechanism import PROJECTION_NOTE
 from ._errors import AggregatorError, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
-from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate
+from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, rest_estimate
 from .store import CountsKey, Store
 
 __all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory", "InvalidRange", "estimates_json",
@@ -503,13 +503,13 @@ def with_group(e: WindowEstimate, labels: list[str]) -> WindowEstimate:
 
 def with_rest(e: WindowEstimate, top: int) -> WindowEstimate:
     """The window's estimate with the share of every category outside its `top` largest
-    estimates added as its group (the dashboard's and /metrics's "other"); the same when
+    estimates added as its group (the dashboard's and /metrics's "other"; its interval allows
+    for those categories being chosen by the same data: estimate.rest_estimate); the same when
     withheld or when no category is left out."""
     if e.estimate is None or top >= e.estimate.estimate.size:
         return e
-    order = np.argsort(-e.estimate.estimate, kind="stable")
-    labels = e.metric.spec.labels
-    return with_group(e, [labels[j] for j in sorted(order[max(top, 0):].tolist())])
+    spec = e.metric.spec
+    return dataclasses.replace(e, group=rest_estimate(spec.mechanism, e.estimate, max(top, 0), spec.labels))
 
 
 def duration_text(seconds: int) -> str:
