@@ -30,6 +30,7 @@ __all__ = [
     "decode_bitmaps",
     "encode_categories",
     "score_intervals",
+    "simplex_projections",
 ]
 
 # error_model="numpy": the one modulo below has a nonzero divisor, so skip Python's check.
@@ -605,3 +606,25 @@ def score_intervals(mean, delta, scale, a, b, z, stderr, lower, upper):
                 low, high = center_low - z * s, center_high + z * s
             lower[i, j] = low
             upper[i, j] = high
+
+
+@_kernel
+def simplex_projections(x, out):
+    """Each row of x (rows, k) projected onto the probability simplex, into out: the steps and
+    the order of operations of veil.aggregator.estimate.project_to_simplex (sort descending,
+    running sums, the last rank at which u - excess / rank is positive, theta), row by row
+    without its dozen passes over the whole matrix."""
+    rows, k = x.shape
+    excess = np.empty(k)
+    for i in range(rows):
+        u = np.sort(x[i])[::-1]
+        total = 0.0
+        last = 0
+        for r in range(k):
+            total += u[r]
+            excess[r] = total - 1.0
+            if u[r] - excess[r] / (r + 1) > 0:
+                last = r
+        theta = excess[last] / (last + 1)
+        for j in range(k):
+            out[i, j] = max(x[i, j] - theta, 0.0)

@@ -47,7 +47,7 @@ import numpy as np
 
 from veil.mechanism import LinearEstimator, MechanismError, MechanismSpec
 
-from ._kernels import score_intervals
+from ._kernels import score_intervals, simplex_projections
 from .counts import Counts
 
 __all__ = ["Estimate", "GroupEstimate", "estimate", "estimate_many", "group_estimate", "rest_estimate",
@@ -117,8 +117,11 @@ def estimate_many(spec: MechanismSpec, counts: Sequence[Counts], *, estimator: s
     c = np.array([per_device[i] for i in rows], dtype=np.float64)[:, None]
     # alpha @ V per bucket: V has a row per report weight (RAPPOR: k + 1 of them), so the
     # buckets' V are never stacked into one (buckets, weights, k) array.
-    mean = (np.stack([alpha @ counts[i].v.astype(np.float64) for i in rows])
-            + np.array([beta @ counts[i].n.astype(np.float64) for i in rows])[:, None]) / n
+    if len(linear.weights) == 1:  # one row of V per bucket: one product of the stacked rows
+        spread = alpha[0] * np.stack([counts[i].v[0] for i in rows]).astype(np.float64)
+    else:
+        spread = np.stack([alpha @ counts[i].v.astype(np.float64) for i in rows])
+    mean = (spread + np.array([beta @ counts[i].n.astype(np.float64) for i in rows])[:, None]) / n
     _, _, a, b = linear.moments(spec.weight_law())
     # Variance of the mean at share pi: scale * s2(pi), s2(pi) = b + (a - b) pi - pi^2.
     scale = c / n
@@ -272,12 +275,11 @@ def _score_interval(mean: np.ndarray, delta: np.ndarray, scale: np.ndarray, a: f
 
 def project_to_simplex(x: np.ndarray) -> np.ndarray:
     """The closest point (Euclidean) of the probability simplex to x, or to each row of a 2-D x:
-    max(x - theta, 0) with theta chosen so the result sums to 1 (sort-based, exact in O(k log k))."""
+    max(x - theta, 0) with theta chosen so the result sums to 1 (sort-based, exact in O(k log k):
+    with u = x sorted descending and excess_r = u_1 + ... + u_r - 1, theta = excess_r / r at the
+    last rank r where u_r - excess_r / r > 0). A numba kernel, _kernels.simplex_projections."""
     x = np.asarray(x, dtype=np.float64)
-    u = -np.sort(-x, axis=-1)  # descending
-    excess = np.cumsum(u, axis=-1) - 1.0
-    ranks = np.arange(1, x.shape[-1] + 1)
-    # The last rank at which u - excess / rank is positive (the first is; rounding may break the run).
-    last = x.shape[-1] - 1 - np.argmax((u - excess / ranks > 0)[..., ::-1], axis=-1)
-    theta = np.take_along_axis(excess, last[..., None], axis=-1) / (last[..., None] + 1)
-    return np.maximum(x - theta, 0.0)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    out = np.empty_like(rows)
+    simplex_projections(rows, out)
+    return out.reshape(x.shape)

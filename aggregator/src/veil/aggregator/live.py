@@ -444,10 +444,12 @@ class LiveEstimates:
                     (start, end), (version, counts) = spans[i], read[i]
                     found[i] = self._failed(metric, window, start, end, version, counts.total, err, per_device)
             else:
+                said: dict[int, str] = {}  # estimand() of each reports_per_device: most buckets share one
                 for (i, per_device), e in zip(shown, computed):
                     (start, end), version = spans[i], read[i][0]
-                    found[i] = WindowEstimate(metric, window, start, end, version, e.n, e, "", per_device,
-                                              estimand(metric, window, per_device, buckets))
+                    what = said.get(per_device) or said.setdefault(per_device,
+                                                                    estimand(metric, window, per_device, buckets))
+                    found[i] = WindowEstimate(metric, window, start, end, version, e.n, e, "", per_device, what)
         return found  # type: ignore[return-value]
 
     def _failed(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version, n: int,
