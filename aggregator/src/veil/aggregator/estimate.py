@@ -281,5 +281,5 @@ def project_to_simplex(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
     out = np.empty_like(rows)
-    simplex_projections(rows, out)
+    simplex_projections(rows, np.sort(rows, axis=-1), out)
     return out.reshape(x.shape)
