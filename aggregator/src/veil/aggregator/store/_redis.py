@@ -7,6 +7,9 @@ the tag or collide with another):
     veil:{<tag>}:c:<fingerprint>:<window>:<bucket>  hash of integers: n:<t> and v:<t>:<j>
                                                     (non-zero only), batches (batches added),
                                                     version (drawn at random by each write)
+    veil:{<tag>}:p:<fingerprint>:<window>:<bucket>  the packed copy of an ended bucket's hash, made by
+                                                    settled_read: int64s (version, k, then the
+                                                    rows held: weights, n, V); expires with it
     veil:{<tag>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
     veil:{<metric>}:s:<fingerprint>                 when counting of the spec began (Store.since)
 
