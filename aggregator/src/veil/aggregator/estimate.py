@@ -118,7 +118,10 @@ def estimate_many(spec: MechanismSpec, counts: Sequence[Counts], *, estimator: s
     # alpha @ V per bucket: V has a row per report weight (RAPPOR: k + 1 of them), so the
     # buckets' V are never stacked into one (buckets, weights, k) array.
     if len(linear.weights) == 1:  # one row of V per bucket: one product of the stacked rows
-        spread = alpha[0] * np.stack([counts[i].v[0] for i in rows]).astype(np.float64)
+        spread = np.empty((len(rows), spec.k))
+        for row, i in enumerate(rows):
+            spread[row] = counts[i].v[0]
+        spread *= alpha[0]
     else:
         spread = np.stack([alpha @ counts[i].v.astype(np.float64) for i in rows])
     mean = (spread + np.array([beta @ counts[i].n.astype(np.float64) for i in rows])[:, None]) / n
