@@ -55,15 +55,15 @@ from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 from . import dashboard
 from ._auth import AccessInterceptor, Limits, token_limits
 from ._budget import ByteBudget
-from ._errors import ConfigError
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from ._http_collector import HttpCollector
+from .errors import ConfigError, StoreError, StoreMisconfigured
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
-from .store import Store, StoreError, StoreMisconfigured, open_store
+from .store import Store, open_store
 
 __all__ = ["Aggregator", "freeze_startup_heap", "inflight_bytes", "max_message_bytes", "open_configured_store"]
 

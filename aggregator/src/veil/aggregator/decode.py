@@ -23,8 +23,8 @@ from veil.mechanism import AdmissibleRapporSpec, MechanismSpec, MetricSpec
 from veil.wire.v1 import veil_pb2
 
 from . import _kernels
-from ._errors import InvalidBatch
 from .counts import Counts
+from .errors import InvalidBatch
 
 __all__ = ["BATCH_ID_BYTES", "UNPARSEABLE", "decode_upload", "decode_index_sets", "decode_bitmaps",
            "parse_upload", "reports_held", "warm_up"]

@@ -22,13 +22,13 @@ from veil.client import spec_to_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import _kernels
-from ._errors import InvalidBatch, StaleSpec, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
+from .errors import InvalidBatch, InvalidRange, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
 from .instruments import Instruments
-from .live import InvalidRange, LiveEstimates, WindowEstimate, with_group
-from .store import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
+from .live import LiveEstimates, WindowEstimate, with_group
+from .store import BatchWrite, CountsKey, Store
 
 __all__ = ["MAX_WATCH_INTERVAL", "CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server",
            "encode_window"]
