@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 
 from veil.client import spec_to_proto
+from veil.mechanism import wire_shape
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import _kernels
@@ -315,7 +316,7 @@ def encode_window(e: WindowEstimate) -> bytes:
     spec = e.metric.spec
     head = veil_pb2.WindowEstimate(
         metric=spec.name, window=e.window.name, start_unix=e.start, end_unix=e.end, n=e.n,
-        mechanism=veil_pb2.Mechanism.Value(spec.mechanism.name.upper().replace("-", "_")),
+        mechanism=wire_shape(spec.mechanism.name).proto,
         epsilon=spec.mechanism.epsilon, spec_fingerprint=spec.fingerprint, withheld=e.withheld, reason=e.reason,
     ).SerializeToString()
     group = None if e.group is None else veil_pb2.GroupEstimate(
