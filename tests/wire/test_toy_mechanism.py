@@ -195,7 +195,7 @@ def test_the_batch_sampler_it_names_draws_it(toy):
 def test_sdk_reports_of_it_become_estimates_over_grpc(toy):
     """The real SDK fetches its spec, randomizes, encodes and uploads; the aggregator accepts a
     full batch in the toy's widest encoding, counts every report and serves its estimates."""
-    from veil.aggregator.cli._estimates import to_json
+    from veil.cli._estimates import to_json
     from veil.aggregator.config import parse_config
     from veil.aggregator.daemon import Aggregator
     from veil.client import Reporter
