@@ -9,9 +9,9 @@ seeded generator for reproducible simulation.
 
 Each mechanism is drawn by the batch sampler its registration names (veil.mechanism.MECHANISMS).
 Report layouts: a design with a fixed report size (spec.q: subset, krr, warner) gives an (n, q)
-uint32 array of sorted category indices; the others (RAPPOR) give (n, ceil(k / 8)) uint8 bitmaps, category j being bit j % 8
-(least significant first) of byte j // 8, as numpy.unpackbits(..., bitorder="little") reads
-them, with the padding bits zero.
+uint32 array of sorted category indices; the others (RAPPOR) give (n, ceil(k / 8)) uint8
+bitmaps, category j being bit j % 8 (least significant first) of byte j // 8, as
+numpy.unpackbits(..., bitorder="little") reads them, with the padding bits zero.
 """
 
 from __future__ import annotations

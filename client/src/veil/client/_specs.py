@@ -22,6 +22,7 @@ from ._log import LogOnce, logger
 
 __all__ = ["SpecCache", "spec_from_proto", "spec_to_proto"]
 
+
 def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
     """The MetricSpec a proto describes; MechanismError when it is invalid or its fingerprint
     or q is not the one this device computes."""
