@@ -148,6 +148,15 @@ def test_one_registration_names_it_everywhere(toy):
     with pytest.raises(MechanismError, match="already registered"):
         register(PairSpec, proto=TOY_PROTO + 1)
 
+    class Other(PairSpec):
+        name = "toy-other"
+
+    with pytest.raises(MechanismError, match="already registered"):
+        register(Other, proto=1)  # subset's
+    with pytest.raises(MechanismError, match="batch sampler"):
+        register(Other, proto=TOY_PROTO + 1, sampler="olh")
+    assert "toy-other" not in MECHANISMS
+
 
 @pytest.mark.parametrize("k, sent", [(5, BITMAPS), (100, INDEX_SETS)])
 def test_it_is_encoded_decoded_counted_and_estimated(toy, k, sent):

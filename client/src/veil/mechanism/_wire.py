@@ -60,7 +60,8 @@ MECHANISMS: Mapping[str, WireShape] = MappingProxyType(_SHAPES)
 def register(spec: type[MechanismSpec], *, proto: int, sampler: str | None = None) -> WireShape:
     """Register a mechanism under its spec class's name; MechanismError when the name or enum
     value is taken, or the sampler is not one of SAMPLERS."""
-    if not (isinstance(spec, type) and issubclass(spec, MechanismSpec)) or not isinstance(getattr(spec, "name", None), str):
+    named = isinstance(spec, type) and issubclass(spec, MechanismSpec) and isinstance(getattr(spec, "name", None), str)
+    if not named:
         raise MechanismError("A mechanism is registered by its MechanismSpec subclass, which names it.")
     if isinstance(proto, bool) or not isinstance(proto, int) or proto < 1:
         raise MechanismError(f"A mechanism's wire enum value must be a whole number of at least 1, not {proto!r}.")
