@@ -209,7 +209,7 @@ def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], 
 
 def run_throughput(reports: dict[int, int], seed: int) -> dict:
     from veil.client import Reporter
-    from veil.client._encoding import report_bytes
+    from veil.mechanism import encoding, report_bytes
 
     rng = random.Random(seed)
     server, endpoint = start_server()
@@ -236,10 +236,11 @@ def run_throughput(reports: dict[int, int], seed: int) -> dict:
                     after = reporter.counters()
                     sent = after.sent - before.sent
                 cell = f"k={k} eps={epsilon:g}"
+                size = report_bytes(spec.mechanism, encoding(spec.mechanism))
                 results[cell] = {"reports": n, "sent": sent, "dropped": after.dropped, "seconds": seconds,
                                  "report_loop_seconds": reported, "reports_per_second": sent / seconds,
-                                 "batch_size": 512, "bytes_per_report": report_bytes(spec),
-                                 "upload_megabytes_per_second": sent * report_bytes(spec) / seconds / 1e6}
+                                 "batch_size": 512, "bytes_per_report": size,
+                                 "upload_megabytes_per_second": sent * size / seconds / 1e6}
                 progress(f"  throughput {cell:14} {sent / seconds:12,.0f} reports/s "
                          f"({results[cell]['upload_megabytes_per_second']:.1f} MB/s of reports)")
     finally:

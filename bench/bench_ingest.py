@@ -329,12 +329,11 @@ class ReportPool:
     def __init__(self, k: int, epsilon: float, seed: int, stream: int) -> None:
         from veil.aggregator.counts import Counts
         from veil.aggregator.simulate import FastKeystream
-        from veil.client._encoding import uses_bitmaps
-        from veil.mechanism import MetricSpec
+        from veil.mechanism import BITMAPS, MetricSpec, encoding
 
         self.metric = MetricSpec.create(metric_name(k, epsilon), labels(k), MECHANISM, epsilon)
         self.spec = self.metric.mechanism
-        self.bitmaps = uses_bitmaps(self.metric)
+        self.bitmaps = encoding(self.spec) == BITMAPS
         self.shares = zipf_shares(k, seed)
         self.values = np.random.default_rng([seed, k, round(epsilon * 1000), stream, 1])
         seed_words = np.random.SeedSequence([seed, k, round(epsilon * 1000), stream, 2]).generate_state(2, np.uint64)

@@ -21,8 +21,8 @@ from google.protobuf import json_format
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import estimate
-from veil.client._encoding import encode_batch, uses_bitmaps
-from veil.mechanism import MetricSpec, WordRandomSource
+from veil.client._encoding import encode_batch
+from veil.mechanism import MetricSpec, WordRandomSource, encoding
 from veil.wire.v1 import veil_pb2
 
 OUT = Path(__file__).resolve().parent / "veil" / "wire" / "v1" / "vectors"
@@ -145,7 +145,7 @@ def encodings() -> list[dict]:
         body = encode_batch(spec, reports, batch_id)
         message = veil_pb2.UploadRequest.FromString(body)
         out.append({"spec": _spec_json(spec), "fingerprint": spec.fingerprint,
-                    "encoding": "bitmaps" if uses_bitmaps(spec) else "index_sets", "batch_id": batch_id.hex(),
+                    "encoding": encoding(spec.mechanism), "batch_id": batch_id.hex(),
                     "reports": [list(r) for r in reports], "upload_hex": body.hex(),
                     "upload_json": json.loads(json_format.MessageToJson(message))})
     return out

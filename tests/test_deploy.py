@@ -551,8 +551,8 @@ def test_the_secret_files_are_readable_by_the_aggregators_group_alone():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a root-owned file needs root")
 def test_the_aggregator_accepts_a_secret_as_kubernetes_mounts_it(tmp_path):
-    from veil.aggregator._errors import ConfigError
     from veil.aggregator._secrets import check_private_file
+    from veil.aggregator.errors import ConfigError
 
     volume, _ = secrets_volume()
     secret = tmp_path / "tls.key"

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, SPEC_NAMES, TOKENS, UPLOAD_TOKEN, auth_section, bearer,
                      config_dict, counted, make_upload)
 
-from veil.aggregator._errors import ConfigError
+from veil.aggregator.errors import ConfigError
 from veil.aggregator._logging import JsonFormatter
 from veil.cli import main
 from veil.aggregator.config import load_config, parse_config

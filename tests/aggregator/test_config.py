@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from veil.aggregator._errors import ConfigError
 from veil.aggregator.config import (ENV_CONFIG, ENV_DATA_DIR, ENV_STORE_URL, Window, default_data_dir,
                                     load_config, parse_config, parse_duration)
+from veil.aggregator.errors import ConfigError
 from veil.client._config import is_loopback
 
 METRIC = {"name": "browser", "labels": ["a", "b", "c"], "epsilon": 1.0}

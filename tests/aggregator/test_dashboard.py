@@ -18,7 +18,8 @@ from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, co
 from veil.aggregator import dashboard
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
-from veil.aggregator.store import MemoryStore, StoreUnavailable
+from veil.aggregator.errors import StoreUnavailable
+from veil.aggregator.store import MemoryStore
 from veil.client._encoding import encode_batch
 from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2

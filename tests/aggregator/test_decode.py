@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from veil.aggregator._errors import InvalidBatch
+from veil.aggregator.errors import InvalidBatch
 from veil.aggregator.counts import Counts
 from veil.aggregator.decode import BATCH_ID_BYTES, decode_bitmaps, decode_index_sets, decode_upload
 from veil.aggregator.simulate import FastKeystream, count_reports, simulate_reports

@@ -175,7 +175,7 @@ def test_cors_admits_the_configured_origins_only(start_aggregator):
 
 @pytest.mark.parametrize("origins", ["https://a.example", ["https://a.example/"], ["a.example"], [3]])
 def test_cors_origins_must_be_origins(origins):
-    from veil.aggregator._errors import ConfigError
+    from veil.aggregator.errors import ConfigError
     from veil.aggregator.config import parse_config
     from running import config_dict
 

@@ -18,7 +18,8 @@ from veil.aggregator.config import parse_config
 from veil.aggregator.estimate import estimate
 from veil.aggregator.live import LiveEstimates
 from veil.aggregator.simulate import simulate_counts
-from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore, StoreUnavailable
+from veil.aggregator.errors import StoreUnavailable
+from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore
 from veil.aggregator.store._redis import counts_key
 
 METRICS = [

@@ -23,7 +23,8 @@ from veil.cli import main
 from veil.aggregator.config import parse_config
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import Z95, _binomial_lower, estimate, group_estimate, rest_estimate
-from veil.aggregator.live import InvalidRange, LiveEstimates, UnknownCategory, with_group
+from veil.aggregator.errors import InvalidRange, UnknownCategory
+from veil.aggregator.live import LiveEstimates, with_group
 from veil.aggregator.simulate import FastKeystream, simulate_counts
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore
 from veil.mechanism import MECHANISMS, spec_for, transition_matrix

@@ -16,9 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from running import READ_TOKEN, UPLOAD_TOKEN, Pki, auth_section, bearer, config_dict, counted, make_upload, wait_until
 
-from veil.aggregator._errors import ConfigError
-from veil.cli import main
 from veil.aggregator.config import parse_config
+from veil.aggregator.errors import ConfigError
+from veil.cli import main
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc

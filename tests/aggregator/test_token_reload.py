@@ -14,7 +14,7 @@ import pytest
 from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict, counted,
                      make_upload, wait_until)
 
-from veil.aggregator._errors import ConfigError
+from veil.aggregator.errors import ConfigError
 from veil.aggregator._ratelimit import RateLimiter
 from veil.aggregator.config import parse_config
 from veil.wire.v1 import veil_pb2_grpc

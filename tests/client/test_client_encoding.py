@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from veil.client._encoding import MAX_BATCH_BYTES, encode_batch, report_bytes
+from veil.client._encoding import MAX_BATCH_BYTES, encode_batch
 from veil.client._specs import spec_from_proto, spec_to_proto
-from veil.mechanism import MechanismError, MetricSpec, SeededRandomSource
+from veil.mechanism import MechanismError, MetricSpec, SeededRandomSource, encoding, report_bytes
 from veil.wire.v1 import veil_pb2
 
 from loopback_collector import decode, to_proto
@@ -53,11 +53,14 @@ def test_a_q_subset_design_takes_the_shorter_encoding():
 
 
 def test_report_sizes_keep_batches_under_the_message_cap():
-    big = MetricSpec.create("m", [f"c{i}" for i in range(1024)], "subset", 1.0)
-    assert report_bytes(big) == 128
-    assert report_bytes(MetricSpec.create("m", [f"c{i}" for i in range(1024)], "krr", 1.0)) == 4
-    assert report_bytes(MetricSpec.create("m", [f"c{i}" for i in range(9)], "rappor", 1.0)) == 2
-    assert MAX_BATCH_BYTES // report_bytes(big) < 4 << 20
+    def sent_bytes(mechanism: str, k: int) -> int:
+        spec = MetricSpec.create("m", [f"c{i}" for i in range(k)], mechanism, 1.0).mechanism
+        return report_bytes(spec, encoding(spec))
+
+    assert sent_bytes("subset", 1024) == 128
+    assert sent_bytes("krr", 1024) == 4
+    assert sent_bytes("rappor", 9) == 2
+    assert MAX_BATCH_BYTES // sent_bytes("subset", 1024) < 4 << 20
 
 
 @pytest.mark.parametrize("mechanism", ["subset", "rappor", "rappor-admissible", "krr"])

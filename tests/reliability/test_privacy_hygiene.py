@@ -35,7 +35,7 @@ import pytest
 import redis as redis_py
 from reliability_kit import LABELS, assert_exact, flush_all, wait_until
 
-from veil.aggregator._errors import ConfigError
+from veil.aggregator.errors import ConfigError
 from veil.aggregator.config import parse_config
 from veil.client import spec_from_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc

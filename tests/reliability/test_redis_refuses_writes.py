@@ -18,7 +18,7 @@ from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all, wa
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
-from veil.aggregator._errors import ConfigError
+from veil.aggregator.errors import ConfigError
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
 

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 
 # Imported before instrumentation: numpy, protobuf, the numba kernels (numba compiles Python
 # bytecode, which must stay as written) and the mechanisms.
-from veil.aggregator._errors import InvalidBatch
+from veil.aggregator.errors import InvalidBatch
 from veil.aggregator.simulate import FastKeystream, simulate_reports
 from veil.mechanism import AdmissibleRapporSpec, KrrSpec, MetricSpec, RapporSpec, SubsetSpec, WarnerSpec
 from veil.wire.v1 import veil_pb2

@@ -27,7 +27,7 @@ from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, InProcessAggregators, Se
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import max_message_bytes
-from veil.aggregator._errors import ConfigError
+from veil.aggregator.errors import ConfigError
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 UPLOAD = "/veil.wire.v1.Collector/Upload"

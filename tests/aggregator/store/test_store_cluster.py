@@ -14,7 +14,8 @@ from redis_server import free_port
 from store_cases import batch, batches_added, key, random_counts
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable, open_store
+from veil.aggregator.errors import StoreError, StoreUnavailable
+from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import shard_of, shard_tags
 
 FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}

@@ -14,7 +14,8 @@ import redis
 from store_cases import batch, batches_added, doubled, key, random_counts
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable
+from veil.aggregator.errors import StoreError, StoreUnavailable
+from veil.aggregator.store import RedisStore
 from veil.aggregator.store._coalesce import Coalescer
 from veil.aggregator.store._redis import _ADD_BATCH, counts_key, dedupe_key
 

@@ -11,7 +11,8 @@ import pytest
 from store_cases import AWKWARD_METRICS, batch, batches_added, doubled, key, random_counts
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import BatchWrite, Store, StoreError
+from veil.aggregator.errors import StoreError
+from veil.aggregator.store import BatchWrite, Store
 from veil.mechanism import spec_for
 
 

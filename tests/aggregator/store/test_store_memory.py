@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from store_cases import batch, doubled, key, random_counts
 
-from veil.aggregator.store import MemoryStore, SqliteStore, StoreError, open_store
+from veil.aggregator.errors import StoreError
+from veil.aggregator.store import MemoryStore, SqliteStore, open_store
 
 
 class Clock:

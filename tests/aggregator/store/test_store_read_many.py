@@ -6,7 +6,7 @@ import pytest
 from store_cases import batch, key, random_counts
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import StoreError
+from veil.aggregator.errors import StoreError
 
 
 def test_read_many_is_read_of_each(store, rng):

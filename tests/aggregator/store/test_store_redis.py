@@ -13,7 +13,8 @@ from redis.crc import key_slot
 from store_cases import AWKWARD_METRICS, batch, batches_added, doubled, key, random_counts
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import RedisStore, StoreError, StoreUnavailable, open_store
+from veil.aggregator.errors import StoreError, StoreUnavailable
+from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import _counts_of, _integers, counts_key, dedupe_key
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}

@@ -17,7 +17,8 @@ import pytest
 from store_cases import batch, doubled, key, random_counts
 
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import SqliteStore, StoreError
+from veil.aggregator.errors import StoreError
+from veil.aggregator.store import SqliteStore
 from veil.aggregator.store._sqlite import _PURGE_CHUNK, APPLICATION_ID, SCHEMA_VERSION
 
 

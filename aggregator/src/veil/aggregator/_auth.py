@@ -59,10 +59,10 @@ from veil.wire.v1 import veil_pb2
 from veil.mechanism import MetricSpec
 
 from ._budget import ByteBudget
-from ._errors import ConfigError, quoted
 from ._ratelimit import RateLimiter
 from .config import AuthConfig, TokenConfig, token_digest
 from .decode import UNPARSEABLE, parse_upload, reports_held
+from .errors import ConfigError, quoted
 
 __all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "Limits", "RETRY_AFTER_KEY", "caller", "token_limits"]
 

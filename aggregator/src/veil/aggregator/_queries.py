@@ -16,10 +16,9 @@ import json
 import math
 import time
 
-from ._errors import ConfigError, UnknownMetric
 from .config import parse_duration
-from .live import InvalidRange, LiveEstimates, WindowEstimate, estimates_json, with_group, with_rest
-from .store import StoreError
+from .errors import ConfigError, InvalidRange, StoreError, UnknownMetric
+from .live import LiveEstimates, WindowEstimate, estimates_json, with_group, with_rest
 
 __all__ = ["estimates_answer", "series_answer"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from ._errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["check_private_file"]
 

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import ConfigError
 from ._secrets import check_private_file
+from .errors import ConfigError
 
 __all__ = ["TlsConfig", "TlsFiles", "ServerTls", "load_tls"]
 

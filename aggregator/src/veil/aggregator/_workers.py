@@ -37,8 +37,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._errors import ConfigError
 from .config import ENV_STORE_URL, AggregatorConfig
+from .errors import ConfigError
 
 __all__ = ["label_worker_logs", "supervise", "tell_supervisor_serving"]
 

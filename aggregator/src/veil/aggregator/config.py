@@ -81,9 +81,9 @@ from pathlib import Path
 from veil.mechanism import DEFAULT_MECHANISM, EPSILON_RANGE, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
 from veil.mechanism import parse_duration as mechanism_duration
 
-from ._errors import ConfigError
 from ._secrets import check_private_file
 from ._tls import TlsConfig, load_tls
+from .errors import ConfigError
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
            "parse_config", "parse_duration", "token_digest", "ENV_CONFIG",

@@ -50,20 +50,21 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from veil.client._config import is_loopback
+from veil.mechanism import max_report_bytes
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
 from ._auth import AccessInterceptor, Limits, token_limits
 from ._budget import ByteBudget
-from ._errors import ConfigError
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from ._http_collector import HttpCollector
+from .errors import ConfigError, StoreError, StoreMisconfigured
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
-from .store import Store, StoreError, StoreMisconfigured, open_store
+from .store import Store, open_store
 
 __all__ = ["Aggregator", "freeze_startup_heap", "inflight_bytes", "max_message_bytes", "open_configured_store"]
 
@@ -83,11 +84,11 @@ _FIELDS_BYTES = 256  # an upload's batch id, count, and every tag and length pre
 
 
 def max_message_bytes(config: AggregatorConfig) -> int:
-    """The largest valid upload: max_batch reports of a metric in its wider encoding (bitmaps of
-    ceil(k/8) bytes, or q uint32 indices), its name and fingerprint, and the request's other
+    """The largest valid upload: max_batch reports of a metric in its widest encoding
+    (veil.mechanism.max_report_bytes), its name and fingerprint, and the request's other
     fields; the largest over the metrics. gRPC refuses anything larger before it is read."""
     return max(
-        config.max_batch * max((m.spec.k + 7) // 8, 4 * (m.spec.mechanism.q or 0))
+        config.max_batch * max_report_bytes(m.spec.mechanism)
         + len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES
         for m in config.metrics
     )

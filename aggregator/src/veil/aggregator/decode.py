@@ -19,19 +19,18 @@ from __future__ import annotations
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from veil.mechanism import AdmissibleRapporSpec, MechanismSpec, MetricSpec
+from veil.mechanism import BITMAPS, INDEX_SETS, AdmissibleRapporSpec, MechanismSpec, MetricSpec, encodings, report_bytes
 from veil.wire.v1 import veil_pb2
 
 from . import _kernels
-from ._errors import InvalidBatch
 from .counts import Counts
+from .errors import InvalidBatch
 
 __all__ = ["BATCH_ID_BYTES", "UNPARSEABLE", "decode_upload", "decode_index_sets", "decode_bitmaps",
            "parse_upload", "reports_held", "warm_up"]
 
 BATCH_ID_BYTES = 16
 UNPARSEABLE = "The upload is not a valid UploadRequest message."
-_INDEX_BYTES = 4  # each index is a little-endian uint32
 
 
 def parse_upload(data: bytes) -> veil_pb2.UploadRequest | bytes:
@@ -53,13 +52,10 @@ def reports_held(request: veil_pb2.UploadRequest, metric: MetricSpec | None) -> 
         return 0
     spec = metric.mechanism
     payload = request.WhichOneof("reports")
-    if payload == "index_sets" and spec.q is not None:
-        held = len(request.index_sets.indices) // (spec.q * _INDEX_BYTES)
-    elif payload == "bitmaps":
-        held = len(request.bitmaps.bits) // -(-spec.k // 8)
-    else:
-        held = 0
-    return min(request.count, held)
+    if payload not in encodings(spec):
+        return 0
+    data = request.index_sets.indices if payload == INDEX_SETS else request.bitmaps.bits
+    return min(request.count, len(data) // report_bytes(spec, payload))
 
 
 def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_reports: int) -> Counts:
@@ -68,9 +64,9 @@ def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_re
     spec = metric.mechanism
     _check_batch(request, max_reports)
     payload = request.WhichOneof("reports")
-    if payload == "index_sets":
+    if payload == INDEX_SETS:
         return _count_index_sets(spec, request.count, request.index_sets)
-    if payload == "bitmaps":
+    if payload == BITMAPS:
         return _count_bitmaps(spec, request.count, request.bitmaps)
     raise InvalidBatch("no reports payload: set index_sets or bitmaps")
 
@@ -94,7 +90,7 @@ def _count_bitmaps(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -
     else:
         bad = _kernels.decode_bitmaps(data, count, spec.k, _rows_of_weight(spec), counts.n, counts.v)
     if bad >= 0:
-        width = -(-spec.k // 8)
+        width = report_bytes(spec, BITMAPS)
         raise InvalidBatch(_bitmap_fault(spec, data[bad * width:(bad + 1) * width]), report=bad)
     return counts
 
@@ -150,12 +146,12 @@ def decode_index_sets(spec: MechanismSpec, count: int, index_sets: veil_pb2.Inde
 
 def _index_set_rows(spec: MechanismSpec, count: int, index_sets: veil_pb2.IndexSets) -> np.ndarray:
     """The (count, q) uint32 view of the indices, once the batch's layout is right."""
-    if spec.q is None:
+    if INDEX_SETS not in encodings(spec):
         raise InvalidBatch(f"{spec.name} reports must be sent as bitmaps, not index sets")
     if index_sets.set_size != spec.q:
         raise InvalidBatch(f"set_size {index_sets.set_size} is not q = {spec.q}")
     data = index_sets.indices
-    _check_length("index_sets.indices", len(data), count * spec.q * _INDEX_BYTES,
+    _check_length("index_sets.indices", len(data), count * report_bytes(spec, INDEX_SETS),
                   f"{count} reports of {spec.q} uint32 indices")
     return np.frombuffer(data, dtype="<u4").reshape(count, spec.q)
 
@@ -170,7 +166,7 @@ def _index_set_fault(report: np.ndarray, k: int) -> str:
 def decode_bitmaps(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -> np.ndarray:
     """The (count, ceil(k / 8)) uint8 rows of valid bitmap reports, a read-only view of the
     message's bytes; InvalidBatch for the batch's length or the first bad report."""
-    width = -(-spec.k // 8)
+    width = report_bytes(spec, BITMAPS)
     reports = _bitmap_bytes(spec, count, bitmaps).reshape(count, width)
     # Bits k .. 8 * width - 1 of the last byte; none when k is a multiple of 8.
     padding = reports[:, -1] & np.uint8(_padding_mask(spec.k))
@@ -186,7 +182,7 @@ def decode_bitmaps(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -
 
 def _bitmap_bytes(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -> np.ndarray:
     """The payload as one uint8 view, once its length is right."""
-    width = -(-spec.k // 8)
+    width = report_bytes(spec, BITMAPS)
     data = bitmaps.bits
     _check_length("bitmaps.bits", len(data), count * width, f"{count} reports of {width} bytes")
     return np.frombuffer(data, dtype=np.uint8)

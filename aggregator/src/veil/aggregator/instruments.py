@@ -17,9 +17,9 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
+from .errors import StoreError
 from .estimate import group_estimate
 from .live import LiveEstimates
-from .store import StoreError
 
 __all__ = ["Instruments", "EstimatesCollector"]
 

@@ -33,14 +33,13 @@ import numpy as np
 
 from veil.mechanism import PROJECTION_NOTE
 
-from ._errors import AggregatorError, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
+from .errors import InvalidRange, UnknownCategory, UnknownMetric, UnknownWindow, quoted
 from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, rest_estimate
 from .store import CountsKey, Store
 
-__all__ = ["WindowEstimate", "LiveEstimates", "UnknownWindow", "UnknownCategory", "InvalidRange", "estimates_json",
-           "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
+__all__ = ["WindowEstimate", "LiveEstimates", "estimates_json", "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
 
 MAX_BUCKETS = 10_000  # buckets one series or merged range may span: 416 days of hourly buckets
 _PAST_KEPT = 1 << 21  # categories of the bucket estimates series() keeps (some 40 bytes each: 80 MB)
@@ -53,18 +52,6 @@ log = logging.getLogger("veil.aggregator")
 
 Version = int | tuple[int, ...]  # a bucket's, or the tuple of its shards' (a sharded store)
 
-
-
-class UnknownWindow(UnknownMetric):
-    """A window name the metric does not declare."""
-
-
-class UnknownCategory(UnknownMetric):
-    """A group names a label the metric does not declare."""
-
-
-class InvalidRange(AggregatorError, ValueError):
-    """A range of buckets that cannot be read (the total window, too many buckets)."""
 
 
 @dataclass(frozen=True, eq=False)

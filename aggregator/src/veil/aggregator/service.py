@@ -19,16 +19,17 @@ import grpc
 import numpy as np
 
 from veil.client import spec_to_proto
+from veil.mechanism import wire_shape
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import _kernels
-from ._errors import InvalidBatch, StaleSpec, UnknownMetric, quoted
 from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
+from .errors import InvalidBatch, InvalidRange, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
 from .instruments import Instruments
-from .live import InvalidRange, LiveEstimates, WindowEstimate, with_group
-from .store import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
+from .live import LiveEstimates, WindowEstimate, with_group
+from .store import BatchWrite, CountsKey, Store
 
 __all__ = ["MAX_WATCH_INTERVAL", "CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server",
            "encode_window"]
@@ -318,7 +319,7 @@ def encode_window(e: WindowEstimate) -> bytes:
     spec = e.metric.spec
     head = veil_pb2.WindowEstimate(
         metric=spec.name, window=e.window.name, start_unix=e.start, end_unix=e.end, n=e.n,
-        mechanism=veil_pb2.Mechanism.Value(spec.mechanism.name.upper().replace("-", "_")),
+        mechanism=wire_shape(spec.mechanism.name).proto,
         epsilon=spec.mechanism.epsilon, spec_fingerprint=spec.fingerprint, withheld=e.withheld, reason=e.reason,
     ).SerializeToString()
     group = None if e.group is None else veil_pb2.GroupEstimate(

@@ -7,10 +7,11 @@ equals ``[spec.randomize(v, WordRandomSource(words)) for v in values]`` (one sou
 the loop). The default keystream is AES-256-CTR under a fresh random key; FastKeystream is a
 seeded generator for reproducible simulation.
 
-Report layouts: a q-subset design (subset, krr, warner) gives an (n, q) uint32 array of sorted
-category indices; RAPPOR gives (n, ceil(k / 8)) uint8 bitmaps, category j being bit j % 8
-(least significant first) of byte j // 8, as numpy.unpackbits(..., bitorder="little") reads
-them, with the padding bits zero.
+Each mechanism is drawn by the batch sampler its registration names (veil.mechanism.MECHANISMS).
+Report layouts: a design with a fixed report size (spec.q: subset, krr, warner) gives an (n, q)
+uint32 array of sorted category indices; the others (RAPPOR) give (n, ceil(k / 8)) uint8
+bitmaps, category j being bit j % 8 (least significant first) of byte j // 8, as
+numpy.unpackbits(..., bitorder="little") reads them, with the padding bits zero.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.mechanism import AdmissibleRapporSpec, MechanismError, MechanismSpec, RapporSpec, SubsetSpec
+from veil.mechanism import MechanismError, MechanismSpec, wire_shape
 
 from . import _kernels
 from ._keystream import AesCtrKeystream, FastKeystream, Keystream
@@ -46,14 +47,25 @@ class _Design(NamedTuple):
     words_per_report: int  # the fewest words one report takes
 
 
+def _q_subset(spec: MechanismSpec) -> _Design:
+    args = (spec.k, spec.q, np.uint64(spec.keep_threshold))
+    return _Design(_kernels.subset_counts, _kernels.subset_reports, args, 2 + spec.q)
+
+
+def _rappor(spec: MechanismSpec) -> _Design:
+    args = (spec.k, np.uint64(spec.flip_threshold), spec.admissible)
+    return _Design(_kernels.rappor_counts, _kernels.rappor_reports, args, 2 * spec.k)
+
+
+# The kernels of each batch sampler a mechanism may name (veil.mechanism.SAMPLERS).
+_SAMPLERS: dict[str, Callable[[MechanismSpec], _Design]] = {"q-subset": _q_subset, "rappor": _rappor}
+
+
 def _design(spec: MechanismSpec) -> _Design:
-    if isinstance(spec, SubsetSpec):
-        args = (spec.k, spec.q, np.uint64(spec.keep_threshold))
-        return _Design(_kernels.subset_counts, _kernels.subset_reports, args, 2 + spec.q)
-    if isinstance(spec, RapporSpec):
-        args = (spec.k, np.uint64(spec.flip_threshold), isinstance(spec, AdmissibleRapporSpec))
-        return _Design(_kernels.rappor_counts, _kernels.rappor_reports, args, 2 * spec.k)
-    raise MechanismError(f"There is no batch kernel for the {spec.name!r} mechanism.")
+    sampler = wire_shape(spec.name).sampler
+    if sampler is None:
+        raise MechanismError(f"There is no batch kernel for the {spec.name!r} mechanism.")
+    return _SAMPLERS[sampler](spec)
 
 
 def _checked_values(spec: MechanismSpec, values: np.ndarray) -> np.ndarray:

@@ -66,8 +66,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         from veil.mechanism import MechanismError
 
         errors += (MechanismError,)
-    if "veil.aggregator._errors" in sys.modules:
-        from veil.aggregator._errors import AggregatorError, StoreError
+    if "veil.aggregator.errors" in sys.modules:
+        from veil.aggregator.errors import AggregatorError, StoreError
 
         errors += (AggregatorError, StoreError)
     return errors

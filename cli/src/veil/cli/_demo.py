@@ -94,7 +94,7 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
 
 def _start_aggregator(args: argparse.Namespace, store_url: str):
     """The aggregator on the asked-for ports, or free ones where those are taken."""
-    from veil.aggregator._errors import ConfigError
+    from veil.aggregator.errors import ConfigError
     from veil.aggregator.daemon import Aggregator
 
     for grpc_address, http_address in ((args.grpc, args.http), ("127.0.0.1:0", "127.0.0.1:0")):
@@ -206,7 +206,7 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
 
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    from veil.aggregator.store import StoreError
+    from veil.aggregator.errors import StoreError
     from . import CliError
 
     aggregator = _start_aggregator(args, store_url)

@@ -42,14 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def to_json(window) -> dict[str, object]:
     """A WindowEstimate message as /v1/estimates shows it (undefined numbers as null)."""
-    from veil.wire.v1 import veil_pb2
+    from veil.mechanism import wire_shape_of
 
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None
 
     return {
         "metric": window.metric, "window": window.window, "start": window.start_unix, "end": window.end_unix,
-        "n": window.n, "mechanism": veil_pb2.Mechanism.Name(window.mechanism).lower().replace("_", "-"),
+        "n": window.n, "mechanism": wire_shape_of(window.mechanism).name,
         "epsilon": window.epsilon, "spec_fingerprint": window.spec_fingerprint, "withheld": window.withheld,
         "reason": window.reason, "estimand": window.estimand, "period": window.period_seconds,
         "reports_per_device": window.reports_per_device,

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.aggregator._errors import StoreError, StoreMisconfigured
+    from veil.aggregator.errors import StoreError, StoreMisconfigured
     from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
 

@@ -140,7 +140,7 @@ def _encode_batches(spec, reports, batch_size: int):
 
     import numpy as np
 
-    from veil.client._encoding import uses_bitmaps
+    from veil.mechanism import BITMAPS, encoding
     from veil.wire.v1 import veil_pb2
 
     q = spec.mechanism.q
@@ -150,7 +150,7 @@ def _encode_batches(spec, reports, batch_size: int):
                                          spec_fingerprint=spec.fingerprint, count=len(chunk))
         if q is None:
             request.bitmaps.bits = chunk.tobytes()
-        elif uses_bitmaps(spec):
+        elif encoding(spec.mechanism) == BITMAPS:
             rows = np.zeros((len(chunk), spec.k), dtype=np.uint8)
             np.put_along_axis(rows, chunk.astype(np.intp), 1, axis=1)
             request.bitmaps.bits = np.packbits(rows, axis=1, bitorder="little").tobytes()

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         url = default_store_url(args.data_dir)
     if url.startswith("sqlite:"):
         return _check_sqlite(url)
-    from veil.aggregator.store import StoreError, open_store
+    from veil.aggregator.errors import StoreError
+    from veil.aggregator.store import open_store
 
     try:
         store = open_store(url)

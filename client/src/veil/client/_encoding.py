@@ -1,10 +1,9 @@
 """Batches on the wire: one metric, one spec fingerprint, columnar reports.
 
-Reports travel as IndexSets, q little-endian uint32 indices per report, each report's indices
-strictly increasing (as ``randomize`` returns them), or as Bitmaps, ceil(k/8) bytes per report,
-category j being bit j % 8 (least significant first) of byte j // 8: the report's bit mask as
-a little-endian integer. RAPPOR designs (``spec.mechanism.q`` is None) always use bitmaps; a
-q-subset design uses whichever is shorter (at k = 1024, epsilon = 1: 128 bytes against 1100).
+Reports travel in the encoding veil.mechanism.encoding chooses for the design: as IndexSets, q
+little-endian uint32 indices per report, each report's indices strictly increasing (as
+``randomize`` returns them), or as Bitmaps, ceil(k/8) bytes per report, category j being bit
+j % 8 (least significant first) of byte j // 8: the report's bit mask as a little-endian integer.
 """
 
 from __future__ import annotations
@@ -15,24 +14,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
 
-from veil.mechanism import MetricSpec
+from veil.mechanism import BITMAPS, MetricSpec, encoding
 from veil.wire.v1 import veil_pb2
 
-__all__ = ["encode_batch", "report_bytes", "uses_bitmaps", "MAX_BATCH_BYTES"]
+__all__ = ["encode_batch", "MAX_BATCH_BYTES"]
 
 MAX_BATCH_BYTES = 1 << 20  # keep every upload far below gRPC's default 4 MiB message limit
 
 _UINT32 = "I" if array("I").itemsize == 4 else "L"
-
-
-def uses_bitmaps(spec: MetricSpec) -> bool:
-    q = spec.mechanism.q
-    return q is None or (spec.k + 7) // 8 < 4 * q
-
-
-def report_bytes(spec: MetricSpec) -> int:
-    """The encoded size of one report of ``spec``."""
-    return (spec.k + 7) // 8 if uses_bitmaps(spec) else 4 * spec.mechanism.q
 
 
 def _index_sets(reports: Sequence[tuple[int, ...]], q: int) -> veil_pb2.IndexSets:
@@ -58,7 +47,7 @@ def encode_batch(spec: MetricSpec, reports: Sequence[tuple[int, ...]], batch_id:
     """The serialized UploadRequest of ``reports`` (randomized under ``spec``)."""
     request = veil_pb2.UploadRequest(batch_id=batch_id, metric=spec.name, spec_fingerprint=spec.fingerprint,
                                      count=len(reports))
-    if uses_bitmaps(spec):
+    if encoding(spec.mechanism) == BITMAPS:
         request.bitmaps.CopyFrom(_bitmaps(reports, spec.k))
     else:
         request.index_sets.CopyFrom(_index_sets(reports, spec.mechanism.q))

@@ -1,7 +1,15 @@
-"""The error root of veil.client: misuse at the call raises a subclass of ValueError.
+"""The errors veil.client raises into the app: only for misuse at the call.
 
-Only misuse raises (an unknown metric, a value outside a metric's categories, a bad setting);
-every transport or storage problem is absorbed, logged once and counted instead.
+The hierarchy (all exported by veil.client)::
+
+    ValueError
+    └── ReporterError               the root of every error the client raises
+        ├── ConfigError             a Reporter setting is invalid (type, range, unreadable file)
+        ├── UnknownMetricError      the aggregator's specs are known and do not declare the metric
+        └── UnknownCategoryError    the value is neither a label nor an index of the metric
+
+Every transport or storage problem is absorbed, logged once and counted instead (see
+``Reporter.counters()``); background work never raises into the app.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from veil.mechanism import DEFAULT_PERIOD, MechanismError, MetricSpec, spec_for
+from veil.mechanism import DEFAULT_PERIOD, MechanismError, MetricSpec, spec_for, wire_shape, wire_shape_of
 from veil.wire.v1 import veil_pb2
 
 from ._fs import write_atomic
@@ -22,16 +22,14 @@ from ._log import LogOnce, logger
 
 __all__ = ["SpecCache", "spec_from_proto", "spec_to_proto"]
 
-_NAMES = {value: name.lower().replace("_", "-") for name, value in veil_pb2.Mechanism.items() if value}
-_VALUES = {name: value for value, name in _NAMES.items()}
-
 
 def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
     """The MetricSpec a proto describes; MechanismError when it is invalid or its fingerprint
     or q is not the one this device computes."""
-    mechanism = _NAMES.get(message.mechanism)
-    if mechanism is None:
-        raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.")
+    try:
+        mechanism = wire_shape_of(message.mechanism).name
+    except MechanismError:
+        raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.") from None
     spec = MetricSpec(message.name, tuple(message.labels), spec_for(mechanism, len(message.labels), message.epsilon),
                       message.period_seconds or DEFAULT_PERIOD, message.reports_per_period or 1,
                       message.period_budget or None, message.lifetime_budget or None)
@@ -42,7 +40,7 @@ def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
 
 def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     """The proto of a spec, as the aggregator serves it."""
-    return veil_pb2.MetricSpec(name=spec.name, labels=spec.labels, mechanism=_VALUES[spec.mechanism.name],
+    return veil_pb2.MetricSpec(name=spec.name, labels=spec.labels, mechanism=wire_shape(spec.mechanism.name).proto,
                                epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0,
                                fingerprint=spec.fingerprint, period_seconds=spec.period,
                                reports_per_period=spec.reports_per_period, period_budget=spec.period_budget or 0.0,

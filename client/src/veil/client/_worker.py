@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import grpc
 
-from veil.mechanism import MetricSpec
+from veil.mechanism import MetricSpec, encoding, report_bytes
 
 from ._config import RETRY_HORIZON_SECONDS
-from ._encoding import MAX_BATCH_BYTES, encode_batch, report_bytes
+from ._encoding import MAX_BATCH_BYTES, encode_batch
 from ._log import logger
 from ._outbox import Batch
 from ._processor import BatchProcessor, FlushRequest
@@ -211,7 +211,7 @@ class Worker:
         dropped = failed = 0
         for spec, group in groups.values():
             size = max(1, min(p.config.max_batch_size, p.specs.max_batch or p.config.max_batch_size,
-                              MAX_BATCH_BYTES // report_bytes(spec)))
+                              MAX_BATCH_BYTES // report_bytes(spec.mechanism, encoding(spec.mechanism))))
             for start in range(0, len(group), size):
                 chunk = group[start:start + size]
                 try:

@@ -1,15 +1,17 @@
 """veil.mechanism: the mathematics of on-device randomization (standard library only).
 
-Specs for every mechanism Veil supports, one-report randomization from an injected random
-source (the OS CSPRNG by default), exact transition matrices for small k, the privacy
-calculus, and the exact risk of each mechanism's minimax estimator. The SDK embeds this
+Specs for every mechanism Veil supports and the registry of their wire shapes (MECHANISMS,
+register: how each travels and is drawn, read by the SDK and the aggregator alike), one-report
+randomization from an injected random source (the OS CSPRNG by default), exact transition
+matrices for small k, the privacy calculus, and the exact risk of each mechanism's minimax
+estimator. The SDK embeds this
 package; the aggregator's estimators read their coefficients from it.
 """
 
 from ._epsilon import EPSILON_RANGE, check_epsilon, epsilon_to_gamma, gamma_to_epsilon
 from ._errors import MechanismError
 from ._law import PROJECTION_NOTE, LinearEstimator, WeightLaw
-from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MECHANISMS, MetricSpec, parse_duration, spec_for
+from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MetricSpec, parse_duration, spec_for
 from ._privacy import (
     is_admissible,
     parity,
@@ -21,6 +23,20 @@ from ._privacy import (
 from ._random import RandomSource, SeededRandomSource, SystemRandomSource, WordRandomSource
 from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, minimax_q, subset_gain, subset_objective
+from ._wire import (
+    BITMAPS,
+    INDEX_SETS,
+    MECHANISMS,
+    SAMPLERS,
+    WireShape,
+    encoding,
+    encodings,
+    max_report_bytes,
+    register,
+    report_bytes,
+    wire_shape,
+    wire_shape_of,
+)
 
 __all__ = [
     "MechanismError",
@@ -32,6 +48,17 @@ __all__ = [
     "AdmissibleRapporSpec",
     "MetricSpec",
     "MECHANISMS",
+    "WireShape",
+    "register",
+    "wire_shape",
+    "wire_shape_of",
+    "SAMPLERS",
+    "INDEX_SETS",
+    "BITMAPS",
+    "encodings",
+    "encoding",
+    "report_bytes",
+    "max_report_bytes",
     "DEFAULT_MECHANISM",
     "DEFAULT_PERIOD",
     "MAX_PERIOD",

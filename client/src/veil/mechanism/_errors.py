@@ -1,6 +1,14 @@
-"""The error root of veil.mechanism: every misuse raises a subclass of ValueError."""
+"""The error of veil.mechanism (exported by it): every misuse raises it.
+
+The hierarchy::
+
+    ValueError
+    └── MechanismError      a bad k, epsilon, value, report, spec or registration
+"""
 
 from __future__ import annotations
+
+__all__ = ["MechanismError"]
 
 
 class MechanismError(ValueError):

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ._errors import MechanismError
-from ._rappor import AdmissibleRapporSpec, RapporSpec
-from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, fingerprint_of
+from ._specs import MechanismSpec, SubsetSpec, fingerprint_of
+from ._wire import wire_shape
 
-__all__ = ["MECHANISMS", "DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec", "parse_duration"]
+__all__ = ["DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec", "parse_duration"]
 
 DEFAULT_PERIOD = 86400  # one report per device per day, as Chrome's RAPPOR sends
 MAX_PERIOD = 366 * 86400
@@ -43,22 +43,13 @@ def parse_duration(text: object) -> int:
         raise MechanismError(f"expected a duration such as \"15m\", \"1h\" or \"1d\", got {text!r}.")
     return int(match.group(1)) * _UNITS[match.group(2)]
 
-_SPECS: dict[str, type[MechanismSpec]] = {
-    cls.name: cls for cls in (SubsetSpec, RapporSpec, AdmissibleRapporSpec, KrrSpec, WarnerSpec)
-}
-MECHANISMS: tuple[str, ...] = tuple(_SPECS)
+
 DEFAULT_MECHANISM = SubsetSpec.name
 
 
 def spec_for(mechanism: str, k: int, epsilon: float) -> MechanismSpec:
-    """The spec of a mechanism by name (one of MECHANISMS)."""
-    try:
-        cls = _SPECS[mechanism]
-    except (KeyError, TypeError):
-        raise MechanismError(
-            f"Unknown mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}."
-        ) from None
-    return cls(k=k, epsilon=epsilon)
+    """The spec of a registered mechanism by name (one of MECHANISMS)."""
+    return wire_shape(mechanism).spec(k=k, epsilon=epsilon)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Stores of integer counters: SqliteStore (the single-node default), RedisStore (shared by
 several aggregators) and MemoryStore (volatile: tests, and where losing everything is fine)."""
 
-from ._base import BatchWrite, CountsKey, Store, StoreError, StoreMisconfigured, StoreUnavailable
+from ._base import BatchWrite, CountsKey, Store
 from ._memory import MemoryStore
 from ._open import open_store
 from ._redis import RedisStore
@@ -9,9 +9,6 @@ from ._sqlite import SqliteStore
 
 __all__ = [
     "Store",
-    "StoreError",
-    "StoreUnavailable",
-    "StoreMisconfigured",
     "CountsKey",
     "BatchWrite",
     "MemoryStore",

@@ -11,10 +11,10 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._errors import StoreError, StoreMisconfigured, StoreUnavailable
 from ..counts import Counts
+from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
 
-__all__ = ["StoreError", "StoreUnavailable", "StoreMisconfigured", "CountsKey", "BatchWrite", "Store"]
+__all__ = ["CountsKey", "BatchWrite", "Store"]
 
 
 @dataclass(frozen=True)

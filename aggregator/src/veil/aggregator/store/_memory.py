@@ -19,7 +19,8 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from ..counts import Counts
-from ._base import BatchWrite, CountsKey, Store, StoreError
+from ..errors import StoreError
+from ._base import BatchWrite, CountsKey, Store
 from ._checks import check_write
 
 __all__ = ["MemoryStore"]

@@ -103,7 +103,8 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..counts import Counts
-from ._base import BatchWrite, CountsKey, Store, StoreError, StoreMisconfigured, StoreUnavailable
+from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
+from ._base import BatchWrite, CountsKey, Store
 from ._checks import check_write
 from ._coalesce import Coalescer, FlushObserver
 

@@ -57,7 +57,8 @@ from pathlib import Path
 import numpy as np
 
 from ..counts import Counts
-from ._base import BatchWrite, CountsKey, Store, StoreError, StoreUnavailable
+from ..errors import StoreError, StoreUnavailable
+from ._base import BatchWrite, CountsKey, Store
 from ._checks import check_write
 from ._coalesce import Coalescer, FlushObserver
 from ._redis import AppliedObserver
