@@ -9,9 +9,8 @@ import time
 import numpy as np
 import pytest
 from store_cases import batch, key, random_counts
-
 from veil.aggregator.counts import Counts
-from veil.aggregator.store import StoreError
+from veil.aggregator.errors import StoreError
 
 
 def hours(n: int) -> list:
