@@ -7,6 +7,15 @@
         cluster.wait_ok()           # every live node says cluster_state:ok and agrees on the masters
         cluster.flush()             # FLUSHALL on every master (between tests sharing a cluster)
 
+    with RedisClusterServers(tls=TlsFiles(ca, cert, key, client_cert, client_key)) as cluster:
+        cluster.tls_url             # rediss+cluster://127.0.0.1:<tls port>,...?ssl_ca_certs=<ca>
+
+With ``tls`` every node also listens with TLS (``--tls-port``, the certificate and key given;
+no client certificates asked), and the cluster bus and
+replication speak TLS only (``tls-cluster yes``, ``tls-replication yes``): a client connected
+with TLS is told the nodes' TLS ports (CLUSTER SLOTS answers by the asking connection's kind),
+so it reaches every node with TLS. The plaintext ports stay, for this harness's own commands.
+
 Each node is a tests/redis_server.py RedisServer (free port, own directory, SIGKILL when the
 starting thread dies); the cluster is made with `redis-cli --cluster create ... --cluster-replicas
 1 --cluster-yes`. Standard library only, as redis_server.py.
@@ -17,19 +26,36 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import quote
 
 from redis_server import RedisServer, free_port
 
-__all__ = ["RedisClusterServers"]
+__all__ = ["RedisClusterServers", "TlsFiles"]
 
 NODE_TIMEOUT_MS = 1500  # how long a master may be silent before its replica takes over
 
 
+class TlsFiles(NamedTuple):
+    """PEM files for TLS nodes, all from one CA: a server certificate (for 127.0.0.1) and a
+    client certificate, which a node shows when it connects to another (the cluster bus and
+    replication always ask for one, whatever tls-auth-clients says)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+
+
 class RedisClusterServers:
-    def __init__(self, masters: int = 3, *, appendonly: bool = False) -> None:
+    def __init__(self, masters: int = 3, *, appendonly: bool = False, tls: TlsFiles | None = None) -> None:
         self.cli = shutil.which("redis-cli")
         if self.cli is None:
             raise RuntimeError("redis-cli is not installed (Debian package redis-tools, with redis-server).")
+        self.tls = tls
+        self.tls_ports = [free_port() for _ in range(2 * masters)] if tls else []
         self.nodes = [
             RedisServer(appendonly=appendonly, appendfsync="always", args=(
                 "--cluster-enabled", "yes",
@@ -39,13 +65,22 @@ class RedisClusterServers:
                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
                 # A replica takes over however long it was cut off (a test kills masters at will).
                 "--cluster-replica-validity-factor", "0",
+                *(_tls_args(tls, self.tls_ports[i]) if tls else ()),
             ))  # fmt: skip
-            for _ in range(2 * masters)
+            for i in range(2 * masters)
         ]
 
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    @property
+    def tls_url(self) -> str:
+        """The cluster's TLS ports, trusting the CA of its certificates (with ``tls`` only)."""
+        if self.tls is None:
+            raise RuntimeError("this cluster was started without TLS")
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.tls_ports)
+        return f"rediss+cluster://{hosts}?ssl_ca_certs={quote(str(self.tls.ca), safe='/')}"
 
     def start(self) -> RedisClusterServers:
         for node in self.nodes:
@@ -158,3 +193,17 @@ class RedisClusterServers:
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+def _tls_args(tls: TlsFiles, port: int) -> tuple[str, ...]:
+    return (
+        "--tls-port", str(port),
+        "--tls-cert-file", str(tls.cert),
+        "--tls-key-file", str(tls.key),
+        "--tls-ca-cert-file", str(tls.ca),
+        "--tls-client-cert-file", str(tls.client_cert),
+        "--tls-client-key-file", str(tls.client_key),
+        "--tls-cluster", "yes",
+        "--tls-replication", "yes",
+        "--tls-auth-clients", "no",
+    )  # fmt: skip

@@ -15,8 +15,9 @@ the tag or collide with another):
 
 On one Redis (``redis://``, ``rediss://``, ``unix://``) the tag is the metric: one shard.
 
-On a Redis Cluster (``redis+cluster://host:port,host:port``, ``rediss+cluster://`` for TLS; the
-hosts are where to start, the client finds the rest) each metric's counters are split over S
+On a Redis Cluster (``redis+cluster://host:port,host:port``, ``rediss+cluster://`` for TLS, with
+``?ssl_ca_certs=/path/to/ca.crt`` for a private CA; the hosts are where to start, the client
+finds the rest) each metric's counters are split over S
 shards, so that a hot metric is not bound by one core of one node: shard s has the tag
 ``<metric>#<s>.<j>``, j the first number that hashes it into the s-th of S equal ranges of the
 16384 slots (so a cluster whose masters hold equal ranges, as ``redis-cli --cluster create``
@@ -79,7 +80,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from importlib import resources
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import numpy as np
 import redis
@@ -755,20 +756,28 @@ def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[int | tuple[int, ...]
 
 def _cluster_seeds(url: str) -> dict[str, object]:
     """RedisCluster's startup nodes, credentials and TLS from a
-    ``redis+cluster://[user:password@]host:port,host:port`` URL; ValueError when it is not one."""
+    ``redis+cluster://[user:password@]host:port,host:port`` URL (``rediss+cluster://`` for TLS,
+    verifying the nodes against the system's roots or ``?ssl_ca_certs=/path/to/ca.crt``);
+    ValueError when it is not one."""
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     username, _, password = userinfo.partition(":")
-    if parts.path not in ("", "/", "/0") or parts.query or parts.fragment:
-        raise ValueError("a cluster URL names hosts only (a cluster has one database, 0).")
+    tls = parts.scheme == "rediss+cluster"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if parts.path not in ("", "/", "/0") or parts.fragment or set(query) - ({"ssl_ca_certs"} if tls else set()):
+        raise ValueError("a cluster URL names hosts only (a cluster has one database, 0), and rediss+cluster:// "
+                         "may add ?ssl_ca_certs=/path/to/ca.crt.")
     nodes = []
     for host in hosts.split(","):
         name, _, port = host.rpartition(":")
         if not name or not port.isdigit():
             raise ValueError(f"expected host:port, got {host!r}.")
         nodes.append(ClusterNode(name.strip("[]"), int(port)))
-    return {"startup_nodes": nodes, "username": unquote(username) or None, "password": unquote(password) or None,
-            "ssl": parts.scheme == "rediss+cluster"}
+    seeds: dict[str, object] = {"startup_nodes": nodes, "username": unquote(username) or None,
+                                "password": unquote(password) or None, "ssl": tls}
+    if "ssl_ca_certs" in query:
+        seeds["ssl_ca_certs"] = query["ssl_ca_certs"][-1]
+    return seeds
 
 
 def _cluster_client(seeds: dict[str, object], packer: _Packer | None, options: dict[str, object]) -> RedisCluster:
