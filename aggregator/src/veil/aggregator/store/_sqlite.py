@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -108,6 +109,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 _TRANSIENT_CODES = {"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_NOMEM", "SQLITE_CANTOPEN",
                     "SQLITE_READONLY"}
 
+_T = TypeVar("_T")
 _Group = tuple[str, tuple[tuple[CountsKey, "int | None"], ...], tuple[int, ...], int]
 
 
@@ -189,16 +191,13 @@ class SqliteStore(Store):
             try:
                 # Each group: the writes with the same targets and design whose ids are new.
                 groups: dict[_Group, list[int]] = {}
-                taken: set[tuple[str, bytes]] = set()
-                for i, write in enumerate(writes):
-                    batch = (write.metric, write.batch_id)
-                    if batch in taken or _seen(db, write, now_ms):
-                        continue
-                    taken.add(batch)
+                for i in _unseen(db, writes, now_ms):
+                    write = writes[i]
                     group = (write.metric, write.targets, write.counts.weights, write.counts.k)
                     groups.setdefault(group, []).append(i)
                 for (metric, targets, weights, k), members in groups.items():
-                    other = _other_designs(db, targets, weights, k, now)
+                    held = [_held_bucket(db, target) for target, _ in targets]
+                    other = _other_designs(targets, held, weights, k, now)
                     if other is not None:
                         for i in members:  # each caller raises its own exception object
                             results[i] = _other_design(*other)
@@ -207,11 +206,14 @@ class SqliteStore(Store):
                     if len(members) > 1:
                         counts = Counts(weights, sum(writes[i].counts.n for i in members),
                                         sum(writes[i].counts.v for i in members))
-                    db.executemany("INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES (?, ?, ?)",
-                                   [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl)
+                    # One statement for the group's ids (see _padded): each statement runs with the
+                    # GIL let go, and every time it is taken back other threads may hold it a while.
+                    rows = _padded([(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl)
                                     for i in members])
-                    for target, expires_at in targets:
-                        applied.append(_add_to_bucket(db, target, expires_at, counts, len(members), now))
+                    db.execute("INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES "
+                               + ", ".join(["(?, ?, ?)"] * len(rows)), [value for row in rows for value in row])
+                    for (target, expires_at), row in zip(targets, held):
+                        applied.append(_add_to_bucket(db, target, row, expires_at, counts, len(members), now))
                     for i in members:
                         results[i] = True
                 db.execute("COMMIT")
@@ -416,36 +418,61 @@ class SqliteStore(Store):
 # --- the write path -------------------------------------------------------------------------
 
 
-def _seen(db: sqlite3.Connection, write: BatchWrite, now_ms: int) -> bool:
-    row = db.execute("SELECT expires_ms FROM batches WHERE metric = ? AND id = ?",
-                     (write.metric, write.batch_id)).fetchone()
-    return row is not None and row[0] > now_ms
+def _unseen(db: sqlite3.Connection, writes: Sequence[BatchWrite], now_ms: int) -> list[int]:
+    """The positions of the writes whose batch ids are not counted (or were, but expired), the
+    first of a repeated id only; one query per metric, not one per batch."""
+    ids: dict[str, set[bytes]] = {}
+    for write in writes:
+        ids.setdefault(write.metric, set()).add(write.batch_id)
+    taken: set[tuple[str, bytes]] = set()
+    for metric, batch_ids in ids.items():
+        padded = _padded(list(batch_ids))
+        found = db.execute(f"SELECT id FROM batches WHERE metric = ? AND expires_ms > ? AND id IN "
+                           f"({', '.join(['?'] * len(padded))})", (metric, now_ms, *padded))
+        taken.update((metric, batch_id) for batch_id, in found)
+    unseen = []
+    for i, write in enumerate(writes):
+        batch = (write.metric, write.batch_id)
+        if batch not in taken:
+            taken.add(batch)
+            unseen.append(i)
+    return unseen
 
 
-def _other_designs(db: sqlite3.Connection, targets, weights: tuple[int, ...], k: int,
+def _padded(items: list[_T]) -> list[_T]:
+    """The items, the last repeated up to a power of two: a statement's text depends on how many
+    it takes, and so few texts stay in the connection's cache of prepared statements. A repeated
+    id in IN, or row in INSERT OR REPLACE, changes nothing."""
+    return items + items[-1:] * ((1 << (len(items) - 1).bit_length()) - len(items))
+
+
+def _held_bucket(db: sqlite3.Connection, target: CountsKey) -> tuple | None:
+    """A bucket's row as the write path needs it, expired or not: id, k, weights, version, expires_at."""
+    return db.execute("SELECT id, k, weights, version, expires_at FROM buckets WHERE metric = ? AND fingerprint = ? "
+                      "AND window = ? AND start = ?", _where(target)).fetchone()
+
+
+def _other_designs(targets, held: Sequence[tuple | None], weights: tuple[int, ...], k: int,
                    now: float) -> tuple[CountsKey, tuple] | None:
-    """The first target holding counts of another design, with that design; None when none does."""
+    """The first target holding live counts of another design, with that design; None when none does."""
     text = _weights_text(weights)
-    live = _live_buckets(db, [target for target, _ in targets], now)
-    for target, _ in targets:
-        row = live.get(target)
-        if row is not None and (row[1] != k or row[2] != text):
+    for (target, _), row in zip(targets, held):
+        if row is not None and (row[4] is None or row[4] > now) and (row[1] != k or row[2] != text):
             return target, row[1:3]
     return None
 
 
-def _add_to_bucket(db: sqlite3.Connection, target: CountsKey, expires_at: int | None, counts: Counts,
-                   batches: int, now: float) -> tuple[CountsKey, int | None, int | None, Counts | None]:
-    """Add counts (of `batches` batches) to a bucket whose design was checked; what observers
-    hear of it: (target, version before, version after, counts), or Nones when it is gone."""
-    row = db.execute("SELECT id, version, expires_at FROM buckets WHERE metric = ? AND fingerprint = ? "
-                     "AND window = ? AND start = ?", _where(target)).fetchone()
-    if row is not None and row[2] is not None and row[2] <= now:  # expired, not yet purged: gone
+def _add_to_bucket(db: sqlite3.Connection, target: CountsKey, row: tuple | None, expires_at: int | None,
+                   counts: Counts, batches: int, now: float) -> tuple[CountsKey, int | None, int | None, Counts | None]:
+    """Add counts (of `batches` batches) to a bucket whose design was checked (its row as
+    _held_bucket read it, or None); what observers hear of it: (target, version before, version
+    after, counts), or Nones when it is gone."""
+    if row is not None and row[4] is not None and row[4] <= now:  # expired, not yet purged: gone
         _delete_bucket(db, row[0])
         row = None
     if row is not None:
         # Only ever the later expiry; a bucket without one (a total window) keeps none.
-        held = row[2]
+        held = row[4]
         expiry = None if held is None else (held if expires_at is None else max(held, expires_at))
     else:
         expiry = expires_at
@@ -461,7 +488,7 @@ def _add_to_bucket(db: sqlite3.Connection, target: CountsKey, expires_at: int | 
                              expiry)).lastrowid
         before = 0
     else:
-        bucket, before = row[0], row[1]
+        bucket, before = row[0], row[3]
         db.execute("UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ? WHERE id = ?",
                    (batches, version, expiry, bucket))
     rows = [(bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
