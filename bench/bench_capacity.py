@@ -17,10 +17,11 @@ shards of each metric spread evenly), and 1 vs 2 aggregator processes (server.pr
 the cluster. Efficiency, on every store (sqlite: the default embedded store, a file in the
 scratch directory, every commit fsynced): 10-report uploads per aggregator CPU second as a ratio
 to the calls per CPU second of a grpcio server whose handler does nothing (bench/PROFILES.md).
-Both get the same load from the same generator: after a warm-up of each, every round sends the
-same number of calls to the one and then the other (the order alternating between rounds), each
-measured by the CPU time of its own server process; the ratio is taken per round and the median
-reported with the spread of the rounds, as the machine's load moves both. The target is 75%.
+Both get the same load from the same generator: after a warm-up of each, every round sends both
+the same number of calls, A-B-B-A (half to the do-nothing server, two halves to the aggregator,
+the other half to the do-nothing server), each measured by the CPU time of its own server
+process; the ratio is taken per round and the median reported with every round's, as the
+machine's load moves both. The target is 75%.
 """
 
 from __future__ import annotations
@@ -97,38 +98,44 @@ class Masters:
 def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters | None, shape_name: str, k: int,
             reports: int, rounds: int, ledger: Ledger, null: tuple[str, int] | None = None) -> dict[str, Any]:
     """Median CPU per upload over the rounds; with `null` (the do-nothing server's endpoint and
-    pid) each round also sends the same load to it, before or after the aggregator's turn by
-    turns, for the efficiency ratio."""
+    pid) each round sends the do-nothing server the same load too, as A-B-B-A: half of its
+    calls, the aggregator's in two halves, then its other half, so that a load on the machine
+    that drifts during the round weighs on both alike. The efficiency ratio is taken per round."""
     shape = SHAPES[shape_name]
     metric = metric_name(k, 1.0)
     run_once(load, aggregator, shape, metric, GRAIN, {"aggregator": aggregator.pids}, ledger)  # warm-up
     if null is not None:
         load.run(null[0], shape, GRAIN, {})  # its warm-up: new connections, a cold thread pool
+    part = reports if null is None else max(GRAIN, reports // 2 // GRAIN * GRAIN)
     samples = []
     nulls = []
 
-    def null_round() -> None:
+    def null_turn() -> tuple[float, int, float]:
         before = cpu_seconds(null[1])
-        result = load.run(null[0], shape, reports, {})
-        nulls.append({"us": (cpu_seconds(null[1]) - before) / result["uploads"] * 1e6,
-                      "calls_per_second": result["uploads"] / result["seconds"]})
+        result = load.run(null[0], shape, part, {})
+        return cpu_seconds(null[1]) - before, result["uploads"], result["seconds"]
 
-    for round_ in range(rounds):
-        if null is not None and round_ % 2 == 0:
-            null_round()
+    def aggregator_turn() -> tuple[float, list[float], int, float, bool]:
         before_cpu = cpu_seconds(aggregator.pids)
         before = masters.seconds() if masters else []
-        result = run_once(load, aggregator, shape, metric, reports, {}, ledger)
+        result = run_once(load, aggregator, shape, metric, part, {}, ledger)
         after = masters.seconds() if masters else []
-        uploads = result["uploads"]
+        return (cpu_seconds(aggregator.pids) - before_cpu, [a - b for a, b in zip(after, before)], result["uploads"],
+                result["uploads"] / result["uploads_per_second"], result["exact"])
+
+    for _ in range(rounds):
+        first = null_turn() if null is not None else None
+        turns = [aggregator_turn() for _ in range(1 if null is None else 2)]
+        if first is not None:
+            cpu, calls, seconds = (a + b for a, b in zip(first, null_turn()))
+            nulls.append({"us": cpu / calls * 1e6, "calls_per_second": calls / seconds})
+        uploads = sum(t[2] for t in turns)
         samples.append({
-            "uploads_per_second": result["uploads_per_second"],
-            "aggregator_us": (cpu_seconds(aggregator.pids) - before_cpu) / uploads * 1e6,
-            "master_us": [(a - b) / uploads * 1e6 for a, b in zip(after, before)],
-            "exact": result["exact"],
+            "uploads_per_second": uploads / sum(t[3] for t in turns),
+            "aggregator_us": sum(t[0] for t in turns) / uploads * 1e6,
+            "master_us": [sum(m) / uploads * 1e6 for m in zip(*(t[1] for t in turns))],
+            "exact": all(t[4] for t in turns),
         })
-        if null is not None and round_ % 2 == 1:
-            null_round()
     master_us = [statistics.median(s["master_us"][i] for s in samples) for i in range(len(samples[0]["master_us"]))]
     extra = {}
     if nulls:
