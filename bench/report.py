@@ -555,6 +555,8 @@ def capacity_table(data: dict[str, Any]) -> Table:
     """bench_capacity.py's predictions: N aggregator cores, the masters that keep up, uploads/s."""
     checks = data["checks"]
     efficiency = ", ".join(f"{name.removeprefix('efficiency_')} {check['ratio']:.0%}"
+                           + (f" ({min(check['ratio_rounds']):.0%}-{max(check['ratio_rounds']):.0%})"
+                              if len(check.get("ratio_rounds", ())) > 1 else "")
                            for name, check in checks.items() if name.startswith("efficiency_"))
     even = next((check for name, check in checks.items() if name.endswith("_masters_even")), None)
     table = Table(f"Capacity model (Redis Cluster, store.shards = {data['settings']['cluster_shards'][0]}): "
@@ -564,7 +566,7 @@ def capacity_table(data: dict[str, Any]) -> Table:
                   note=f"CPU us per upload measured by bench_capacity.py "
                        f"(median of {rounds(data['settings']['rounds'])}). "
                        f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
-                       f"server: {efficiency} (goal 75%)."
+                       f"server, median (and range) of the rounds: {efficiency} (goal 75%)."
                        + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)."
                           if even else ""))
     for p in data["predictions"]:
