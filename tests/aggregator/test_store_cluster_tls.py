@@ -13,7 +13,8 @@ from redis.crc import key_slot
 from redis_cluster import RedisClusterServers, TlsFiles
 from running import counted, make_upload
 
-from veil.aggregator.store import RedisStore, StoreUnavailable, open_store
+from veil.aggregator.errors import StoreUnavailable
+from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import shard_of, shard_tags
 from veil.wire.v1 import veil_pb2_grpc
 
