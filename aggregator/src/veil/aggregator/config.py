@@ -83,7 +83,8 @@ from veil.mechanism import parse_duration as mechanism_duration
 
 from ._secrets import check_private_file
 from ._tls import TlsConfig, load_tls
-from .errors import ConfigError
+from .errors import ConfigError, StoreMisconfigured
+from .store import store_options
 
 __all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
            "parse_config", "parse_duration", "token_digest", "ENV_CONFIG",
@@ -283,7 +284,6 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
                    "workers", "max_concurrent_rpcs", "max_streams", "max_health_streams", "max_inflight_bytes",
                    "http_max_connections", "http_request_timeout", "processes", "cors_origins", "metrics_top"},
           "server.")
-    _only(store, {"url", "timeout", "wait_replicas", "wait_timeout_ms", "shards"}, "store.")
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise ConfigError("metrics: declare at least one [[metrics]] table.")
@@ -499,23 +499,12 @@ def _token_value(value: object, key: str) -> bytes:
 
 
 def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:
-    options: dict[str, object] = {}
-    if "timeout" in store:
-        seconds = _seconds(store["timeout"], "store.timeout")
-        options.update(socket_timeout=seconds, socket_connect_timeout=seconds)
-    if "wait_replicas" in store:
-        options["wait_replicas"] = _whole(store["wait_replicas"], "store.wait_replicas", low=0)
-    if "wait_timeout_ms" in store:
-        options["wait_timeout_ms"] = _whole(store["wait_timeout_ms"], "store.wait_timeout_ms", low=1)
-    if options and not url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
-        name = next(k for k in ("timeout", "wait_replicas", "wait_timeout_ms") if k in store)
-        raise ConfigError(f"store.{name}: applies to Redis stores only, and the store is {url.split(':')[0]!r}.")
-    if "shards" in store:
-        if not url.startswith(("redis+cluster://", "rediss+cluster://")):
-            raise ConfigError(f"store.shards: applies to a Redis Cluster (redis+cluster://) only, and the store is "
-                              f"{url.split(':')[0]!r}.")
-        options["shards"] = _whole(store["shards"], "store.shards", low=1)
-    return options
+    """The store's keyword arguments from the [store] table: the store the URL names checks its
+    own settings (a shared store's and a file's differ)."""
+    try:
+        return store_options(url, {key: value for key, value in store.items() if key != "url"})
+    except StoreMisconfigured as err:
+        raise ConfigError(str(err)) from None
 
 
 def _metric(raw: object, key: str) -> MetricConfig:

@@ -169,9 +169,9 @@ class Aggregator:
         self.store = store if store is not None else open_configured_store(config)
         self.instruments = Instruments(registry)
         self.live = LiveEstimates(config, self.store, clock=clock)
-        observe_applied = getattr(self.store, "observe_applied", None)  # this process's writes, as they happen
-        if observe_applied is not None:
-            observe_applied(self.live.applied)
+        # The store's two hooks: this process's writes as they happen, and each write call's time.
+        self.store.observe_applied(self.live.applied)
+        self.store.observe_flushes(self.instruments.observe_flush)
         exported = _exported_registry(config, self.instruments, self.live)
         self._stopping = threading.Event()
         self._stopped = threading.Event()

@@ -56,9 +56,6 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         self._targets: dict[str, tuple[float, float, tuple[tuple[CountsKey, int | None], ...]]] = {}
         self._since_recorded: set[str] = set()
         self._children: dict[tuple[str, ...], tuple] = {}  # Prometheus children per (metric, outcome)
-        observe = getattr(store, "observe_flushes", None)
-        if observe is not None:
-            observe(instruments.observe_flush)
         decode_warm_up()  # the first upload must not wait for numba
 
     def GetMetricSpecs(self, request, context):

@@ -3,7 +3,7 @@ several aggregators) and MemoryStore (volatile: tests, and where losing everythi
 
 from ._base import BatchWrite, CountsKey, Store
 from ._memory import MemoryStore
-from ._open import open_store
+from ._open import open_store, store_options
 from ._redis import RedisStore
 from ._sqlite import SqliteStore
 
@@ -15,4 +15,5 @@ __all__ = [
     "RedisStore",
     "SqliteStore",
     "open_store",
+    "store_options",
 ]

@@ -8,8 +8,9 @@ batch id in one atomic step, so a batch retried any number of times is counted e
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..counts import Counts
 from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
@@ -39,20 +40,36 @@ class BatchWrite:
     dedupe_ttl: int  # seconds to remember the batch id; at least the SDK's retry horizon
 
 
+# observer(batches, seconds, failed) after each write call (a group of batches).
+FlushObserver = Callable[[int, float, bool], None]
+# observer(target, version_before, version_after, counts): this process's write took the target
+# from version_before to version_after by adding counts, in one atomic step (with S > 1 shards:
+# tuples of S, None at every shard but the one written). (target, None, None, None) when the
+# target changed in a way not known here (the write failed, or its data is already gone).
+AppliedObserver = Callable[[CountsKey, "int | tuple | None", "int | tuple | None", "Counts | None"], None]
+
+
 class Store(abc.ABC):
     """Counters for every metric, window and bucket. Implementations: MemoryStore, RedisStore, SqliteStore.
 
-    Optional methods, found by getattr (LiveEstimates and the daemon use them where present):
-
-    - ``observe_flushes(observer)``: observer(batches, seconds, failed) per write call (RedisStore,
-      SqliteStore).
-    - ``observe_applied(observer)``: observer(key, version_before, version_after, counts) for
-      every bucket this process's writes took from version_before to version_after by adding
-      counts, atomically, called once the write succeeded and before ``add`` returns;
-      observer(key, None, None, None) when a write failed and the bucket may have changed in
-      a way not known. Writes by other processes are not observed (their versions show them).
-      RedisStore and SqliteStore: the memory store's reads are in-process copies, not worth skipping.
+    A store implements the four abstract methods; the others have defaults built on them, which
+    a store overrides where it can do better (read_many, settled_read), and two hooks through
+    which it reports what it does (observe_flushes, observe_applied; the daemon wires both).
+    ``config_options`` reads the store's own settings of a config file's [store] table.
     """
+
+    # The settings of a config file's [store] table this store takes: name -> what it is.
+    SETTINGS: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def config_options(cls, url: str, settings: Mapping[str, object]) -> dict[str, object]:
+        """The keyword arguments of this store for a [store] table's settings (its url aside);
+        StoreMisconfigured, naming the key, for a setting this store does not take or a bad value."""
+        for key in settings:
+            taken = ", ".join(cls.SETTINGS) or "none but url"
+            raise StoreMisconfigured(f"store.{key}: not a setting of the {url.split(':')[0]!r} store "
+                                     f"(its settings: {taken}).")
+        return {}
 
     @abc.abstractmethod
     def add(self, write: BatchWrite) -> bool:
@@ -60,9 +77,9 @@ class Store(abc.ABC):
         counted now; False when the id was already counted (nothing changes). Raises
         StoreUnavailable when it cannot tell whether the batch was applied."""
 
-    @abc.abstractmethod
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
         """The counts in one bucket (zeros where nothing was added)."""
+        return self.read_many([(key, weights, k)])[0]
 
     def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
         """read(key, weights, k) of each request, all of one moment, in one round trip where the
@@ -71,13 +88,13 @@ class Store(abc.ABC):
         This default reads them through versioned_read; stores may do it more cheaply."""
         return [counts for _, counts in self.versioned_read((), requests)[1]]
 
-    @abc.abstractmethod
     def versions(self, keys: Sequence[CountsKey]) -> list[int]:
         """For each bucket, its version: 0 before anything was added, then a number that changes
         with every write and never comes back for the bucket (MemoryStore: the batches added;
         RedisStore: drawn at random by each write, as a lost write could bring a count back; on
         a cluster with S > 1 shards, the tuple of the S shards' versions once one has one). A cheap way to tell
         whether cached estimates are stale: compare versions for equality only."""
+        return self.versioned_read(keys, ())[0]
 
     @abc.abstractmethod
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
@@ -108,6 +125,19 @@ class Store(abc.ABC):
     def ping(self) -> None:
         """Return when the store is reachable and takes writes; raise StoreUnavailable otherwise,
         StoreMisconfigured when it is set up so that a batch could be counted twice."""
+
+    def observe_flushes(self, observer: FlushObserver) -> None:
+        """Call observer(batches, seconds, failed) after every write call. Stores without write
+        calls worth timing (MemoryStore) never call it."""
+
+    def observe_applied(self, observer: AppliedObserver) -> None:
+        """Call observer(key, version_before, version_after, counts) for every bucket this
+        process's writes took from version_before to version_after by adding counts, once the
+        write succeeded and before ``add`` returns; observer(key, None, None, None) when a write
+        failed and the bucket may have changed in a way not known. Writes by other processes are
+        not observed (their versions show them). LiveEstimates carries its counts forward by
+        these instead of reading them again; MemoryStore never calls it (its reads are
+        in-process copies, not worth skipping)."""
 
     def close(self) -> None:
         """Release connections (and SqliteStore's file lock)."""

@@ -23,13 +23,12 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["Coalescer", "FlushObserver"]
+from ._base import FlushObserver
+
+__all__ = ["Coalescer"]
 
 W = TypeVar("W")
 R = TypeVar("R")
-
-# Called after every flush with (batches written, seconds it took, whether it raised).
-FlushObserver = Callable[[int, float, bool], None]
 
 
 class _Entry(Generic[W, R]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
 from ._base import Store
@@ -9,7 +10,9 @@ from ._memory import MemoryStore
 from ._redis import RedisStore
 from ._sqlite import SqliteStore
 
-__all__ = ["open_store"]
+__all__ = ["open_store", "store_options"]
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
 def open_store(url: str, **options: object) -> Store:
@@ -30,13 +33,25 @@ def open_store(url: str, **options: object) -> Store:
         if parts.netloc or parts.query or parts.fragment or not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"Bad store URL {shown!r}: use 'sqlite:///absolute/path/to/veil.db'.")
         return SqliteStore(path, **options)
-    if parts.scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
+    if parts.scheme in _REDIS_SCHEMES:
         try:
             return RedisStore(url, **options)
         except ValueError as error:  # e.g. a port that is not a number
             raise ValueError(f"Bad store URL {shown!r}: {error}") from error
     raise ValueError(f"Bad store URL {shown!r}: expected sqlite:///path, memory, redis://, rediss://, "
                      "unix://, redis+cluster:// or rediss+cluster://.")
+
+
+def store_options(url: str, settings: Mapping[str, object]) -> dict[str, object]:
+    """The keyword arguments for open_store(url, ...) from a config file's [store] settings (its
+    url aside), each checked by the store the URL names (Store.config_options):
+    StoreMisconfigured names a setting that store does not take or a bad value. A URL that names
+    no store is left to open_store to refuse."""
+    scheme = "memory" if url == "memory" else urlsplit(url).scheme
+    store = {"memory": MemoryStore, "sqlite": SqliteStore}.get(scheme, RedisStore if scheme in _REDIS_SCHEMES else None)
+    if store is None:
+        return dict(settings)
+    return store.config_options(url, settings)
 
 
 def _redact(url: str) -> str:

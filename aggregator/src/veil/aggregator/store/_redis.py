@@ -77,9 +77,10 @@ import secrets
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from importlib import resources
+from typing import ClassVar
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import numpy as np
@@ -105,18 +106,11 @@ from redis.retry import Retry
 
 from ..counts import Counts
 from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
-from ._base import BatchWrite, CountsKey, Store
+from ._base import AppliedObserver, BatchWrite, CountsKey, FlushObserver, Store
 from ._checks import check_write
-from ._coalesce import Coalescer, FlushObserver
+from ._coalesce import Coalescer
 
-__all__ = ["AppliedObserver", "MAX_SHARDS", "RedisStore", "counts_key", "dedupe_key", "shard_of", "shard_tags"]
-
-# Called after every script call with observer(target, version_before, version_after, counts):
-# the group's summed counts took the target from version_before to version_after in one
-# atomic step (with S > 1 shards: tuples of S, None at every shard but the one written).
-# (target, None, None, None) when the target changed in a way not known here (the call failed,
-# or the hash is already gone): forget what is known of it.
-AppliedObserver = Callable[[CountsKey, "int | tuple | None", "int | tuple | None", "Counts | None"], None]
+__all__ = ["MAX_SHARDS", "RedisStore", "counts_key", "dedupe_key", "shard_of", "shard_tags"]
 
 _VERSIONS = (1 << 63) - 1  # versions are drawn from 1 .. 2^63 - 1: Redis integers, never 0
 _ADD_BATCH = resources.files(__package__).joinpath("add_batch.lua").read_text(encoding="utf-8")
@@ -226,6 +220,34 @@ def dedupe_key(metric: str, batch_id: bytes, tag: str | None = None) -> str:
 class RedisStore(Store):
     """Counters in Redis (``redis://``, ``rediss://`` or ``unix://`` URL) or in a Redis Cluster
     (``redis+cluster://`` or ``rediss+cluster://``); see the module doc."""
+
+    SETTINGS: ClassVar[dict[str, str]] = {
+        "timeout": "seconds to wait for Redis: connecting and each reply",
+        "wait_replicas": "replicas that must have each write before it is acknowledged (WAIT)",
+        "wait_timeout_ms": "how long WAIT waits for them",
+        "shards": "a Redis Cluster only: the shards each metric's counters are spread over",
+    }
+
+    @classmethod
+    def config_options(cls, url: str, settings: Mapping[str, object]) -> dict[str, object]:
+        options: dict[str, object] = {}
+        for key, value in settings.items():
+            if key not in cls.SETTINGS:
+                super().config_options(url, {key: value})
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            if key == "timeout":
+                if number is None or not 0 < number < float("inf"):
+                    raise StoreMisconfigured(f"store.timeout: expected a number of seconds above 0, got {value!r}.")
+                options.update(socket_timeout=float(number), socket_connect_timeout=float(number))
+                continue
+            low = 0 if key == "wait_replicas" else 1
+            if not isinstance(number, int) or number < low:
+                raise StoreMisconfigured(f"store.{key}: expected a whole number of at least {low}, got {value!r}.")
+            if key == "shards" and not url.startswith(("redis+cluster://", "rediss+cluster://")):
+                raise StoreMisconfigured(f"store.shards: applies to a Redis Cluster (redis+cluster://) only, and the "
+                                         f"store is {url.split(':')[0]!r}.")
+            options[key] = number
+        return options
 
     def __init__(
         self,
@@ -513,12 +535,6 @@ class RedisStore(Store):
     def bucket_hashes(self, key: CountsKey) -> list[str]:
         """The Redis hashes holding a bucket's counts, one per shard."""
         return [self._counts_key(key, tag) for tag in self._shard_tags(key.metric)]
-
-    def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
-        return self.read_many([(key, weights, k)])[0]
-
-    def versions(self, keys: Sequence[CountsKey]) -> list[int | tuple[int, ...]]:
-        return self.versioned_read(keys, ())[0]
 
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
                        ) -> tuple[list[int | tuple[int, ...]], list[tuple[int | tuple[int, ...], Counts]]]:

@@ -59,10 +59,9 @@ import numpy as np
 
 from ..counts import Counts
 from ..errors import StoreError, StoreUnavailable
-from ._base import BatchWrite, CountsKey, Store
+from ._base import AppliedObserver, BatchWrite, CountsKey, FlushObserver, Store
 from ._checks import check_write
-from ._coalesce import Coalescer, FlushObserver
-from ._redis import AppliedObserver
+from ._coalesce import Coalescer
 
 __all__ = ["SqliteStore", "APPLICATION_ID", "SCHEMA_VERSION", "check_database", "describe_database"]
 
@@ -249,12 +248,6 @@ class SqliteStore(Store):
         return started
 
     # --- reads -----------------------------------------------------------------------------
-
-    def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
-        return self.versioned_read((), [(key, weights, k)])[1][0][1]
-
-    def versions(self, keys: Sequence[CountsKey]) -> list[int]:
-        return self.versioned_read(keys, ())[0]
 
     def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
                        ) -> tuple[list[int], list[tuple[int, Counts]]]:
