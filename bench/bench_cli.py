@@ -27,7 +27,7 @@ from typing import Any
 
 from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
 
-GOAL_SECONDS = 0.5
+GOAL_MS = 500.0
 VEIL = str(Path(sys.executable).with_name("veil"))
 
 
@@ -59,7 +59,8 @@ def wall_seconds(command: list[str], runs: int) -> dict[str, float]:
             samples.append(time.perf_counter() - started)
         if done.returncode != 0:
             raise SystemExit(f"bench_cli: {shlex.join(command)} exited {done.returncode}: {done.stderr.strip()}")
-    return {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples), "runs": runs}
+    return {"median_ms": statistics.median(samples) * 1000, "min_ms": min(samples) * 1000,
+            "max_ms": max(samples) * 1000, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, command in commands.items():
             results[name] = wall_seconds(command, runs)
-            progress(f"  {name}: median {results[name]['median_s'] * 1000:.0f} ms, "
-                     f"max {results[name]['max_s'] * 1000:.0f} ms ({shlex.join(command[1:])})")
+            progress(f"  {name}: median {results[name]['median_ms']:.0f} ms, "
+                     f"max {results[name]['max_ms']:.0f} ms ({shlex.join(command[1:])})")
     finally:
         aggregator.stop()
     write_results(args.output or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR) / "cli.json", {
         "command": shlex.join(["python", "bench/bench_cli.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine_info(("grpcio", "protobuf")),
-        "settings": {"quick": args.quick, "runs": runs, "goal_seconds": GOAL_SECONDS},
+        "settings": {"quick": args.quick, "runs": runs, "goal_ms": GOAL_MS},
         "cli": results,
     })
     return 0

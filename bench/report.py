@@ -346,11 +346,11 @@ def cli_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str,
     entries = []
     for name, text in (("veil_specs", "veil specs"), ("veil_estimates", "veil estimates")):
         row = None if data is None else data["cli"].get(name)
-        floor = None if data is None else data["cli"]["python_grpc_wire"]["median_s"] * 1000
+        floor = None if data is None else data["cli"]["python_grpc_wire"]["median_ms"]
         entries.append(target(f"`{text}` against a running aggregator, spawn to exit (median)",
                               f"`{text}` starts and answers", "<=", CLI_START_GOAL_MS, "ms", "cli",
-                              None if row is None else row["median_s"] * 1000, file,
-                              None if row is None else f"cli.{name}.median_s",
+                              None if row is None else row["median_ms"], file,
+                              None if row is None else f"cli.{name}.median_ms",
                               None if floor is None else f"python importing grpc and the wire module: {floor:.0f} ms"))
     return entries
 
