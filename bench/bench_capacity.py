@@ -40,7 +40,6 @@ from typing import Any
 from bench_ingest import (
     GRAIN,
     SHAPES,
-    TESTS_DIR,
     UPLOAD_PATH,
     AggregatorProcess,
     Ledger,
@@ -50,7 +49,9 @@ from bench_ingest import (
     metric_name,
     run_once,
 )
-from benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.redis_cluster import RedisClusterServers
+from veil_testing.redis_server import RedisServer
 
 KS = (16, 128, 1024)
 STORES = ("memory", "sqlite", "redis", "cluster")
@@ -194,11 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.null_server:
         return null_server(args.null_server)
     started = time.perf_counter()
-    if str(TESTS_DIR) not in sys.path:
-        sys.path.append(str(TESTS_DIR))
-    from redis_cluster import RedisClusterServers
-    from redis_server import RedisServer
-
     from veil.aggregator.store import RedisStore
 
     small, large = (1000, 20_000) if args.quick else (10_000, 200_000)  # reports per load process and run

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
 
 GOAL_MS = 500.0
 VEIL = str(Path(sys.executable).with_name("veil"))

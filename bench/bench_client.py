@@ -45,7 +45,7 @@ import time
 from concurrent import futures
 from pathlib import Path
 
-from benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
 
 KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)

@@ -55,10 +55,10 @@ from typing import Any
 
 import numpy as np
 
-# bench/ is sys.path[0] when this file runs as a script.
-from benchlib import RESULTS_DIR, machine_info, median, progress, write_results
-
-TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"  # redis_server.py and config_toml.py live there
+from veil_testing.benchlib import RESULTS_DIR, machine_info, median, progress, write_results
+from veil_testing.data import zipf_shares
+from veil_testing.processes import ServeProcess, free_port
+from veil_testing.redis_server import RedisServer
 
 KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)
@@ -119,8 +119,6 @@ def labels(k: int) -> list[str]:
 def config_dict(ks: list[int], epsilons: list[float], store_url: str, processes: int = 1) -> dict[str, Any]:
     """Every cell's metric, three windows each; defaults otherwise. Ports are chosen by the
     kernel, except with several worker processes, which need a fixed gRPC port to share."""
-    from redis_server import free_port
-
     server: dict[str, Any] = {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"}
     if processes > 1:
         server = {"grpc": f"127.0.0.1:{free_port()}", "http": f"127.0.0.1:{free_port()}", "processes": processes}
@@ -183,7 +181,6 @@ def serve(config_path: str) -> int:
         signal.signal(signum, lambda *_: stop.set())
     aggregator.start()
     freeze_startup_heap()
-    print(f"ready {aggregator.grpc_port} {aggregator.http_port}", flush=True)
     while not stop.wait(0.5):
         pass
     aggregator.stop()
@@ -195,62 +192,30 @@ class AggregatorProcess:
     itself, a supervisor of worker processes) and how to reach it."""
 
     def __init__(self, store: str, store_url: str, config: dict[str, Any], directory: Path) -> None:
-        from config_toml import config_toml  # in TESTS_DIR, which main() puts on sys.path
         from veil.aggregator.config import parse_config
 
         self.store = store
         self.store_url = store_url
         self.config = parse_config(config)
-        self.path = directory / f"veil-{store}.toml"
-        self.path.write_text(config_toml(config), encoding="utf-8")
-        self.log = directory / f"serve-{store}.log"
         self.since = time.time()
-        command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.path)]
-        if self.config.processes > 1:
-            command = [sys.executable, "-m", "veil.aggregator", "--config", str(self.path)]
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        if self.config.processes > 1:
-            self.grpc_port, self.http_port = self._wait_for_workers()
-        else:
-            line = self.process.stdout.readline().split()
-            if len(line) != 3 or line[0] != "ready":
-                self.process.kill()
-                raise RuntimeError(f"the {store} aggregator did not start:\n{self.log_tail()}")
-            self.grpc_port, self.http_port = int(line[1]), int(line[2])
-        self.endpoint = f"127.0.0.1:{self.grpc_port}"
+        command = [sys.executable, str(Path(__file__).resolve()), "--serve"] if self.config.processes == 1 else None
+        self.server = ServeProcess(directory / store, config, command=command, parent_death_signal=signal.SIGTERM)
+        try:
+            self.server.start()
+        except RuntimeError as err:
+            raise RuntimeError(f"the {store} aggregator did not start: {err}") from None
+        self.endpoint = self.server.endpoint
+        self.http_port = self.server.http_port
         self.redis = None  # for the redis store: a RedisStore reading what the aggregator wrote
         self.redis_pid: int | None = None  # and the redis-server's pid, for its CPU use
 
-    def _wait_for_workers(self) -> tuple[int, int]:
-        """(gRPC port, HTTP port) once every worker has logged "aggregator started"."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.process.poll() is None:
-            lines = [json.loads(line) for line in self.log_tail_lines() if line.startswith("{")]
-            if sum(line["msg"] == "aggregator started" for line in lines) >= self.config.processes:
-                return (int(self.config.grpc_address.rpartition(":")[2]),
-                        int(self.config.http_address.rpartition(":")[2]))
-            time.sleep(0.2)
-        self.process.kill()
-        raise RuntimeError(f"the {self.store} aggregator's workers did not start:\n{self.log_tail()}")
-
-    def log_tail_lines(self) -> list[str]:
-        return self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.server.pid
 
     @property
     def pids(self) -> list[int]:
-        """The aggregator's process and its worker processes, if any: its CPU is theirs summed."""
-        try:
-            with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as children:
-                return [self.pid, *map(int, children.read().split())]
-        except OSError:
-            return [self.pid]
+        return self.server.pids
 
     def counts(self, metrics: list[str] | None = None) -> dict[str, Any]:
         """What the store holds now (see store_counts)."""
@@ -263,26 +228,12 @@ class AggregatorProcess:
         return found if metrics is None else {m: found[m] for m in metrics}
 
     def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+        return self.server.log_text()[-3000:]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.server.terminate()
         if self.redis is not None:
             self.redis.close()
-
-
-def _die_with_parent() -> None:
-    """In the aggregator process: SIGTERM when the benchmark dies, so none outlives a killed run."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def http_get(port: int, path: str) -> tuple[int, bytes]:
@@ -314,13 +265,6 @@ def cpu_seconds(pid: int | list[int] | None) -> float:
 # --- the reports ----------------------------------------------------------------------------
 
 
-def zipf_shares(k: int, seed: int) -> np.ndarray:
-    """A Zipf-like law over k categories, the heaviest at a seeded random index (not 0)."""
-    rng = np.random.default_rng([seed, k])
-    shares = 1.0 / np.arange(1, k + 1) ** ZIPF_EXPONENT
-    return rng.permutation(shares / shares.sum())
-
-
 class ReportPool:
     """One load process's reports for one metric: randomized before any timing, kept packed as
     they travel (bitmap rows or index rows, whichever the SDK's encoder picks), with the counts
@@ -334,7 +278,7 @@ class ReportPool:
         self.metric = MetricSpec.create(metric_name(k, epsilon), labels(k), MECHANISM, epsilon)
         self.spec = self.metric.mechanism
         self.bitmaps = encoding(self.spec) == BITMAPS
-        self.shares = zipf_shares(k, seed)
+        self.shares = zipf_shares(k, ZIPF_EXPONENT, np.random.default_rng([seed, k]))  # heaviest not at 0
         self.values = np.random.default_rng([seed, k, round(epsilon * 1000), stream, 1])
         seed_words = np.random.SeedSequence([seed, k, round(epsilon * 1000), stream, 2]).generate_state(2, np.uint64)
         self.keystream = FastKeystream(int(seed_words[0]) << 64 | int(seed_words[1]))
@@ -883,7 +827,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__ + """
-The aggregator: this file run with --serve CONFIG, one process per store, does what `veil serve
+The aggregator: this file run with --serve --config CONFIG, one process per store, does what `veil serve
 --config CONFIG` does (same JSON logging at info, load_config, Aggregator with its defaults:
 16 handler threads, max_batch 10000) and adds one page, /bench/counts, on the aggregator's HTTP
 listener, through which the benchmark reads the memory and SQLite stores back. Redis is read directly.
@@ -927,7 +871,8 @@ duplicate, the encoding differs from the SDK's, or an estimates response is malf
                              "gRPC port, run by `veil serve` (the memory and SQLite stores keep 1; default 1)")
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the true values and of FastKeystream")
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/ingest.json)")
-    parser.add_argument("--serve", metavar="CONFIG", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)  # of --serve
     args = parser.parse_args(argv)
     if args.serve:
         return args
@@ -962,15 +907,11 @@ def redis_version() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve:
-        return serve(args.serve)
+        return serve(args.config)
     started = time.perf_counter()
     machine = machine_info(("numpy", "numba", "grpcio", "protobuf", "redis", "hiredis", "veil"))
     machine["redis_server"] = redis_version() if "redis" in args.stores else None
     machine["load_average_before"] = list(os.getloadavg())
-    if str(TESTS_DIR) not in sys.path:
-        sys.path.append(str(TESTS_DIR))
-    from redis_server import RedisServer
-
     ledger = Ledger()
     cells: list[dict[str, Any]] = []
     latency = None

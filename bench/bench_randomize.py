@@ -38,8 +38,8 @@ from veil.aggregator.estimate import estimate
 from veil.aggregator.simulate import AesCtrKeystream, FastKeystream, simulate_counts
 from veil.mechanism import spec_for
 
-# bench/ is sys.path[0] when this file runs as a script.
-from benchlib import RESULTS_DIR, machine_info, median, progress, timed, write_results
+from veil_testing.benchlib import RESULTS_DIR, machine_info, median, progress, timed, write_results
+from veil_testing.data import zipf_shares
 
 KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)
@@ -249,9 +249,7 @@ def zipf_population(k: int, users: int, seed: int) -> np.ndarray:
     """``users`` true values drawn from a Zipf-like law over k categories, the heaviest category
     placed at a seeded random index (not 0), so an off-by-one in any library shows."""
     rng = np.random.default_rng([seed, k])
-    shares = 1.0 / np.arange(1, k + 1) ** ZIPF_EXPONENT
-    shares = rng.permutation(shares / shares.sum())
-    return rng.choice(k, size=users, p=shares).astype(np.int64)
+    return rng.choice(k, size=users, p=zipf_shares(k, ZIPF_EXPONENT, rng)).astype(np.int64)
 
 
 # --- measuring ------------------------------------------------------------------------------

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.redis_server import RedisServer
 
-TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"  # redis_server.py lives there
 K, EPSILON, HOURS, DAYS, REPORTS = 1024, 1.0, 720, 7, 1000
 
 
@@ -106,9 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["memory", "sqlite", "redis"])
     parser.add_argument("--output", type=Path, help="the JSON file (default: series.json in bench/results/)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(TESTS_DIR))
-    from redis_server import RedisServer
-
     from veil.aggregator.store import MemoryStore, RedisStore, SqliteStore
 
     repeats, hours = (20, 48) if args.quick else (200, HOURS)  # quick: 48 buckets hold reports, the rest none

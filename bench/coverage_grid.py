@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.data import zipf_shares
 
 MECHANISMS = ("subset", "krr", "warner", "rappor", "rappor-admissible")
 KS = (2, 16, 128, 1024)
@@ -39,11 +40,6 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- bench/coverage_grid.py: begin -->", "<!-- bench/coverage_grid.py: end -->"
 
 
-def zipf(k: int) -> np.ndarray:
-    weights = 1.0 / np.arange(1, k + 1) ** 1.1
-    return weights / weights.sum()
-
-
 def cell(mechanism: str, k: int, epsilon: float, n: int, runs: int, seed: int) -> dict:
     from veil.aggregator._keystream import FastKeystream
     from veil.aggregator.estimate import estimate
@@ -51,7 +47,7 @@ def cell(mechanism: str, k: int, epsilon: float, n: int, runs: int, seed: int) -
     from veil.mechanism import spec_for
 
     spec = spec_for(mechanism, k, epsilon)
-    pi = zipf(k)
+    pi = zipf_shares(k, 1.1)
     rng = np.random.default_rng(seed)
     covered = 0
     z2 = 0.0

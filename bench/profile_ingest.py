@@ -28,8 +28,10 @@ import threading
 import time
 from pathlib import Path
 
-import bench_ingest as ingest
-from benchlib import RESULTS_DIR, progress
+import bench_ingest as ingest  # beside this file, which runs as a script
+
+from veil_testing.benchlib import RESULTS_DIR, progress
+from veil_testing.redis_server import RedisServer
 
 PROFILES_DIR = RESULTS_DIR / "profiles"
 
@@ -119,9 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     args.py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(args.py_spy).exists():
         parser.error("py-spy is not installed (it is in the [dev] extra: make .venv/.dev)")
-    sys.path.append(str(ingest.TESTS_DIR))
-    from redis_server import RedisServer
-
     from veil.aggregator.store import RedisStore
 
     args.output.mkdir(parents=True, exist_ok=True)

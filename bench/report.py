@@ -46,8 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# bench/ is sys.path[0] when this file runs as a script.
-from benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, progress, write_results
+from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, progress, write_results
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

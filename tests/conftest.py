@@ -7,8 +7,10 @@ import os
 from collections.abc import Callable, Iterator
 
 import pytest
-from redis_cluster import RedisClusterServers
-from redis_server import RedisServer
+
+from veil_testing.processes import making
+from veil_testing.redis_cluster import RedisClusterServers
+from veil_testing.redis_server import RedisServer
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -29,16 +31,7 @@ def redis_server() -> Iterator[RedisServer]:
 def make_redis_server() -> Iterator[Callable[..., RedisServer]]:
     """Start RedisServer(**options) (appendonly, appendfsync, replicaof, args); every server
     made is killed and its directory removed after the test, whatever its outcome."""
-    made: list[RedisServer] = []
-
-    def make(**options: object) -> RedisServer:
-        server = RedisServer(**options)
-        made.append(server)
-        return server.start()
-
-    yield make
-    for server in made:
-        server.cleanup()
+    yield from making(RedisServer)
 
 
 @pytest.fixture(scope="session")
@@ -60,12 +53,4 @@ def redis_cluster(shared_redis_cluster: RedisClusterServers) -> RedisClusterServ
 @pytest.fixture
 def make_redis_cluster() -> Iterator[Callable[..., RedisClusterServers]]:
     """Start a fresh RedisClusterServers(**options), all of its nodes killed after the test."""
-    made: list[RedisClusterServers] = []
-
-    def make(**options: object) -> RedisClusterServers:
-        made.append(RedisClusterServers(**options))
-        return made[-1].start()
-
-    yield make
-    for cluster in made:
-        cluster.cleanup()
+    yield from making(RedisClusterServers)

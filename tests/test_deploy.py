@@ -27,6 +27,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from veil_testing.pki import Pki
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 DOCKER = DEPLOY / "docker"
@@ -34,14 +36,6 @@ KUBE = DEPLOY / "kubernetes"
 KUBE_CLUSTER = DEPLOY / "kubernetes-cluster"
 SYSTEMD = DEPLOY / "systemd"
 MAKE_SECRETS = DEPLOY / "make-secrets.sh"
-
-# running.py (Pki: a throwaway CA and server certificate) lives beside the daemon tests, which
-# pytest puts on sys.path only when it collects them.
-_AGGREGATOR_TESTS = str(Path(__file__).resolve().parent / "aggregator")
-if _AGGREGATOR_TESTS not in sys.path:
-    sys.path.append(_AGGREGATOR_TESTS)
-
-from running import Pki  # noqa: E402
 
 YAML_FILES = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
 # Not what make-secrets.sh leaves in a git-ignored secrets/ directory (its tokens.toml).

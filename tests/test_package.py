@@ -37,7 +37,8 @@ def test_the_wheel_has_one_namespace_and_no_veil_init(wheel):
     for module in ("veil/mechanism/__init__.py", "veil/aggregator/estimate.py", "veil/wire/v1/veil_pb2.py",
                    "veil/wire/v1/veil.proto"):
         assert module in names
-    assert not any(n.startswith(("client/", "cli/", "aggregator/", "release/", "proto/", "tests/")) for n in names)
+    assert not any(n.startswith(("client/", "cli/", "aggregator/", "release/", "proto/", "tests/", "testing/",
+                                 "veil_testing/")) for n in names)  # the test support is the checkout's only
 
 
 def test_the_wheel_imports_every_subpackage(wheel, tmp_path):

@@ -1,14 +1,16 @@
-"""Fixtures that run aggregators (see running.py)."""
+"""Fixtures that run aggregators (see veil_testing.running)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 import pytest
-from chromium import BrowserError, ensure_chromium
-from running import InProcessAggregators, Pki, ServeProcess
 
 from veil.aggregator.daemon import Aggregator
+from veil_testing.chromium import BrowserError, ensure_chromium
+from veil_testing.pki import Pki
+from veil_testing.processes import ServeProcess, making
+from veil_testing.running import InProcessAggregators, serve_config
 
 
 @pytest.fixture
@@ -21,16 +23,14 @@ def start_aggregator() -> Iterator[Callable[..., Aggregator]]:
 
 
 @pytest.fixture
-def serve_process(tmp_path) -> Iterator[Callable[[str], ServeProcess]]:
-    made: list[ServeProcess] = []
+def serve_process(tmp_path) -> Iterator[Callable[..., ServeProcess]]:
+    """serve_process(store_url, *, sections=None, server=None) -> a `veil serve` process (not
+    started) of running.serve_config in tmp_path, killed after the test."""
 
-    def make(store_url: str, **options: object) -> ServeProcess:
-        made.append(ServeProcess(tmp_path, store_url, **options))
-        return made[-1]
+    def make(store_url: str, *, sections: dict | None = None, server: dict | None = None) -> ServeProcess:
+        return ServeProcess(tmp_path, serve_config(store_url, sections=sections, **(server or {})))
 
-    yield make
-    for process in made:
-        process.stop()
+    yield from making(make, start=False)
 
 
 @pytest.fixture(scope="session")

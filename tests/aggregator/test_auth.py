@@ -13,8 +13,8 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, SPEC_NAMES, TOKENS, UPLOAD_TOKEN, auth_section, bearer,
-                     config_dict, counted, make_upload)
+from veil_testing.running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, SPEC_NAMES, TOKENS, UPLOAD_TOKEN, auth_section,
+                                  bearer, config_dict, counted, make_upload)
 
 from veil.aggregator.errors import ConfigError
 from veil.aggregator._logging import JsonFormatter
@@ -381,7 +381,7 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
 
 
 def test_tokens_inline_in_a_config_others_may_read_are_refused(tmp_path):
-    from config_toml import config_toml
+    from veil_testing.config_toml import config_toml
 
     path = tmp_path / "veil.toml"
     path.write_text(config_toml(config(auth_section())))

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from redis_server import free_port
-from running import wait_until
+from veil_testing.processes import free_port
+from veil_testing.waiting import wait_until
 
 from veil.cli import main
 

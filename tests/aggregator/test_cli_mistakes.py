@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from running import UPLOAD_TOKEN, auth_section
+from veil_testing.running import UPLOAD_TOKEN, auth_section
 
 from veil.cli import main
 

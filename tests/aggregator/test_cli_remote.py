@@ -6,7 +6,7 @@ import json
 import urllib.request
 
 import pytest
-from running import SPEC_NAMES
+from veil_testing.running import SPEC_NAMES
 
 from veil.cli import main
 

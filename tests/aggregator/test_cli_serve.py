@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from config_toml import config_toml
-from running import config_dict
+from veil_testing.config_toml import config_toml
+from veil_testing.running import config_dict
 
 
 def check(path, *extra: str) -> subprocess.CompletedProcess:

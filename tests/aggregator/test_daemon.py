@@ -13,7 +13,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from running import LOAD, METRICS, collector, estimates, specs_of, wait_until
+from veil_testing.config_toml import LOAD
+from veil_testing.running import METRICS, collector, estimates, specs_of
+from veil_testing.waiting import wait_until
 
 from veil.client import Reporter
 from veil.client._encoding import encode_batch

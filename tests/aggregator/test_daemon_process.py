@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from running import estimates, finish_reporters
+from veil_testing.running import estimates, finish_reporters
 
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chromium import Browser
-from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict, make_upload,
-                     specs_of)
+from veil_testing.chromium import Browser
+from veil_testing.running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict,
+                                  make_upload, specs_of)
 
 from veil.aggregator import dashboard
 from veil.aggregator.config import parse_config

@@ -24,6 +24,7 @@ import pytest
 from veil.aggregator.estimate import estimate
 from veil.aggregator.simulate import FastKeystream, simulate_counts
 from veil.mechanism import MechanismSpec, spec_for
+from veil_testing.data import zipf_shares
 
 # One two-sided 4-sigma test: the false-alarm rate every assertion below is held to.
 FALSE_ALARM = 2 * (1 - NormalDist().cdf(4.0))
@@ -53,12 +54,6 @@ STDERR_TOLERANCE = 0.03
 LARGE_N = 100_000
 
 
-def zipf(k: int) -> np.ndarray:
-    """pi_j proportional to 1/(j+1): non-uniform, and as skewed as real telemetry often is."""
-    weights = 1.0 / np.arange(1, k + 1)
-    return weights / weights.sum()
-
-
 @dataclass(frozen=True)
 class Case:
     mechanism: str
@@ -74,7 +69,7 @@ class Case:
 
     @cached_property
     def pi(self) -> np.ndarray:
-        return zipf(self.k)
+        return zipf_shares(self.k, 1.0)
 
     def streams(self, purpose: str) -> tuple[np.random.Generator, FastKeystream]:
         """Seeded generators for the true values and for the randomization: distinct seeds, so
@@ -221,7 +216,7 @@ def test_mean_squared_error_matches_the_risk(case, estimator):
 def test_rappor_minimax_risk_is_below_empirical_in_theory(k, epsilon):
     spec = spec_for("rappor", k, epsilon)
     estimators = spec.estimators()
-    for pi in (zipf(k), np.full(k, 1 / k), np.eye(k)[0]):
+    for pi in (zipf_shares(k, 1.0), np.full(k, 1 / k), np.eye(k)[0]):
         assert spec.risk(pi, estimators["minimax"]) < spec.risk(pi, estimators["empirical"])
 
 
@@ -307,7 +302,7 @@ SMALL_N_CELLS = [("krr", 1024, 1.0, 1000), ("krr", 1024, 8.0, 200), ("subset", 1
 @pytest.mark.parametrize(("mechanism", "k", "epsilon", "n"), SMALL_N_CELLS)
 def test_intervals_cover_rare_categories_at_small_n(mechanism, k, epsilon, n):
     spec = spec_for(mechanism, k, epsilon)
-    pi = zipf(k)
+    pi = zipf_shares(k, 1.0)
     rng = np.random.default_rng(zlib.crc32(f"{mechanism}-{k}-{epsilon}-{n}".encode()))
     keystream = FastKeystream(int(rng.integers(2**63)))
     covered = trials = 0

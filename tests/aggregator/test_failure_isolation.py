@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
-from running import config_dict, estimates
+from veil_testing.running import config_dict, estimates
 
 from veil.aggregator.config import MetricConfig, parse_config
 from veil.aggregator.daemon import Aggregator

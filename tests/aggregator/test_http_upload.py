@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 from google.protobuf import json_format
-from running import (METRICS, OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, counted, make_upload,
-                     specs_of)
+from veil_testing.running import (METRICS, OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, counted,
+                                  make_upload, specs_of)
 
 from veil.wire.v1 import veil_pb2
 
@@ -177,7 +177,7 @@ def test_cors_admits_the_configured_origins_only(start_aggregator):
 def test_cors_origins_must_be_origins(origins):
     from veil.aggregator.errors import ConfigError
     from veil.aggregator.config import parse_config
-    from running import config_dict
+    from veil_testing.running import config_dict
 
     with pytest.raises(ConfigError, match="server.cors_origins"):
         parse_config(config_dict(cors_origins=origins))

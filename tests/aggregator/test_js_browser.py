@@ -12,8 +12,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from chromium import Browser
-from running import counted, wait_until
+
+from veil_testing.chromium import Browser
+from veil_testing.running import counted
+from veil_testing.waiting import wait_until
 
 DIST = Path(__file__).resolve().parents[2] / "client" / "js" / "dist" / "src"
 NAMES = ("browser", "os", "opted_in", "crash_screen", "feature")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from redis_server import free_port
-from running import UPLOAD_TOKEN, auth_section, counted
+
+from veil_testing.processes import free_port
+from veil_testing.running import UPLOAD_TOKEN, auth_section, counted
 
 JS = Path(__file__).resolve().parents[2] / "client" / "js"
 WIRES = ("http", "grpc")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from running import make_upload
+from veil_testing.running import make_upload
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.estimate import group_estimate

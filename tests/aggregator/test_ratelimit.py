@@ -12,8 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 import redis
-from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict, counted,
-                     make_upload, wait_until)
+from veil_testing.running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict,
+                                  counted, make_upload)
 
 from veil.aggregator._ratelimit import RateLimiter
 from veil.aggregator.config import parse_config

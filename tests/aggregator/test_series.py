@@ -17,7 +17,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from running import make_upload
+from veil_testing.running import make_upload
 
 from veil.cli import main
 from veil.aggregator.config import parse_config

@@ -3,7 +3,6 @@ processes sharing the gRPC port; exact counts, /metrics summed over both, restar
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -16,9 +15,10 @@ import time
 import urllib.request
 
 import grpc
-from redis_server import free_port
-from config_toml import config_toml
-from running import config_dict, estimates, finish_reporters, make_upload, wait_until
+from veil_testing.config_toml import config_toml
+from veil_testing.processes import free_port
+from veil_testing.running import config_dict, estimates, finish_reporters, make_upload
+from veil_testing.waiting import wait_until
 
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
@@ -29,23 +29,18 @@ UPLOADS_EACH = 25
 REPORTS = 10
 
 
-def log_lines(serve) -> list[dict]:
-    return [json.loads(line) for line in serve.log.read_text().splitlines() if line.startswith("{")]
-
-
 def workers(serve) -> dict[int, int]:
     """Worker index -> pid of its latest start, from the supervisor's log."""
-    return {line["worker"]: line["pid"] for line in log_lines(serve) if line["msg"] == "worker started"}
+    return {line["worker"]: line["pid"] for line in serve.log_lines() if line["msg"] == "worker started"}
 
 
 def started(serve, count: int) -> bool:
-    return sum(line["msg"] == "aggregator started" for line in log_lines(serve)) >= count
+    return sum(line["msg"] == "aggregator started" for line in serve.log_lines()) >= count
 
 
 def start_two(serve_process, redis_url: str):
     http_port = free_port()
-    serve = serve_process(redis_url, server={"processes": 2, "http": f"127.0.0.1:{http_port}"}).start()
-    assert wait_until(lambda: started(serve, 2), 30), serve.log.read_text()
+    serve = serve_process(redis_url, server={"processes": 2, "http": f"127.0.0.1:{http_port}"}).start()  # both workers
     return serve, http_port
 
 
@@ -131,7 +126,7 @@ def test_two_workers_share_the_port_count_exactly_and_stop_together(redis_server
     assert serve.signal(signal.SIGTERM) == 0
     assert not any(alive(pid) for pid in pids.values())
     assert not os.path.exists(shared)
-    lines = log_lines(serve)
+    lines = serve.log_lines()
     assert {line.get("worker") for line in lines if line["msg"] == "aggregator stopped"} == {0, 1}
     assert lines[-1]["msg"] == "supervisor stopped"
 
@@ -165,7 +160,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, ser
     assert wait_until(lambda: started(serve, 4), 30)  # the restarted worker 0 serves HTTP again
     (total,) = estimates(serve.endpoint, "os", "total").estimates
     assert total.n == 16000
-    exits = [line for line in log_lines(serve) if line["msg"] == "worker exited unexpectedly; restarting it"]
+    exits = [line for line in serve.log_lines() if line["msg"] == "worker exited unexpectedly; restarting it"]
     assert [(e["worker"], e["pid"], e["signal"]) for e in exits] == [(1, first[1], "SIGKILL"),
                                                                      (0, first[0], "SIGKILL")]
     assert metric_sum(http_port, "veil_window_reports", metric="os", window="total") == 16000
@@ -221,12 +216,12 @@ def test_workers_failing_at_start_make_the_supervisor_give_up(redis_server, serv
         os.kill(pid, signal.SIGKILL)
     assert serve.process.wait(timeout=60) == 1
     assert not any(alive(pid) for pid in workers(serve).values())
-    (gave_up,) = [line for line in log_lines(serve) if line["msg"].startswith("worker keeps exiting")]
+    (gave_up,) = [line for line in serve.log_lines() if line["msg"].startswith("worker keeps exiting")]
     assert gave_up["level"] == "error" and gave_up["exit_code"] == 2 and gave_up["fast_exits"] == 3
 
 
 def test_each_worker_enforces_its_share_of_a_rate_limit():
-    from running import auth_section
+    from veil_testing.running import auth_section
 
     from veil.aggregator.config import parse_config
     from veil.aggregator._ratelimit import RateLimiter

@@ -1,6 +1,6 @@
-"""rediss+cluster://: a real Redis Cluster (tests/redis_cluster.py, 3 masters and 3 replicas)
+"""rediss+cluster://: a real Redis Cluster (veil_testing.redis_cluster, 3 masters and 3 replicas)
 whose nodes take clients over TLS and speak TLS among themselves (tls-cluster, tls-replication),
-with certificates made for the run (running.Pki). The aggregator reaches every master over TLS,
+with certificates made for the run (veil_testing.pki). The aggregator reaches every master over TLS,
 trusting the CA named in the URL, and counts exactly once; a node it cannot verify is unavailable."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import random
 import grpc
 import pytest
 from redis.crc import key_slot
-from redis_cluster import RedisClusterServers, TlsFiles
-from running import counted, make_upload
 
 from veil.aggregator.errors import StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import shard_of, shard_tags
 from veil.wire.v1 import veil_pb2_grpc
+from veil_testing.redis_cluster import RedisClusterServers, TlsFiles
+from veil_testing.running import counted, make_upload
 
 FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
 

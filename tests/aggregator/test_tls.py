@@ -14,7 +14,9 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from running import READ_TOKEN, UPLOAD_TOKEN, Pki, auth_section, bearer, config_dict, counted, make_upload, wait_until
+from veil_testing.pki import Pki
+from veil_testing.running import READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict, counted, make_upload
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.errors import ConfigError
@@ -189,8 +191,7 @@ def test_a_served_aggregator_with_tls_and_tokens(tmp_path, pki, serve_process, c
     secrets = tmp_path / "tokens.toml"
     secrets.write_text(f'[[upload_tokens]]\nname = "app-a"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = ["os"]\n')
     secrets.chmod(0o600)
-    process = serve_process("memory", sections={"tls": pki.tls_section(), "auth": {"tokens_file": str(secrets)}},
-                            credentials=pki.channel_credentials()).start()
+    process = serve_process("memory", sections={"tls": pki.tls_section(), "auth": {"tokens_file": str(secrets)}}).start()
     assert main(["health", "--address", process.endpoint, "--tls", "--ca-file", str(pki.ca)]) == 0
     assert main(["simulate", "os", "--address", process.endpoint, "--ca-file", str(pki.ca), "--token", UPLOAD_TOKEN,
                  "--reports", "300", "--json"]) == 0
@@ -274,7 +275,7 @@ def test_a_rotated_certificate_is_served_without_a_restart(start_aggregator, tmp
 
 
 def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path):
-    from config_toml import config_toml
+    from veil_testing.config_toml import config_toml
     from test_cli_serve import check  # a process of its own: `serve` sets up the process's logging
 
     pki = Pki(tmp_path / "pki")

@@ -11,8 +11,9 @@ import urllib.request
 
 import grpc
 import pytest
-from running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict, counted,
-                     make_upload, wait_until)
+from veil_testing.running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict,
+                                  counted, make_upload)
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.errors import ConfigError
 from veil.aggregator._ratelimit import RateLimiter

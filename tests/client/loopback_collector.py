@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -27,16 +26,6 @@ FAST = dict(tls=False, schedule_delay_ms=20, retry_initial_backoff_ms=5, retry_m
             export_timeout_ms=3000)
 
 _MECHANISM = {name.lower().replace("_", "-"): value for name, value in veil_pb2.Mechanism.items() if value}
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll for a state change that no event announces (e.g. the worker installing new specs)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 # The delivery tests send many reports from one Reporter: their metrics allow that many per

@@ -10,9 +10,8 @@ import time
 import grpc
 import pytest
 
-from loopback_collector import eventually
-
 from veil.client import Counters
+from veil_testing.waiting import wait_until
 
 
 # Everything a retry can turn into success: a store refusing writes (UNAVAILABLE), a server
@@ -141,7 +140,7 @@ def test_batches_split_by_size_and_by_time(ready_reporter, state):
     reporter = ready_reporter(max_batch_size=10, schedule_delay_ms=60_000)
     for _ in range(30):  # three full batches go without waiting for the schedule
         reporter.report("opt_in", "yes")
-    assert eventually(lambda: reporter.counters().sent == 30)
+    assert wait_until(lambda: reporter.counters().sent == 30)
     reporter.report("opt_in", "no")  # a lone report waits for the schedule, or a flush
     assert reporter.counters().queued == 1
     assert reporter.force_flush(10) and state.total("opt_in") == 31
@@ -162,12 +161,12 @@ def test_a_batch_made_before_the_aggregator_lowered_its_limit_fails_once(ready_r
     state.fail_next(1000, grpc.StatusCode.UNAVAILABLE)  # keep the batch of 20 in the outbox
     for i in range(20):
         reporter.report("page", i)
-    assert eventually(lambda: reporter.counters().retried > 0)
+    assert wait_until(lambda: reporter.counters().retried > 0)
     with state.lock:
         state.faults.clear()
         state.max_batch = 5
     # Refused by the new limit, it is failed at once rather than retried until the horizon.
-    assert eventually(lambda: reporter.counters().failed == 20)
+    assert wait_until(lambda: reporter.counters().failed == 20)
     for i in range(10):
         reporter.report("page", i)
     assert not reporter.force_flush(10), "20 reports failed since the start"

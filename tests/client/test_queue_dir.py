@@ -16,8 +16,7 @@ import grpc
 
 from veil.client import RETRY_HORIZON_SECONDS, Counters
 from veil.wire.v1 import veil_pb2
-
-from loopback_collector import eventually
+from veil_testing.waiting import wait_until
 
 
 def _files(directory):
@@ -145,8 +144,8 @@ def test_a_hung_upload_spills_new_reports_to_disk_instead_of_dropping_them(ready
         for _ in range(10):
             reporter.report("country", "c1")
         time.sleep(0.01)
-    assert eventually(lambda: sum(map(_count, _files(tmp_path))) == 801)
-    assert eventually(lambda: reporter.counters().queued == 801)  # counted once the batch is written
+    assert wait_until(lambda: sum(map(_count, _files(tmp_path))) == 801)
+    assert wait_until(lambda: reporter.counters().queued == 801)  # counted once the batch is written
     counters = reporter.counters()
     assert (counters.accepted, counters.dropped, counters.queued) == (801, 0, 801)
     release.set()

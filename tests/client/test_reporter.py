@@ -9,8 +9,9 @@ import pytest
 
 from veil.client import Counters, Reporter, ReporterError, UnknownCategoryError, UnknownMetricError
 from veil.mechanism import MetricSpec
+from veil_testing.waiting import wait_until
 
-from loopback_collector import MANY, eventually
+from loopback_collector import MANY
 
 
 def test_reports_arrive_as_valid_batches_of_every_design(ready_reporter, state):
@@ -73,7 +74,7 @@ def test_a_metric_removed_while_the_app_runs_is_dropped_not_raised(ready_reporte
     assert reporter.force_flush(10)
     with state.lock:
         state.specs = [s for s in state.specs if s.name != "country"]
-    assert eventually(lambda: "country" not in reporter.metrics)
+    assert wait_until(lambda: "country" not in reporter.metrics)
     with caplog.at_level(logging.WARNING, logger="veil.client"):
         reporter.report("country", "c1")
     assert reporter.counters() == Counters(accepted=1, sent=1, dropped=1)
@@ -177,7 +178,7 @@ def test_stale_fingerprint_fails_the_batch_and_refetches_specs(ready_reporter, s
     assert not reporter.force_flush(10)
     assert reporter.counters() == Counters(accepted=1, failed=1)
     assert state.wait_for(lambda: state.spec_calls > calls_before)
-    assert eventually(lambda: reporter.metrics["browser"].mechanism.epsilon == 2.0)
+    assert wait_until(lambda: reporter.metrics["browser"].mechanism.epsilon == 2.0)
     reporter.report("browser", "edge")
     assert reporter.force_flush(10) and state.total("browser") == 1
 

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pram_paper import KEYS, PARTITION, XI
 
 from veil.release import PramRelease, release_pram, synthetic_population
-
-KEYS = ["age", "sex", "race", "marital", "area"]
-# 001 sec. 7's partition: sex kept, seven age groups, race White / Black / other.
-PARTITION = "sex;age=0-17,18-24,25-34,35-44,45-54,55-64,65-;race=White,Black,*"
-XI = 0.395
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import KEYS, PARTITION, XI
+from pram_paper import KEYS, PARTITION, XI
 
 from veil.release import (
     InfeasibleBlockError,

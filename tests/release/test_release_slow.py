@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import KEYS, PARTITION, XI
+from pram_paper import KEYS, PARTITION, XI
 
 from veil.release import dp_pram_design, ifpr_covariance, release_pram
 

@@ -1,28 +1,29 @@
 """Fixtures of the reliability tests: aggregator processes, SDK devices and Redis proxies (see
-reliability_kit), all stopped after the test whatever its outcome. Redis servers come from
-tests/conftest.py (make_redis_server)."""
+reliability_kit and veil_testing.processes), all stopped after the test whatever its outcome.
+Redis servers come from tests/conftest.py (make_redis_server)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from reliability_kit import AggregatorProcess, Device, ReplyDelayProxy
+from reliability_kit import Device, ReplyDelayProxy, aggregator_config
+
+from veil_testing.processes import ServeProcess, making
 
 
 @pytest.fixture
-def make_aggregator(tmp_path: Path) -> Iterator[Callable[..., AggregatorProcess]]:
-    """make_aggregator(store_url, **options) -> an AggregatorProcess (not started), killed after the test."""
-    made: list[AggregatorProcess] = []
+def make_aggregator(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
+    """make_aggregator(store_url, *, log_level="info", server=None, store=None, auth=None) -> a
+    `veil serve` process of reliability_kit.aggregator_config (not started), killed after the test."""
+    directories = (tmp_path / f"aggregator-{i}" for i in itertools.count())
 
-    def make(store_url: str, **options: object) -> AggregatorProcess:
-        made.append(AggregatorProcess(tmp_path / f"aggregator-{len(made)}", store_url, **options))
-        return made[-1]
+    def make(store_url: str, *, log_level: str = "info", **options: dict) -> ServeProcess:
+        return ServeProcess(next(directories), aggregator_config(store_url, **options), log_level=log_level)
 
-    yield make
-    for process in made:
-        process.close()
+    yield from making(make, start=False)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """What the reliability tests share: a `veil serve` process that can be killed and restarted, seeded
 SDK devices that know the ground truth of what they sent, and exact reads of Redis and of SQLite files.
 
-    serve = AggregatorProcess(tmp_path, redis.url).start()     # waits for "aggregator started"
+    serve = ServeProcess(tmp_path, aggregator_config(redis.url)).start()   # veil_testing.processes
     devices = [Device(serve.endpoint, seed) for seed in range(3)]
     with Load(devices):                                          # report() in a thread per device
         serve.kill(); serve.start()
@@ -20,25 +20,19 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import json
-import os
 import random
 import selectors
-import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from config_toml import LOAD, config_toml
-from redis_server import free_port
+from veil_testing.config_toml import LOAD
+from veil_testing.processes import free_port
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.store import CountsKey, RedisStore
@@ -76,124 +70,19 @@ FAST_SDK = {
 }
 
 
-class AggregatorProcess:
-    """`python -m veil.aggregator --config FILE` on a fixed gRPC port, killable and restartable;
-    its JSON log accumulates in ``self.log`` across restarts."""
-
-    START_TIMEOUT = 30.0
-
-    def __init__(self, directory: Path, store_url: str, *, server: dict | None = None, store: dict | None = None,
-                 auth: dict | None = None, log_level: str = "info") -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.grpc_port = free_port()
-        self.http_port: int | None = None
-        self.config = directory / "veil.toml"
-        self.log = directory / "serve.log"
-        self.log_level = log_level
-        config = {
-            "server": {"grpc": f"127.0.0.1:{self.grpc_port}", "http": "127.0.0.1:0", "min_n": 100,
-                       "watch_interval": 0.1, "grace_period": 2.0, **(server or {})},
-            "store": {"url": store_url, **(store or {})},
-            "metrics": METRICS,
-        }
-        if auth is not None:
-            config["auth"] = auth
-        self._config_data = config
-        self.config.write_text(config_toml(config))
-        self.config.chmod(0o600)  # tokens inline make it a secrets file
-        self.process: subprocess.Popen | None = None
-        self.starts = 0
-        self._channel: grpc.Channel | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def set_store_url(self, url: str) -> None:
-        """Point the config at another store (a failover); takes effect at the next start()."""
-        self._config_data["store"]["url"] = url
-        self.config.write_text(config_toml(self._config_data))
-        self.config.chmod(0o600)  # tokens inline make it a secrets file
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self) -> AggregatorProcess:
-        """Start and return once it has logged "aggregator started" (its listeners are up)."""
-        assert self.process is None or self.process.poll() is not None, "already running"
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "veil.aggregator", "--config", str(self.config), "--log-level", self.log_level],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.starts += 1
-        deadline = time.monotonic() + self.START_TIMEOUT
-        while True:
-            started = [line for line in self.log_lines() if line.get("msg") == "aggregator started"]
-            if len(started) >= self.starts:
-                self.http_port = started[-1].get("http_port")
-                return self
-            if self.process.poll() is not None:
-                raise RuntimeError(f"veil serve exited with {self.process.returncode}:\n{self.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"veil serve did not start within {self.START_TIMEOUT} s:\n{self.log_text()[-3000:]}")
-            time.sleep(0.02)
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would, and reap it."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def terminate(self) -> int:
-        """SIGTERM (graceful); the exit code."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-    def close(self) -> None:
-        self.kill()
-        if self._channel is not None:
-            self._channel.close()
-
-    def rss_kib(self) -> int:
-        """The process's resident set size (VmRSS) in KiB."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def health(self, timeout: float = 2.0) -> str:
-        """The grpc.health.v1 status of the server as a whole: SERVING, NOT_SERVING, ..."""
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.endpoint)
-        response = health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                                   timeout=timeout)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def log_lines(self) -> list[dict]:
-        lines = []
-        for line in self.log_text().splitlines():
-            if line.startswith("{"):
-                try:
-                    lines.append(json.loads(line))
-                except ValueError:
-                    pass  # a line cut by SIGKILL
-        return lines
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+def aggregator_config(store_url: str, *, server: dict | None = None, store: dict | None = None,
+                      auth: dict | None = None) -> dict:
+    """The config of a `veil serve` process of these tests (processes.ServeProcess): METRICS, on a
+    fixed free gRPC port (a restart listens where the devices reconnect)."""
+    config = {
+        "server": {"grpc": f"127.0.0.1:{free_port()}", "http": "127.0.0.1:0", "min_n": 100,
+                   "watch_interval": 0.1, "grace_period": 2.0, **(server or {})},
+        "store": {"url": store_url, **(store or {})},
+        "metrics": METRICS,
+    }
+    if auth is not None:
+        config["auth"] = auth
+    return config
 
 
 class ReplyDelayProxy:

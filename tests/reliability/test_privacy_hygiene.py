@@ -33,12 +33,13 @@ from pathlib import Path
 import grpc
 import pytest
 import redis as redis_py
-from reliability_kit import LABELS, assert_exact, flush_all, wait_until
+from reliability_kit import LABELS, assert_exact, flush_all
 
 from veil.aggregator.errors import ConfigError
 from veil.aggregator.config import parse_config
 from veil.client import spec_from_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+from veil_testing.waiting import wait_until
 
 UPLOAD_TOKEN = "upload-tok-5d1c8e0f7a2b4c69a1e3"
 READ_TOKEN = "read-tok-9b7e2a4d6c1f3e58b0d2"

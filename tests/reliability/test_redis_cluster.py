@@ -1,4 +1,4 @@
-"""A Redis Cluster under load (tests/redis_cluster.py: 6 real redis-server processes, 3 masters
+"""A Redis Cluster under load (veil_testing.redis_cluster: 6 real redis-server processes, 3 masters
 and 3 replicas): a master killed and its replica promoted, slots moved between masters, the
 whole cluster down, and several aggregators on one cluster. Every test counts exactly: the
 cluster must hold the counts of exactly the reports the SDK devices saw acknowledged
@@ -14,11 +14,12 @@ import urllib.request
 import grpc
 import pytest
 from redis.crc import key_slot
-from reliability_kit import Load, RawBatch, assert_exact, flush_all, wait_until
+from reliability_kit import Load, RawBatch, assert_exact, flush_all
 
 from veil.aggregator.store import RedisStore
 from veil.aggregator.store._redis import dedupe_key, shard_tags
 from veil.wire.v1 import veil_pb2_grpc
+from veil_testing.waiting import wait_until
 
 CLUSTER_STORE = {"timeout": 1.0}
 

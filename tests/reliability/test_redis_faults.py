@@ -32,11 +32,12 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all, scaled, wait_until
+from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all, scaled
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+from veil_testing.waiting import wait_until
 
 MIB = 1024 * 1024
 

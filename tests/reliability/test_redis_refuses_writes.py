@@ -14,13 +14,14 @@ import time
 import grpc
 import pytest
 import redis as redis_py
-from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all, wait_until
+from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 from veil.aggregator.errors import ConfigError
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
+from veil_testing.waiting import wait_until
 
 
 def _refuse(client: redis_py.Redis, server, kind: str) -> None:

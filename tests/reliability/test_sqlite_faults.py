@@ -24,11 +24,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all, wait_until
+from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all
 
 from veil.aggregator.store._sqlite import SCHEMA_VERSION
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
+from veil_testing.waiting import wait_until
 
 REPLY_DELAY = 0.05  # seconds the aggregator's replies are held on their way to the devices
 

@@ -3,23 +3,14 @@ the inputs the fuzzers tried, printed in pytest's terminal summary."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
-# running.py (InProcessAggregators) lives beside the daemon tests, which pytest puts on sys.path
-# only when it collects them; running tests/security alone needs it too.
-_AGGREGATOR_TESTS = str(Path(__file__).resolve().parents[1] / "aggregator")
-if _AGGREGATOR_TESTS not in sys.path:
-    sys.path.append(_AGGREGATOR_TESTS)
-
-from running import InProcessAggregators  # noqa: E402
-
-from veil.aggregator.daemon import Aggregator  # noqa: E402
+from veil.aggregator.daemon import Aggregator
+from veil_testing.running import InProcessAggregators
 
 _TALLY = pytest.StashKey[Counter]()
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from config_toml import config_toml
-from running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, InProcessAggregators, ServeProcess, auth_section, bearer,
-                     config_dict, counted, make_upload)
+from veil_testing.processes import ServeProcess, free_port
+from veil_testing.running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, InProcessAggregators, auth_section, bearer,
+                                  config_dict, counted, make_upload)
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import max_message_bytes
@@ -63,9 +63,8 @@ def test_a_tokenless_flood_of_large_uploads_keeps_memory_bounded_and_uploads_flo
     with the app's token (read within the in-flight budget, then refused as invalid), an eighth
     sent to the tokenless health Check (read within a budget of its own), while the app uploads: the server's memory stays within its budget and a fixed allowance, and every
     one of the app's uploads goes through (retrying RESOURCE_EXHAUSTED as the SDK does)."""
-    serve = ServeProcess(tmp_path, "memory")
-    serve.config.write_text(config_toml({**config_dict("memory", serve.grpc_port, max_inflight_bytes=BUDGET),
-                                         "metrics": [*METRICS, WIDE], "auth": auth_section()}))
+    serve = ServeProcess(tmp_path, {**config_dict("memory", free_port(), max_inflight_bytes=BUDGET),
+                                    "metrics": [*METRICS, WIDE], "auth": auth_section()})
     serve.start()
     try:
         pid = serve.process.pid
@@ -117,7 +116,7 @@ def test_a_tokenless_flood_of_large_uploads_keeps_memory_bounded_and_uploads_flo
         # the flood's HTTP/2 windows and connections.
         assert peak - baseline < 2 * BUDGET + (96 << 20), (baseline >> 20, peak >> 20, codes, tried)
     finally:
-        serve.stop()
+        serve.cleanup()
 
 
 def test_a_budget_no_upload_fits_in_is_a_config_error(start_aggregator):

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from running import METRICS, config_dict, specs_of
+from veil_testing.running import METRICS, config_dict, specs_of
 from upload_contract import bitmap_width, members
 
 from veil.aggregator.config import parse_config

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 from redis.crc import key_slot
-from redis_server import free_port
+from veil_testing.processes import free_port
 from store_cases import batch, batches_added, key, random_counts
 
 from veil.aggregator.counts import Counts

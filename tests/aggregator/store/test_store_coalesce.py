@@ -18,6 +18,7 @@ from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore
 from veil.aggregator.store._coalesce import Coalescer
 from veil.aggregator.store._redis import _ADD_BATCH, counts_key, dedupe_key
+from veil_testing.waiting import wait_until
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 WAIT = 10  # seconds any thread of a test may take
@@ -40,13 +41,6 @@ def run_threads(targets: Sequence[Callable[[], object]]) -> list[object]:
         thread.join(WAIT)
         assert not thread.is_alive()
     return results
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
 
 
 class Gate:
@@ -97,7 +91,7 @@ def test_writes_arriving_during_a_flush_go_out_together_in_order():
     threads = [threading.Thread(target=submit(w)) for w in queued]
     for thread in threads:
         thread.start()
-    wait_until(lambda: len(coalescer._queues["g"]) == len(queued))  # noqa: SLF001 (the first was taken)
+    assert wait_until(lambda: len(coalescer._queues["g"]) == len(queued), WAIT, 0.005)  # noqa: SLF001 (the first was taken)
     gate.opened.set()
     first.join(WAIT)
     for thread in threads:
@@ -122,7 +116,7 @@ def test_every_caller_gets_its_own_result_and_groups_are_capped():
     threads = [threading.Thread(target=submit, args=(w,)) for w in writes]
     for thread in threads:
         thread.start()
-    wait_until(lambda: len(coalescer._queues["g"]) == 10)  # noqa: SLF001
+    assert wait_until(lambda: len(coalescer._queues["g"]) == 10, WAIT, 0.005)  # noqa: SLF001
     gate.opened.set()
     for thread in [holder, *threads]:
         thread.join(WAIT)
@@ -148,7 +142,7 @@ def test_a_failed_flush_fails_every_caller_of_its_group_and_the_next_group_still
     coalescer.observe(lambda batches, seconds, failed: seen.append(failed))
     holder = threading.Thread(target=coalescer.submit, args=("g", "hold"))
     holder.start()
-    wait_until(lambda: calls)
+    assert wait_until(lambda: calls, WAIT, 0.005)
     results = run_threads([lambda w=w: coalescer.submit("g", w) for w in ("a", "b", "c")])
     holder.join(WAIT)
     failures = [r for r in results if isinstance(r, BaseException)]
@@ -237,7 +231,8 @@ def add_concurrently(store: RedisStore, writes, *, before_release: Callable[[], 
     for thread in threads[1:]:
         thread.start()
     coalescer = store._coalescer  # noqa: SLF001
-    wait_until(lambda: sum(len(q) for q in coalescer._queues.values()) == len(writes) - 1)  # noqa: SLF001
+    assert wait_until(lambda: sum(len(q) for q in coalescer._queues.values()) == len(writes) - 1,  # noqa: SLF001
+                      WAIT, 0.005)
     before_release()
     release.set()
     for thread in threads:
@@ -344,7 +339,7 @@ def test_a_group_applied_but_not_acknowledged_counts_once_on_retry(redis_server,
     threads = [threading.Thread(target=add, args=(i,)) for i in range(1, 6)]
     for thread in threads:
         thread.start()
-    wait_until(lambda: sum(len(q) for q in store._coalescer._queues.values()) == 5)  # noqa: SLF001
+    assert wait_until(lambda: sum(len(q) for q in store._coalescer._queues.values()) == 5, WAIT, 0.005)  # noqa: SLF001
     stall.start()
     while True:  # until DEBUG SLEEP has the server
         try:

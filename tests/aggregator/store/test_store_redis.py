@@ -16,6 +16,7 @@ from veil.aggregator.counts import Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import _counts_of, _integers, counts_key, dedupe_key
+from veil_testing.waiting import wait_until
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 
@@ -178,10 +179,8 @@ def test_wait_with_a_replica_acknowledges_the_batch(make_redis_server, rng, make
     primary = make_redis_server(args=("--repl-diskless-sync", "no"))
     replica = make_redis_server(replicaof=primary)
     with redis.Redis.from_url(primary.url) as client:  # until the first sync is over: WAIT counts online replicas
-        deadline = time.monotonic() + 10
-        while client.info("replication").get("slave0", {}).get("state") != "online":
-            assert time.monotonic() < deadline, "the replica did not come online"
-            time.sleep(0.02)
+        online = wait_until(lambda: client.info("replication").get("slave0", {}).get("state") == "online", 10, 0.02)
+        assert online, "the replica did not come online"
     store = make_store(primary.url, wait_replicas=1, wait_timeout_ms=400)
     write = batch(random_counts(range(4), 3, rng), key())
     assert store.add(write) is True

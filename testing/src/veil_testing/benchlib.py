@@ -20,7 +20,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+__all__ = ["QUICK_RESULTS_DIR", "RESULTS_DIR", "machine_info", "median", "progress", "timed", "write_results"]
+
+# bench/results of the checkout: this package is installed in development mode (the dev extra),
+# so its files stay in the checkout's testing/src/veil_testing.
+RESULTS_DIR = Path(__file__).resolve().parents[3] / "bench" / "results"
 # Where `make bench-quick` (bench/report.py --run --quick) puts its smoke runs, so that they never
 # overwrite the real results.
 QUICK_RESULTS_DIR = RESULTS_DIR / "quick"

@@ -16,9 +16,9 @@ replication speak TLS only (``tls-cluster yes``, ``tls-replication yes``): a cli
 with TLS is told the nodes' TLS ports (CLUSTER SLOTS answers by the asking connection's kind),
 so it reaches every node with TLS. The plaintext ports stay, for this harness's own commands.
 
-Each node is a tests/redis_server.py RedisServer (free port, own directory, SIGKILL when the
+Each node is a redis_server.RedisServer (free port, own directory, SIGKILL when the
 starting thread dies); the cluster is made with `redis-cli --cluster create ... --cluster-replicas
-1 --cluster-yes`. Standard library only, as redis_server.py.
+1 --cluster-yes`. No redis-py, as redis_server.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
 
-from redis_server import RedisServer, free_port
+from veil_testing.processes import Started, free_port
+from veil_testing.redis_server import RedisServer
 
 __all__ = ["RedisClusterServers", "TlsFiles"]
 
@@ -49,7 +50,7 @@ class TlsFiles(NamedTuple):
     client_key: Path
 
 
-class RedisClusterServers:
+class RedisClusterServers(Started):
     def __init__(self, masters: int = 3, *, appendonly: bool = False, tls: TlsFiles | None = None) -> None:
         self.cli = shutil.which("redis-cli")
         if self.cli is None:
@@ -183,16 +184,6 @@ class RedisClusterServers:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
-
-    def __enter__(self) -> RedisClusterServers:
-        try:
-            return self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
 
 
 def _tls_args(tls: TlsFiles, port: int) -> tuple[str, ...]:

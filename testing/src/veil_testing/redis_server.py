@@ -7,44 +7,29 @@
 
 No persistence unless asked (``--save "" --appendonly no``). DEBUG is enabled for local
 clients (DEBUG SLEEP simulates a stalled server). On Linux a server gets SIGKILL when the
-thread that started it exits, so start servers from the test's own thread. Standard library
-only, so a conftest can import it without loading redis-py.
+thread that started it exits, so start servers from the test's own thread. No redis-py, so a
+conftest can import it without loading redis-py.
 """
 
 from __future__ import annotations
 
 import itertools
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["RedisServer", "free_port"]
+from veil_testing.processes import Started, free_port, tied_to_parent
+
+__all__ = ["RedisServer"]
 
 _MISSING = "redis-server is not installed (not on PATH); `make test` installs it (Debian package redis-server)."
 _READY_TIMEOUT = 10.0  # seconds for a start, AOF loading included
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the test process dies, so no server outlives a killed run."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class RedisServer:
+class RedisServer(Started):
     def __init__(
         self,
         *,
@@ -135,23 +120,8 @@ class RedisServer:
         path = self.dir / "redis.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def __enter__(self) -> RedisServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
-
     def _launch(self) -> None:
-        # The server must die with the test process. `setpriv --pdeathsig KILL` arranges that
-        # without a preexec_fn: a preexec_fn makes subprocess run Python's at-fork hooks in the
-        # child, where grpcio aborts when the test already has live gRPC channels.
-        setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
         argv = [
-            *([setpriv, "--pdeathsig", "KILL"] if setpriv else []),
             self.binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
@@ -165,12 +135,7 @@ class RedisServer:
             *self._args,
         ]  # fmt: skip
         self.process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" and not setpriv else None,
-        )
+            **tied_to_parent(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def _wait_ready(self) -> bool:
         """True once it answers PING (an error like -NOAUTH counts, -LOADING does not); False if

@@ -1,0 +1,13 @@
+"""What Veil's tests and benchmarks share (installed by the `dev` extra; never in the wheel).
+
+- processes: free ports, children that die with their parent, start/cleanup as a context
+  manager, and `veil serve` as a killable, restartable process (ServeProcess)
+- waiting: wait_until, the one polling loop
+- data: zipf_shares, the skewed category law of the statistical tests and the benchmarks
+- redis_server, redis_cluster: real redis-server processes and Redis Clusters on free ports
+- chromium: headless Chromium over the DevTools protocol
+- config_toml: aggregator configs as TOML text
+- running: the daemon tests' metrics, configs, in-process aggregators, tokens and uploads
+- pki: a throwaway CA with server and client certificates
+- benchlib: what every benchmark script shares (machine facts, timer, results files)
+"""
