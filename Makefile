@@ -7,12 +7,13 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-all bench bench-quick profile proto-check redis-server chromium node promtool clean help
+.PHONY: demo lint test test-all bench bench-quick profile proto-check redis-server chromium node promtool clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
 	@echo "               embedded SQLite store (a temporary file), simulated devices, the dashboard"
-	@echo "make test      run the test suite (installs what it needs)"
+	@echo "make test      lint, then run the test suite (installs what it needs)"
+	@echo "make lint      ruff (lint and format check) and mypy, as configured in pyproject.toml"
 	@echo "make test-all  the test suite with the slow statistical tests"
 	@echo "make bench     run the benchmarks against the peer libraries (bench/results/)"
 	@echo "make bench-quick  a minute-long smoke run of the benchmarks (numbers mean nothing)"
@@ -64,7 +65,13 @@ client/js/dist/.built: client/js/package.json client/js/package-lock.json proto/
 demo: $(VENV)/.aggregator
 	$(VENV)/bin/veil demo
 
-test: $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
+# Lint, format and types first: they take seconds, the tests minutes.
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -m "not slow" -q
 
 test-all: $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
@@ -87,5 +94,5 @@ proto-check: $(VENV)/.dev
 	$(PY) proto/generate.py --check
 
 clean:
-	rm -rf $(VENV) .pytest_cache build dist client/js/node_modules client/js/dist
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -40,7 +40,6 @@ from typing import Any
 from bench_ingest import (
     GRAIN,
     SHAPES,
-    UPLOAD_PATH,
     AggregatorProcess,
     Ledger,
     LoadProcesses,
@@ -71,8 +70,10 @@ def null_server(port_file: str) -> int:
     def handle(request: bytes, context: Any) -> bytes:
         return b""
 
-    handler = grpc.method_handlers_generic_handler("veil.wire.v1.Collector", {
-        "Upload": grpc.unary_unary_rpc_method_handler(handle, request_deserializer=None, response_serializer=None)})
+    handler = grpc.method_handlers_generic_handler(
+        "veil.wire.v1.Collector",
+        {"Upload": grpc.unary_unary_rpc_method_handler(handle, request_deserializer=None, response_serializer=None)},
+    )
     server = grpc.server(futures.ThreadPoolExecutor(16), handlers=[handler])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -96,8 +97,17 @@ class Masters:
         return out
 
 
-def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters | None, shape_name: str, k: int,
-            reports: int, rounds: int, ledger: Ledger, null: tuple[str, int] | None = None) -> dict[str, Any]:
+def measure(
+    load: LoadProcesses,
+    aggregator: AggregatorProcess,
+    masters: Masters | None,
+    shape_name: str,
+    k: int,
+    reports: int,
+    rounds: int,
+    ledger: Ledger,
+    null: tuple[str, int] | None = None,
+) -> dict[str, Any]:
     """Median CPU per upload over the rounds; with `null` (the do-nothing server's endpoint and
     pid) each round sends the do-nothing server the same load too, as A-B-B-A: half of its
     calls, the aggregator's in two halves, then its other half, so that a load on the machine
@@ -121,8 +131,13 @@ def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters
         before = masters.seconds() if masters else []
         result = run_once(load, aggregator, shape, metric, part, {}, ledger)
         after = masters.seconds() if masters else []
-        return (cpu_seconds(aggregator.pids) - before_cpu, [a - b for a, b in zip(after, before)], result["uploads"],
-                result["uploads"] / result["uploads_per_second"], result["exact"])
+        return (
+            cpu_seconds(aggregator.pids) - before_cpu,
+            [a - b for a, b in zip(after, before)],
+            result["uploads"],
+            result["uploads"] / result["uploads_per_second"],
+            result["exact"],
+        )
 
     for _ in range(rounds):
         first = null_turn() if null is not None else None
@@ -131,22 +146,31 @@ def measure(load: LoadProcesses, aggregator: AggregatorProcess, masters: Masters
             cpu, calls, seconds = (a + b for a, b in zip(first, null_turn()))
             nulls.append({"us": cpu / calls * 1e6, "calls_per_second": calls / seconds})
         uploads = sum(t[2] for t in turns)
-        samples.append({
-            "uploads_per_second": uploads / sum(t[3] for t in turns),
-            "aggregator_us": sum(t[0] for t in turns) / uploads * 1e6,
-            "master_us": [sum(m) / uploads * 1e6 for m in zip(*(t[1] for t in turns))],
-            "exact": all(t[4] for t in turns),
-        })
+        samples.append(
+            {
+                "uploads_per_second": uploads / sum(t[3] for t in turns),
+                "aggregator_us": sum(t[0] for t in turns) / uploads * 1e6,
+                "master_us": [sum(m) / uploads * 1e6 for m in zip(*(t[1] for t in turns))],
+                "exact": all(t[4] for t in turns),
+            }
+        )
     master_us = [statistics.median(s["master_us"][i] for s in samples) for i in range(len(samples[0]["master_us"]))]
     extra = {}
     if nulls:
         ratios = [n["us"] / s["aggregator_us"] for n, s in zip(nulls, samples)]
-        extra["null"] = {"us_per_call": statistics.median(n["us"] for n in nulls),
-                         "us_per_call_rounds": [round(n["us"], 1) for n in nulls],
-                         "calls_per_second": statistics.median(n["calls_per_second"] for n in nulls),
-                         "ratio": statistics.median(ratios), "ratio_rounds": [round(r, 3) for r in ratios]}
-    return {**extra,
-        "shape": shape_name, "k": k, "batch": shape.batch, "in_flight": shape.in_flight,
+        extra["null"] = {
+            "us_per_call": statistics.median(n["us"] for n in nulls),
+            "us_per_call_rounds": [round(n["us"], 1) for n in nulls],
+            "calls_per_second": statistics.median(n["calls_per_second"] for n in nulls),
+            "ratio": statistics.median(ratios),
+            "ratio_rounds": [round(r, 3) for r in ratios],
+        }
+    return {
+        **extra,
+        "shape": shape_name,
+        "k": k,
+        "batch": shape.batch,
+        "in_flight": shape.in_flight,
         "uploads_per_second": statistics.median(s["uploads_per_second"] for s in samples),
         "aggregator_us_per_upload": statistics.median(s["aggregator_us"] for s in samples),
         "master_us_per_upload": master_us,
@@ -159,8 +183,11 @@ def predict(row: dict[str, Any], cores: int, masters: int) -> dict[str, float]:
     redis_us = sum(row["master_us_per_upload"])
     redis = math.inf if not redis_us else masters * 1e6 / redis_us
     uploads = min(aggregator, redis)
-    return {"uploads_per_second": uploads, "reports_per_second": uploads * row["batch"],
-            "bound": "aggregator" if aggregator <= redis else "redis"}
+    return {
+        "uploads_per_second": uploads,
+        "reports_per_second": uploads * row["batch"],
+        "bound": "aggregator" if aggregator <= redis else "redis",
+    }
 
 
 def masters_needed(row: dict[str, Any], cores: int) -> int:
@@ -174,11 +201,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny runs, numbers mean nothing")
     parser.add_argument("--rounds", type=int, help="runs per cell (default 3; 1 with --quick)")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
-    parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES),
-                        help="memory, sqlite, redis, cluster (default all); report.py passes its --stores")
-    parser.add_argument("--cluster-shards", type=int, nargs="+", default=[3, 12],
-                        help="store.shards of the cluster variants; the first is modelled (default 3, one per "
-                             "master as by default, and 12)")
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        choices=STORES,
+        default=list(STORES),
+        help="memory, sqlite, redis, cluster (default all); report.py passes its --stores",
+    )
+    parser.add_argument(
+        "--cluster-shards",
+        type=int,
+        nargs="+",
+        default=[3, 12],
+        help="store.shards of the cluster variants; the first is modelled (default 3, one per "
+        "master as by default, and 12)",
+    )
     parser.add_argument("--load-processes", type=int, default=2)
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/capacity.json)")
     parser.add_argument("--null-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
@@ -254,13 +291,17 @@ def main(argv: list[str] | None = None) -> int:
                         row = measure(load, aggregator, masters, shape, k, calls, args.rounds, ledger, beside)
                         row["store"] = name
                         rows.append(row)
-                        progress(f"{name} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
-                                 f"{row['aggregator_us_per_upload']:.0f} us/upload, masters "
-                                 f"{[round(u) for u in row['master_us_per_upload']]} us/upload")
+                        progress(
+                            f"{name} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
+                            f"{row['aggregator_us_per_upload']:.0f} us/upload, masters "
+                            f"{[round(u) for u in row['master_us_per_upload']]} us/upload"
+                        )
                         if "null" in row:
                             checks[f"efficiency_{name}"] = {
-                                **row["null"], "aggregator_us_per_upload": row["aggregator_us_per_upload"],
-                                "goal": EFFICIENCY_GOAL}
+                                **row["null"],
+                                "aggregator_us_per_upload": row["aggregator_us_per_upload"],
+                                "goal": EFFICIENCY_GOAL,
+                            }
                             checks[f"efficiency_{name}"]["ok"] = row["null"]["ratio"] >= EFFICIENCY_GOAL
                 if store == "cluster":
                     mine = [r for r in rows if r["store"] == name]
@@ -268,12 +309,15 @@ def main(argv: list[str] | None = None) -> int:
                         us = row["master_us_per_upload"]
                         row["master_spread"] = (max(us) - min(us)) / statistics.mean(us)
                     # The whole run's load per master: every cell's CPU per upload, weighted by its uploads.
-                    total = [sum(r["master_us_per_upload"][i] for r in mine)
-                             for i in range(len(mine[0]["master_us_per_upload"]))]
+                    total = [
+                        sum(r["master_us_per_upload"][i] for r in mine)
+                        for i in range(len(mine[0]["master_us_per_upload"]))
+                    ]
                     checks[f"{name}_masters_even"] = {
                         "per_cell_max_spread": max(r["master_spread"] for r in mine),
                         "overall_spread": (max(total) - min(total)) / statistics.mean(total),
-                        "goal": EVEN_GOAL}
+                        "goal": EVEN_GOAL,
+                    }
                     checks[f"{name}_masters_even"]["ok"] = checks[f"{name}_masters_even"]["overall_spread"] <= EVEN_GOAL
                     if shards != args.cluster_shards[0]:
                         continue
@@ -288,9 +332,12 @@ def main(argv: list[str] | None = None) -> int:
                     load.command("extend", large)
                     row = measure(load, two, masters, "small", args.ks[0], small, args.rounds, ledger)
                     one = next(r for r in mine if r["k"] == args.ks[0] and r["shape"] == "small")
-                    checks[f"{name}_processes"] = {"one": one["uploads_per_second"], "two": row["uploads_per_second"],
-                                                   "one_us": one["aggregator_us_per_upload"],
-                                                   "two_us": row["aggregator_us_per_upload"]}
+                    checks[f"{name}_processes"] = {
+                        "one": one["uploads_per_second"],
+                        "two": row["uploads_per_second"],
+                        "one_us": one["aggregator_us_per_upload"],
+                        "two_us": row["aggregator_us_per_upload"],
+                    }
                     two.redis = None
         finally:
             load.stop()
@@ -303,15 +350,27 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for cores in CORES:
             masters = masters_needed(row, cores)
-            predictions.append({"k": row["k"], "shape": row["shape"], "cores": cores, "masters": masters,
-                                **predict(row, cores, masters)})
+            predictions.append(
+                {
+                    "k": row["k"],
+                    "shape": row["shape"],
+                    "cores": cores,
+                    "masters": masters,
+                    **predict(row, cores, masters),
+                }
+            )
     results = {
         "benchmark": "capacity",
         "command": shlex.join([sys.executable, *sys.argv]),
         "machine": machine,
-        "settings": {"quick": args.quick, "rounds": args.rounds, "ks": args.ks, "stores": args.stores,
-                     "cluster_shards": args.cluster_shards,
-                     "reports_per_process": {"small": small, "large": large}},
+        "settings": {
+            "quick": args.quick,
+            "rounds": args.rounds,
+            "ks": args.ks,
+            "stores": args.stores,
+            "cluster_shards": args.cluster_shards,
+            "reports_per_process": {"small": small, "large": large},
+        },
         "rows": rows,
         "predictions": predictions,
         "checks": checks,
@@ -327,14 +386,20 @@ def print_tables(results: dict[str, Any]) -> None:
     print("\nCPU per upload (median), us: aggregator | each master")
     for row in results["rows"]:
         masters = " ".join(f"{u:.0f}" for u in row["master_us_per_upload"]) or "-"
-        print(f"  {row['store']:11} k={row['k']:<5} {row['batch']:>4}-report: "
-              f"{row['uploads_per_second']:8.0f} uploads/s"
-              f"  aggregator {row['aggregator_us_per_upload']:6.0f} | masters {masters}")
-    print(f"\nPredicted (cluster-s{results['settings']['cluster_shards'][0]} measurements): N aggregator cores, "
-          "the masters that keep up with them")
+        print(
+            f"  {row['store']:11} k={row['k']:<5} {row['batch']:>4}-report: "
+            f"{row['uploads_per_second']:8.0f} uploads/s"
+            f"  aggregator {row['aggregator_us_per_upload']:6.0f} | masters {masters}"
+        )
+    print(
+        f"\nPredicted (cluster-s{results['settings']['cluster_shards'][0]} measurements): N aggregator cores, "
+        "the masters that keep up with them"
+    )
     for p in results["predictions"]:
-        print(f"  k={p['k']:<5} {p['shape']:5} N={p['cores']:<4} M={p['masters']:<3} {p['uploads_per_second']:>12,.0f} "
-              f"uploads/s {p['reports_per_second']:>14,.0f} reports/s ({p['bound']}-bound)")
+        print(
+            f"  k={p['k']:<5} {p['shape']:5} N={p['cores']:<4} M={p['masters']:<3} {p['uploads_per_second']:>12,.0f} "
+            f"uploads/s {p['reports_per_second']:>14,.0f} reports/s ({p['bound']}-bound)"
+        )
     print("\nChecks")
     for name, check in results["checks"].items():
         print(f"  {name}: {check}")

@@ -37,15 +37,40 @@ def start_aggregator() -> Any:
     from veil.aggregator.config import parse_config
     from veil.aggregator.daemon import Aggregator
 
-    aggregator = Aggregator(parse_config({
-        "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 10},
-        "store": {"url": "memory"},
-        "metrics": [{"name": f"m{i}", "labels": [f"c{j}" for j in range(16)], "epsilon": 1.0,
-                     "windows": ["total", "1h"]} for i in range(3)]}))
+    aggregator = Aggregator(
+        parse_config(
+            {
+                "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 10},
+                "store": {"url": "memory"},
+                "metrics": [
+                    {
+                        "name": f"m{i}",
+                        "labels": [f"c{j}" for j in range(16)],
+                        "epsilon": 1.0,
+                        "windows": ["total", "1h"],
+                    }
+                    for i in range(3)
+                ],
+            }
+        )
+    )
     aggregator.start()
     for i in range(3):
-        subprocess.run([VEIL, "simulate", f"m{i}", "--reports", "1000", "--seed", str(i), "--address",
-                        f"127.0.0.1:{aggregator.grpc_port}"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                VEIL,
+                "simulate",
+                f"m{i}",
+                "--reports",
+                "1000",
+                "--seed",
+                str(i),
+                "--address",
+                f"127.0.0.1:{aggregator.grpc_port}",
+            ],
+            check=True,
+            capture_output=True,
+        )
     return aggregator
 
 
@@ -59,8 +84,12 @@ def wall_seconds(command: list[str], runs: int) -> dict[str, float]:
             samples.append(time.perf_counter() - started)
         if done.returncode != 0:
             raise SystemExit(f"bench_cli: {shlex.join(command)} exited {done.returncode}: {done.stderr.strip()}")
-    return {"median_ms": statistics.median(samples) * 1000, "min_ms": min(samples) * 1000,
-            "max_ms": max(samples) * 1000, "runs": runs}
+    return {
+        "median_ms": statistics.median(samples) * 1000,
+        "min_ms": min(samples) * 1000,
+        "max_ms": max(samples) * 1000,
+        "runs": runs,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,16 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, command in commands.items():
             results[name] = wall_seconds(command, runs)
-            progress(f"  {name}: median {results[name]['median_ms']:.0f} ms, "
-                     f"max {results[name]['max_ms']:.0f} ms ({shlex.join(command[1:])})")
+            progress(
+                f"  {name}: median {results[name]['median_ms']:.0f} ms, "
+                f"max {results[name]['max_ms']:.0f} ms ({shlex.join(command[1:])})"
+            )
     finally:
         aggregator.stop()
-    write_results(args.output or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR) / "cli.json", {
-        "command": shlex.join(["python", "bench/bench_cli.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine_info(("grpcio", "protobuf")),
-        "settings": {"quick": args.quick, "runs": runs, "goal_ms": GOAL_MS},
-        "cli": results,
-    })
+    write_results(
+        args.output or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR) / "cli.json",
+        {
+            "command": shlex.join(["python", "bench/bench_cli.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": machine_info(("grpcio", "protobuf")),
+            "settings": {"quick": args.quick, "runs": runs, "goal_ms": GOAL_MS},
+            "cli": results,
+        },
+    )
     return 0
 
 

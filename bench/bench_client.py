@@ -73,10 +73,14 @@ def serve() -> None:
     from veil.mechanism import MetricSpec
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    specs = [MetricSpec.create(metric_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e,
-                               reports_per_period=2**32 - 1) for k in KS for e in EPSILONS]
-    specs += [MetricSpec.create(daily_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e)
-              for k in KS for e in EPSILONS]
+    specs = [
+        MetricSpec.create(metric_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e, reports_per_period=2**32 - 1)
+        for k in KS
+        for e in EPSILONS
+    ]
+    specs += [
+        MetricSpec.create(daily_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e) for k in KS for e in EPSILONS
+    ]
     response = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(s) for s in specs])
     seen: set[bytes] = set()
 
@@ -175,8 +179,14 @@ def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], 
             for memoize in (False, True, "queue_dir"):
                 directory = {"queue_dir": work / f"k{k}-e{epsilon:g}"} if memoize == "queue_dir" else {}
                 reporters[k, epsilon, memoize] = Reporter(
-                    endpoint, tls=False, memoize=bool(memoize), max_queue_size=4 * calls[k] + 4096,
-                    retry_initial_backoff_ms=100, retry_max_backoff_ms=1000, **directory)
+                    endpoint,
+                    tls=False,
+                    memoize=bool(memoize),
+                    max_queue_size=4 * calls[k] + 4096,
+                    retry_initial_backoff_ms=100,
+                    retry_max_backoff_ms=1000,
+                    **directory,
+                )
     for reporter in reporters.values():
         assert reporter.wait_for_specs(30), "the local Collector did not answer"
     values = {k: [f"c{rng.randrange(k)}" for _ in range(calls[k])] for k in KS}
@@ -199,9 +209,11 @@ def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], 
                     results["bare_randomize"][cell] = bare_randomize(spec, values[k])
                     results["bounds"][cell] = bounds(reporters[k, epsilon, "queue_dir"], k, epsilon, values[k])
                 r = results[phase][cell]
-                progress(f"  server {phase:4} {cell:14} memo off median {r['memo off']['median_us']:8.1f} us "
-                         f"p99 {r['memo off']['p99_us']:8.1f} us | memo on median {r['memo on']['median_us']:6.1f} us "
-                         f"p99 {r['memo on']['p99_us']:6.1f} us")
+                progress(
+                    f"  server {phase:4} {cell:14} memo off median {r['memo off']['median_us']:8.1f} us "
+                    f"p99 {r['memo off']['p99_us']:8.1f} us | memo on median {r['memo on']['median_us']:6.1f} us "
+                    f"p99 {r['memo on']['p99_us']:6.1f} us"
+                )
     for reporter in reporters.values():
         reporter.shutdown(0)
     return results
@@ -237,21 +249,33 @@ def run_throughput(reports: dict[int, int], seed: int) -> dict:
                     sent = after.sent - before.sent
                 cell = f"k={k} eps={epsilon:g}"
                 size = report_bytes(spec.mechanism, encoding(spec.mechanism))
-                results[cell] = {"reports": n, "sent": sent, "dropped": after.dropped, "seconds": seconds,
-                                 "report_loop_seconds": reported, "reports_per_second": sent / seconds,
-                                 "batch_size": 512, "bytes_per_report": size,
-                                 "upload_megabytes_per_second": sent * size / seconds / 1e6}
-                progress(f"  throughput {cell:14} {sent / seconds:12,.0f} reports/s "
-                         f"({results[cell]['upload_megabytes_per_second']:.1f} MB/s of reports)")
+                results[cell] = {
+                    "reports": n,
+                    "sent": sent,
+                    "dropped": after.dropped,
+                    "seconds": seconds,
+                    "report_loop_seconds": reported,
+                    "reports_per_second": sent / seconds,
+                    "batch_size": 512,
+                    "bytes_per_report": size,
+                    "upload_megabytes_per_second": sent * size / seconds / 1e6,
+                }
+                progress(
+                    f"  throughput {cell:14} {sent / seconds:12,.0f} reports/s "
+                    f"({results[cell]['upload_megabytes_per_second']:.1f} MB/s of reports)"
+                )
     finally:
         stop_server(server)
     return results
 
 
 def table(results: dict) -> str:
-    lines = ["report() latency, subset design, microseconds per call (median / p99)", "",
-             f"{'cell':16}{'bare randomize':>18}{'up, memo off':>20}{'up, memo on':>18}"
-             f"{'down, memo off':>20}{'down, memo on':>18}"]
+    lines = [
+        "report() latency, subset design, microseconds per call (median / p99)",
+        "",
+        f"{'cell':16}{'bare randomize':>18}{'up, memo off':>20}{'up, memo on':>18}"
+        f"{'down, memo off':>20}{'down, memo on':>18}",
+    ]
     for cell, bare in results["latency"]["bare_randomize"].items():
         row = f"{cell:16}{bare['median_us']:>9.1f} /{bare['p99_us']:>7.1f}"
         for phase in ("up", "down"):
@@ -260,15 +284,22 @@ def table(results: dict) -> str:
                 width = 11 if key == "memo off" else 9
                 row += f"{r['median_us']:>{width}.1f} /{r['p99_us']:>7.1f}"
         lines.append(row)
-    lines += ["", "device-level bounds, server up, microseconds per call (median / p99)", "",
-              f"{'cell':16}{'memo on, queue_dir':>22}{'period bound':>20}"]
+    lines += [
+        "",
+        "device-level bounds, server up, microseconds per call (median / p99)",
+        "",
+        f"{'cell':16}{'memo on, queue_dir':>22}{'period bound':>20}",
+    ]
     for cell, r in results["latency"]["bounds"].items():
         a, b = r["memo on, queue_dir"], r["period bound"]
-        lines.append(f"{cell:16}{a['median_us']:>13.1f} /{a['p99_us']:>7.1f}{b['median_us']:>11.1f} /{b['p99_us']:>7.1f}")
+        lines.append(
+            f"{cell:16}{a['median_us']:>13.1f} /{a['p99_us']:>7.1f}{b['median_us']:>11.1f} /{b['p99_us']:>7.1f}"
+        )
     lines += ["", "upload throughput (report() .. force_flush(), memo on, batches of 512)", ""]
     for cell, r in results["throughput"].items():
-        lines.append(f"{cell:16}{r['reports_per_second']:>14,.0f} reports/s"
-                     f"  {r['upload_megabytes_per_second']:6.1f} MB/s")
+        lines.append(
+            f"{cell:16}{r['reports_per_second']:>14,.0f} reports/s  {r['upload_megabytes_per_second']:6.1f} MB/s"
+        )
     return "\n".join(lines)
 
 
@@ -307,8 +338,15 @@ def main() -> int:
         "benchmark": "client",
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(("grpcio", "protobuf")),
-        "settings": {"quick": args.quick, "mechanism": MECHANISM, "calls": per_k, "throughput_reports": per_k_through,
-                     "random_source": "OS CSPRNG (secrets)", "gc": "enabled", "pid": os.getpid()},
+        "settings": {
+            "quick": args.quick,
+            "mechanism": MECHANISM,
+            "calls": per_k,
+            "throughput_reports": per_k_through,
+            "random_source": "OS CSPRNG (secrets)",
+            "gc": "enabled",
+            "pid": os.getpid(),
+        },
         "latency": latency_results,
         "throughput": throughput_results,
     }

@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from veil_testing.benchlib import RESULTS_DIR, machine_info, median, progress, write_results
 from veil_testing.data import zipf_shares
 from veil_testing.processes import ServeProcess, free_port
@@ -125,8 +124,17 @@ def config_dict(ks: list[int], epsilons: list[float], store_url: str, processes:
     return {
         "server": server,
         "store": {"url": store_url},
-        "metrics": [{"name": metric_name(k, e), "labels": labels(k), "mechanism": MECHANISM, "epsilon": e,
-                     "windows": list(WINDOWS)} for k in ks for e in epsilons],
+        "metrics": [
+            {
+                "name": metric_name(k, e),
+                "labels": labels(k),
+                "mechanism": MECHANISM,
+                "epsilon": e,
+                "windows": list(WINDOWS),
+            }
+            for k in ks
+            for e in epsilons
+        ],
     }
 
 
@@ -146,8 +154,9 @@ def store_counts(config: Any, store: Any, since: float, metrics: list[str] | Non
         for window in metric.windows:
             n = np.zeros(len(weights), np.int64)
             v = np.zeros((len(weights), spec.k), np.int64)
-            starts = [0] if window.span is None else range(window.bucket(since)[0], window.bucket(now)[0] + 1,
-                                                           window.span)
+            starts = (
+                [0] if window.span is None else range(window.bucket(since)[0], window.bucket(now)[0] + 1, window.span)
+            )
             for start in starts:
                 key = CountsKey(metric.name, metric.spec.fingerprint, window.name, start)
                 counts = store.read(key, weights, spec.k)
@@ -304,7 +313,7 @@ class ReportPool:
             if self.size == 0:
                 self._check_encoding(rows)
             for start in range(0, m, GRAIN):
-                count_reports(self.spec, rows[start:start + GRAIN], out=self._running)
+                count_reports(self.spec, rows[start : start + GRAIN], out=self._running)
                 self.prefix.append((self._running.n.copy(), self._running.v.copy()))
             self.chunks.append(self._pack(rows))
             self.size += m
@@ -326,7 +335,7 @@ class ReportPool:
         """The serialized UploadRequest of reports start .. start + count, without its batch id."""
         from veil.wire.v1 import veil_pb2
 
-        payload = self.packed[start:start + count].tobytes()
+        payload = self.packed[start : start + count].tobytes()
         request = veil_pb2.UploadRequest(metric=self.metric.name, spec_fingerprint=self.metric.fingerprint, count=count)
         if self.bitmaps:
             request.bitmaps.bits = payload
@@ -340,13 +349,15 @@ class ReportPool:
         from veil.client._encoding import encode_batch
 
         saved = self.packed
-        self.packed = self._pack(rows[:max(s.batch for s in SHAPES.values())])
+        self.packed = self._pack(rows[: max(s.batch for s in SHAPES.values())])
         for batch in sorted({s.batch for s in SHAPES.values()}):
             batch_id = os.urandom(16)
             sdk = encode_batch(self.metric, [tuple(r) for r in rows[:batch].tolist()], batch_id)
             if sdk != BATCH_ID_HEADER + batch_id + self._tail(0, batch):
-                raise AssertionError(f"{self.metric.name}: the benchmark's encoding of {batch} reports differs "
-                                     "from veil.client._encoding.encode_batch")
+                raise AssertionError(
+                    f"{self.metric.name}: the benchmark's encoding of {batch} reports differs "
+                    "from veil.client._encoding.encode_batch"
+                )
             self.encoding_checked.append(batch)
         self.packed = saved
 
@@ -379,14 +390,17 @@ def load_process(conn: Any, index: int) -> None:
             elif command == "extend":
                 started = time.perf_counter()
                 pool.extend(arguments)
-                reply = {"size": pool.size, "seconds": time.perf_counter() - started,
-                         "encoding_checked": pool.encoding_checked}
+                reply = {
+                    "size": pool.size,
+                    "seconds": time.perf_counter() - started,
+                    "encoding_checked": pool.encoding_checked,
+                }
             elif command == "run":
                 reply = asyncio.run(_send_uploads(conn, pool, **arguments))
             else:
                 raise ValueError(f"unknown command {command!r}")
             conn.send(("ok", reply))
-        except BaseException:
+        except BaseException:  # noqa: BLE001 (the parent reports it: a load process must answer every command)
             conn.send(("error", traceback.format_exc()))
 
 
@@ -404,8 +418,12 @@ async def _send_uploads(conn: Any, pool: ReportPool, endpoint: str, batch: int, 
     try:
         for channel in channels:
             await asyncio.wait_for(channel.channel_ready(), 30)
-        calls = [channel.unary_unary(UPLOAD_PATH, request_serializer=None,
-                                     response_deserializer=veil_pb2.UploadResponse.FromString) for channel in channels]
+        calls = [
+            channel.unary_unary(
+                UPLOAD_PATH, request_serializer=None, response_deserializer=veil_pb2.UploadResponse.FromString
+            )
+            for channel in channels
+        ]
         gc.collect()
         conn.send(("ready", None))
         conn.recv()  # "go": blocking the loop here is fine, nothing is in flight yet
@@ -430,8 +448,17 @@ async def _send_uploads(conn: Any, pool: ReportPool, endpoint: str, batch: int, 
         for channel in channels:
             await channel.close()
     n, v = pool.counts(reports)
-    return {"start": start, "end": end, "cpu": cpu, "uploads": len(requests), "reports": reports,
-            "accepted": accepted, "duplicates": duplicates, "n": n, "v": v}
+    return {
+        "start": start,
+        "end": end,
+        "cpu": cpu,
+        "uploads": len(requests),
+        "reports": reports,
+        "accepted": accepted,
+        "duplicates": duplicates,
+        "n": n,
+        "v": v,
+    }
 
 
 class LoadProcesses:
@@ -444,8 +471,7 @@ class LoadProcesses:
         self.processes = []
         for index in range(count):
             ours, theirs = context.Pipe()
-            process = context.Process(target=load_process, args=(theirs, index), name=f"veil-load-{index}",
-                                      daemon=True)
+            process = context.Process(target=load_process, args=(theirs, index), name=f"veil-load-{index}", daemon=True)
             process.start()
             self.pipes.append(ours)
             self.processes.append(process)
@@ -489,8 +515,10 @@ class LoadProcesses:
             "n": sum(r["n"] for r in results),
             "v": sum(r["v"] for r in results),
             # CPU cores busy on average over the run (CPU seconds per wall second).
-            "cpu": {**{name: (after[name] - before[name]) / seconds for name in watch if watch[name] is not None},
-                    "load": sum(r["cpu"] for r in results) / seconds},
+            "cpu": {
+                **{name: (after[name] - before[name]) / seconds for name in watch if watch[name] is not None},
+                "load": sum(r["cpu"] for r in results) / seconds,
+            },
         }
 
     def stop(self) -> None:
@@ -537,21 +565,32 @@ class Ledger:
                     ok = False
                     expected_n = 0 if n is None else int(n.sum())
                     wrong = 0 if n is None or got_v.shape != v.shape else int((got_v != v).sum())
-                    self.failures.append(f"{aggregator.store} {metric} {window}: n {int(got_n.sum())}, expected "
-                                         f"{expected_n}; {wrong} V entries differ")
+                    self.failures.append(
+                        f"{aggregator.store} {metric} {window}: n {int(got_n.sum())}, expected "
+                        f"{expected_n}; {wrong} V entries differ"
+                    )
         return ok
 
 
 # --- ingest ---------------------------------------------------------------------------------
 
 
-def run_once(load: LoadProcesses, aggregator: AggregatorProcess, shape: Shape, metric: str, reports: int,
-             watch: dict[str, int | None], ledger: Ledger) -> dict[str, Any]:
+def run_once(
+    load: LoadProcesses,
+    aggregator: AggregatorProcess,
+    shape: Shape,
+    metric: str,
+    reports: int,
+    watch: dict[str, int | None],
+    ledger: Ledger,
+) -> dict[str, Any]:
     """One run, then the exact check of the store. A refused call raises (in the load process)."""
     result = load.run(aggregator.endpoint, shape, reports, watch)
     if result["accepted"] != result["reports"] or result["duplicates"]:
-        ledger.failures.append(f"{aggregator.store} {metric}: {result['accepted']} of {result['reports']} reports "
-                               f"acknowledged, {result['duplicates']} uploads answered duplicate")
+        ledger.failures.append(
+            f"{aggregator.store} {metric}: {result['accepted']} of {result['reports']} reports "
+            f"acknowledged, {result['duplicates']} uploads answered duplicate"
+        )
     ledger.add(aggregator.store, metric, result["n"], result["v"])
     result["exact"] = ledger.verify(aggregator, [metric])
     del result["n"], result["v"]
@@ -560,8 +599,15 @@ def run_once(load: LoadProcesses, aggregator: AggregatorProcess, shape: Shape, m
     return result
 
 
-def measure_cell(k: int, epsilon: float, load: LoadProcesses, aggregators: dict[str, AggregatorProcess],
-                 ledger: Ledger, args: argparse.Namespace, tag: str) -> dict[str, Any]:
+def measure_cell(
+    k: int,
+    epsilon: float,
+    load: LoadProcesses,
+    aggregators: dict[str, AggregatorProcess],
+    ledger: Ledger,
+    args: argparse.Namespace,
+    tag: str,
+) -> dict[str, Any]:
     metric = metric_name(k, epsilon)
     watches = {store: {"aggregator": a.pids, "redis": a.redis_pid} for store, a in aggregators.items()}
     combos = [(store, args.shape_table[shape]) for shape in args.shapes for store in aggregators]
@@ -574,8 +620,10 @@ def measure_cell(k: int, epsilon: float, load: LoadProcesses, aggregators: dict[
         sizes = {(store, shape.name): shape.quick for store, shape in combos}
     else:
         made = load.command("extend", max(s.pilot for s in SHAPES.values()))
-        progress(f"{tag} randomized {made[0]['size'] * processes} reports in {made[0]['seconds']:.1f}s (untimed); "
-                 "warm-up and sizing runs")
+        progress(
+            f"{tag} randomized {made[0]['size'] * processes} reports in {made[0]['seconds']:.1f}s (untimed); "
+            "warm-up and sizing runs"
+        )
         for store, shape in combos:
             # Warm-up: the first uploads of a layout may compile a kernel in the aggregator.
             run_once(load, aggregators[store], shape, metric, GRAIN, watches[store], ledger)
@@ -585,8 +633,10 @@ def measure_cell(k: int, epsilon: float, load: LoadProcesses, aggregators: dict[
             low, high = shape.bounds
             sizes[store, shape.name] = int(min(high, max(low, -(-wanted // GRAIN) * GRAIN)))
     made = load.command("extend", max(sizes.values()))
-    progress(f"{tag} pool of {made[0]['size'] * processes} reports ready ({made[0]['seconds']:.1f}s, untimed); "
-             f"encoding checked against encode_batch for batches of {made[0]['encoding_checked']}")
+    progress(
+        f"{tag} pool of {made[0]['size'] * processes} reports ready ({made[0]['seconds']:.1f}s, untimed); "
+        f"encoding checked against encode_batch for batches of {made[0]['encoding_checked']}"
+    )
 
     samples: dict[tuple[str, str], list[dict[str, Any]]] = {(store, shape.name): [] for store, shape in combos}
     for round_index in range(args.rounds):
@@ -596,7 +646,9 @@ def measure_cell(k: int, epsilon: float, load: LoadProcesses, aggregators: dict[
             samples[store, shape.name].append(result)
         summary = ", ".join(
             f"{store} {shape.name} {si(samples[store, shape.name][-1]['reports_per_second'])}/s"
-            f"{'' if samples[store, shape.name][-1]['exact'] else ' COUNTS WRONG'}" for store, shape in combos)
+            f"{'' if samples[store, shape.name][-1]['exact'] else ' COUNTS WRONG'}"
+            for store, shape in combos
+        )
         progress(f"{tag} round {round_index + 1}/{args.rounds}: {summary}")
 
     rows: dict[str, dict[str, Any]] = {}
@@ -627,8 +679,9 @@ def measure_cell(k: int, epsilon: float, load: LoadProcesses, aggregators: dict[
 # --- estimate latency -----------------------------------------------------------------------
 
 
-def measure_latency(k: int, epsilon: float, aggregators: dict[str, AggregatorProcess], ledger: Ledger,
-                    args: argparse.Namespace) -> dict[str, Any]:
+def measure_latency(
+    k: int, epsilon: float, aggregators: dict[str, AggregatorProcess], ledger: Ledger, args: argparse.Namespace
+) -> dict[str, Any]:
     """Estimates.Get and GET /v1/estimates/{metric}, one call at a time, interleaved over
     stores and protocols; "cached" then "fresh" (an untimed 10-report upload before each call)."""
     import grpc
@@ -645,13 +698,18 @@ def measure_latency(k: int, epsilon: float, aggregators: dict[str, AggregatorPro
     pool.extend(total)
     channels = {store: grpc.insecure_channel(a.endpoint) for store, a in aggregators.items()}
     try:
-        gets = {store: channel.unary_unary(GET_PATH, request_serializer=None, response_deserializer=None)
-                for store, channel in channels.items()}
-        upload_calls = {store: channel.unary_unary(UPLOAD_PATH, request_serializer=None,
-                                                   response_deserializer=veil_pb2.UploadResponse.FromString)
-                        for store, channel in channels.items()}
+        gets = {
+            store: channel.unary_unary(GET_PATH, request_serializer=None, response_deserializer=None)
+            for store, channel in channels.items()
+        }
+        upload_calls = {
+            store: channel.unary_unary(
+                UPLOAD_PATH, request_serializer=None, response_deserializer=veil_pb2.UploadResponse.FromString
+            )
+            for store, channel in channels.items()
+        }
         fresh_uploads = {}
-        for store, aggregator in aggregators.items():
+        for store in aggregators:
             first = pool.uploads(1000, 1000)
             upload_calls[store](first[0], timeout=CALL_TIMEOUT)
             fresh_uploads[store] = iter(pool.uploads(10, total)[100:])
@@ -711,8 +769,14 @@ def measure_latency(k: int, epsilon: float, aggregators: dict[str, AggregatorPro
     finally:
         for channel in channels.values():
             channel.close()
-    return {"k": k, "epsilon": epsilon, "metric": metric, "windows": list(WINDOWS), "path": f"/v1/estimates/{metric}",
-            "results": results}
+    return {
+        "k": k,
+        "epsilon": epsilon,
+        "metric": metric,
+        "windows": list(WINDOWS),
+        "path": f"/v1/estimates/{metric}",
+        "results": results,
+    }
 
 
 def latency_sanity(protocol: str, body: bytes, k: int) -> dict[str, Any]:
@@ -725,9 +789,10 @@ def latency_sanity(protocol: str, body: bytes, k: int) -> dict[str, Any]:
     else:
         estimates = json.loads(body)["estimates"]
         windows = [(e["window"], e["n"], e["withheld"], [c["estimate"] for c in e["categories"]]) for e in estimates]
-    ok = ([w[0] for w in windows] == list(WINDOWS)
-          and all(not withheld and len(values) == k and all(v is not None and np.isfinite(v) for v in values)
-                  for _, _, withheld, values in windows))
+    ok = [w[0] for w in windows] == list(WINDOWS) and all(
+        not withheld and len(values) == k and all(v is not None and np.isfinite(v) for v in values)
+        for _, _, withheld, values in windows
+    )
     return {"ok": bool(ok), "n": {w[0]: w[1] for w in windows}}
 
 
@@ -751,12 +816,16 @@ def print_tables(results: dict[str, Any]) -> None:
     machine, settings = results["machine"], results["settings"]
     if settings["quick"]:
         print("QUICK SMOKE RUN: tiny runs; the rates below mean nothing (the exact-count checks do).")
-    print(f"Ingest through gRPC over loopback into an aggregator subprocess, {MECHANISM} mechanism, windows "
-          f"{', '.join(WINDOWS)}; {machine['cpus_usable']} CPUs ({machine['cpu_model'] or machine['processor']}), "
-          f"{machine['date']}.")
-    print(f"Load: {settings['load_processes']} grpc.aio processes, one channel per in-flight call, pre-serialized "
-          f"uploads; median of {settings['rounds']} interleaved rounds. cpu = cores busy in the aggregator "
-          "(agg), redis-server (rds) and the load processes (ld).")
+    print(
+        f"Ingest through gRPC over loopback into an aggregator subprocess, {MECHANISM} mechanism, windows "
+        f"{', '.join(WINDOWS)}; {machine['cpus_usable']} CPUs ({machine['cpu_model'] or machine['processor']}), "
+        f"{machine['date']}."
+    )
+    print(
+        f"Load: {settings['load_processes']} grpc.aio processes, one channel per in-flight call, pre-serialized "
+        f"uploads; median of {settings['rounds']} interleaved rounds. cpu = cores busy in the aggregator "
+        "(agg), redis-server (rds) and the load processes (ld)."
+    )
     print(f"Aggregator processes per store: {settings['aggregator_processes']} (agg cpu sums them all).")
     shapes = [replace(SHAPES[name], in_flight=shape["in_flight"]) for name, shape in settings["shapes"].items()]
     head = " | ".join(f"{s.describe():^45}" for s in shapes)
@@ -770,53 +839,87 @@ def print_tables(results: dict[str, Any]) -> None:
             for shape in shapes:
                 row = rows[shape.name]
                 cpu = row["cpu_cores"]
-                parts.append(f"{si(row['reports_per_second']):>10} {si(row['uploads_per_second']):>10} "
-                             f"{cores(cpu.get('aggregator'))} {cores(cpu.get('redis'))} {cores(cpu.get('load'))} "
-                             f"{row['spread']:>4.0%}")
+                parts.append(
+                    f"{si(row['reports_per_second']):>10} {si(row['uploads_per_second']):>10} "
+                    f"{cores(cpu.get('aggregator'))} {cores(cpu.get('redis'))} {cores(cpu.get('load'))} "
+                    f"{row['spread']:>4.0%}"
+                )
             exact = all(rows[s.name]["exact"] for s in shapes)
-            print(f"{cell['k']:>5} {cell['epsilon']:>4g} {store:<7}| {' | '.join(parts)} | "
-                  f"{'exact' if exact else 'WRONG'}")
+            print(
+                f"{cell['k']:>5} {cell['epsilon']:>4g} {store:<7}| {' | '.join(parts)} | "
+                f"{'exact' if exact else 'WRONG'}"
+            )
     for line in results["summary"]["targets"]:
         print(line["text"])
 
     latency = results.get("latency")
     if latency:
         print()
-        print(f"Estimates of {latency['metric']} (k = {latency['k']}, epsilon = {latency['epsilon']:g}, windows "
-              f"{', '.join(latency['windows'])}), one call at a time, ms. cached: counts unchanged since the last "
-              "call; "              "fresh: an untimed upload before each call, so the estimates are recomputed.")
-        print(f"{'store':<7} {'call':<44} {'mode':<7} {'calls':>6} {'median':>8} {'p99':>8} {'mean':>8} "
-              f"{'bytes':>8}  check")
+        print(
+            f"Estimates of {latency['metric']} (k = {latency['k']}, epsilon = {latency['epsilon']:g}, windows "
+            f"{', '.join(latency['windows'])}), one call at a time, ms. cached: counts unchanged since the last "
+            "call; "
+            "fresh: an untimed upload before each call, so the estimates are recomputed."
+        )
+        print(
+            f"{'store':<7} {'call':<44} {'mode':<7} {'calls':>6} {'median':>8} {'p99':>8} {'mean':>8} "
+            f"{'bytes':>8}  check"
+        )
         for store, protocols in latency["results"].items():
             for protocol, modes in protocols.items():
                 what = "gRPC Estimates.Get" if protocol == "gRPC" else f"HTTP GET {latency['path']}"
                 for mode, row in modes.items():
-                    print(f"{store:<7} {what:<44} {mode:<7} {row['calls']:>6} {row['median_ms']:>8.2f} "
-                          f"{row['p99_ms']:>8.2f} {row['mean_ms']:>8.2f} {row['response_bytes']:>8}  "
-                          f"{'OK' if row['sanity']['ok'] else 'FAIL'}")
+                    print(
+                        f"{store:<7} {what:<44} {mode:<7} {row['calls']:>6} {row['median_ms']:>8.2f} "
+                        f"{row['p99_ms']:>8.2f} {row['mean_ms']:>8.2f} {row['response_bytes']:>8}  "
+                        f"{'OK' if row['sanity']['ok'] else 'FAIL'}"
+                    )
 
 
 def targets(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's performance targets against the best store, for information."""
     lines = []
-    large = [(row["large"]["reports_per_second"], store, cell["epsilon"]) for cell in cells if cell["k"] == 1024
-             for store, row in cell["stores"].items() if "large" in row]
+    large = [
+        (row["large"]["reports_per_second"], store, cell["epsilon"])
+        for cell in cells
+        if cell["k"] == 1024
+        for store, row in cell["stores"].items()
+        if "large" in row
+    ]
     if large:
         for store in sorted({s for _, s, _ in large}):
             worst = min(r for r, s, _ in large if s == store)
-            lines.append({"target": "reports/s at k = 1024, 1000-report uploads", "goal": TARGET_LARGE_REPORTS,
-                          "store": store, "measured_worst_epsilon": worst, "fraction": worst / TARGET_LARGE_REPORTS,
-                          "text": f"Target >= {si(TARGET_LARGE_REPORTS)} reports/s at k = 1024 with 1000-report "
-                                  f"uploads: {store} {si(worst)}/s (worst epsilon), {worst / TARGET_LARGE_REPORTS:.0%} "
-                                  "of it."})
-    small = [(row["small"]["uploads_per_second"], store) for cell in cells for store, row in cell["stores"].items()
-             if "small" in row]
+            lines.append(
+                {
+                    "target": "reports/s at k = 1024, 1000-report uploads",
+                    "goal": TARGET_LARGE_REPORTS,
+                    "store": store,
+                    "measured_worst_epsilon": worst,
+                    "fraction": worst / TARGET_LARGE_REPORTS,
+                    "text": f"Target >= {si(TARGET_LARGE_REPORTS)} reports/s at k = 1024 with 1000-report "
+                    f"uploads: {store} {si(worst)}/s (worst epsilon), {worst / TARGET_LARGE_REPORTS:.0%} "
+                    "of it.",
+                }
+            )
+    small = [
+        (row["small"]["uploads_per_second"], store)
+        for cell in cells
+        for store, row in cell["stores"].items()
+        if "small" in row
+    ]
     for store in sorted({s for _, s in small}):
         worst = min(r for r, s in small if s == store)
-        lines.append({"target": "uploads/s with 10-report uploads", "goal": TARGET_SMALL_UPLOADS, "store": store,
-                      "measured_worst_cell": worst, "fraction": worst / TARGET_SMALL_UPLOADS,
-                      "text": f"Target >= {si(TARGET_SMALL_UPLOADS)} uploads/s with 10-report uploads: {store} "
-                              f"{si(worst)}/s (worst cell), {worst / TARGET_SMALL_UPLOADS:.0%} of it."})
+        lines.append(
+            {
+                "target": "uploads/s with 10-report uploads",
+                "goal": TARGET_SMALL_UPLOADS,
+                "store": store,
+                "measured_worst_cell": worst,
+                "fraction": worst / TARGET_SMALL_UPLOADS,
+                "text": f"Target >= {si(TARGET_SMALL_UPLOADS)} uploads/s with 10-report uploads: {store} "
+                f"{si(worst)}/s (worst cell), {worst / TARGET_SMALL_UPLOADS:.0%} of it.",
+            }
+        )
     return lines
 
 
@@ -826,7 +929,8 @@ def targets(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__ + """
+        description=__doc__
+        + """
 The aggregator: this file run with --serve --config CONFIG, one process per store, does what `veil serve
 --config CONFIG` does (same JSON logging at info, load_config, Aggregator with its defaults:
 16 handler threads, max_batch 10000) and adds one page, /bench/counts, on the aggregator's HTTP
@@ -840,35 +944,72 @@ Targets are reported, not raised. The exit status is 1 only when a correctness c
 a store holds other counts than the reports sent, an upload is refused or answered as a
 duplicate, the encoding differs from the SDK's, or an estimates response is malformed.""",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="CI smoke run (under a minute): one round of tiny runs, no sizing, 40 latency calls; "
-                        "still checks every count exactly; writes ingest-quick.json unless --output is given")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI smoke run (under a minute): one round of tiny runs, no sizing, 40 latency calls; "
+        "still checks every count exactly; writes ingest-quick.json unless --output is given",
+    )
     parser.add_argument("--rounds", type=int, help="interleaved rounds per cell (default 5; 1 with --quick)")
-    parser.add_argument("--seconds", type=float, default=1.0,
-                        help="aim for one run to take this long when sizing (default 1.0)")
+    parser.add_argument(
+        "--seconds", type=float, default=1.0, help="aim for one run to take this long when sizing (default 1.0)"
+    )
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS), help=f"category counts (default {KS})")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS),
-                        help=f"privacy levels (default {EPSILONS})")
+    parser.add_argument(
+        "--epsilons", type=float, nargs="+", default=list(EPSILONS), help=f"privacy levels (default {EPSILONS})"
+    )
     parser.add_argument("--stores", nargs="+", choices=STORES, default=list(STORES), help="stores (default all)")
-    parser.add_argument("--sqlite-dir", type=Path, default=Path(tempfile.gettempdir()),
-                        help="where the SQLite store's temporary directory goes: a disk, for fsync to mean what "
-                             "it does in production, not a tmpfs (default: the system's temporary directory)")
-    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
-                        help="load shapes: large = 1000-report uploads, 16 in flight; small = 10-report uploads, "
-                        "64 in flight (default both)")
-    parser.add_argument("--large-in-flight", type=int, default=SHAPES["large"].in_flight, metavar="N",
-                        help=f"calls in flight with 1000-report uploads (default {SHAPES['large'].in_flight})")
-    parser.add_argument("--small-in-flight", type=int, default=SHAPES["small"].in_flight, metavar="N",
-                        help=f"calls in flight with 10-report uploads (default {SHAPES['small'].in_flight})")
-    parser.add_argument("--load-processes", type=int, default=2,
-                        help="load generator processes; must divide both in-flight counts (default 2)")
-    parser.add_argument("--latency-calls", type=int,
-                        help="cached estimate calls per store and protocol (default 2000; 40 with --quick)")
-    parser.add_argument("--fresh-calls", type=int,
-                        help="fresh (recomputing) estimate calls per store and protocol (default 200; 8 with --quick)")
-    parser.add_argument("--processes", type=int, default=1, metavar="N",
-                        help="server.processes of the Redis store's aggregator: N worker processes sharing the "
-                             "gRPC port, run by `veil serve` (the memory and SQLite stores keep 1; default 1)")
+    parser.add_argument(
+        "--sqlite-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="where the SQLite store's temporary directory goes: a disk, for fsync to mean what "
+        "it does in production, not a tmpfs (default: the system's temporary directory)",
+    )
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=tuple(SHAPES),
+        default=list(SHAPES),
+        help="load shapes: large = 1000-report uploads, 16 in flight; small = 10-report uploads, "
+        "64 in flight (default both)",
+    )
+    parser.add_argument(
+        "--large-in-flight",
+        type=int,
+        default=SHAPES["large"].in_flight,
+        metavar="N",
+        help=f"calls in flight with 1000-report uploads (default {SHAPES['large'].in_flight})",
+    )
+    parser.add_argument(
+        "--small-in-flight",
+        type=int,
+        default=SHAPES["small"].in_flight,
+        metavar="N",
+        help=f"calls in flight with 10-report uploads (default {SHAPES['small'].in_flight})",
+    )
+    parser.add_argument(
+        "--load-processes",
+        type=int,
+        default=2,
+        help="load generator processes; must divide both in-flight counts (default 2)",
+    )
+    parser.add_argument(
+        "--latency-calls", type=int, help="cached estimate calls per store and protocol (default 2000; 40 with --quick)"
+    )
+    parser.add_argument(
+        "--fresh-calls",
+        type=int,
+        help="fresh (recomputing) estimate calls per store and protocol (default 200; 8 with --quick)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="server.processes of the Redis store's aggregator: N worker processes sharing the "
+        "gRPC port, run by `veil serve` (the memory and SQLite stores keep 1; default 1)",
+    )
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the true values and of FastKeystream")
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/ingest.json)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -888,10 +1029,12 @@ duplicate, the encoding differs from the SDK's, or an estimates response is malf
         parser.error("--rounds must be at least 1, --seconds above 0, --latency-calls at least 4")
     in_flight = {"large": args.large_in_flight, "small": args.small_in_flight}
     args.shape_table = {name: replace(SHAPES[name], in_flight=in_flight[name]) for name in args.shapes}
-    if args.load_processes < 1 or any(s.in_flight % args.load_processes or s.in_flight < 1
-                                       for s in args.shape_table.values()):
-        parser.error("--load-processes must divide every in-flight count "
-                     f"({[s.in_flight for s in args.shape_table.values()]})")
+    if args.load_processes < 1 or any(
+        s.in_flight % args.load_processes or s.in_flight < 1 for s in args.shape_table.values()
+    ):
+        parser.error(
+            f"--load-processes must divide every in-flight count ({[s.in_flight for s in args.shape_table.values()]})"
+        )
     if args.output is None:
         args.output = RESULTS_DIR / ("ingest-quick.json" if args.quick else "ingest.json")
     return args
@@ -921,8 +1064,9 @@ def main(argv: list[str] | None = None) -> int:
     load = None
     with tempfile.TemporaryDirectory(prefix="veil-bench-ingest-") as scratch:
         try:
-            progress(f"starting {args.load_processes} load processes and an aggregator per store "
-                     f"({', '.join(args.stores)})")
+            progress(
+                f"starting {args.load_processes} load processes and an aggregator per store ({', '.join(args.stores)})"
+            )
             load = LoadProcesses(args.load_processes)
             for store in args.stores:
                 if store == "redis":
@@ -934,17 +1078,20 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     url = "memory"
                 processes = args.processes if store == "redis" else 1  # memory and SQLite: one process
-                aggregator = AggregatorProcess(store, url, config_dict(args.ks, args.epsilons, url, processes),
-                                               Path(scratch))
+                aggregator = AggregatorProcess(
+                    store, url, config_dict(args.ks, args.epsilons, url, processes), Path(scratch)
+                )
                 if store == "redis":
                     from veil.aggregator.store import RedisStore
 
                     aggregator.redis = RedisStore(url)
                     aggregator.redis_pid = redis_server.process.pid
                 aggregators[store] = aggregator
-                progress(f"{store} aggregator: pid {aggregator.pid}, gRPC {aggregator.endpoint}, HTTP port "
-                         f"{aggregator.http_port}" + (f", redis-server pid {redis_server.process.pid} at {url}"
-                                                      if store == "redis" else ""))
+                progress(
+                    f"{store} aggregator: pid {aggregator.pid}, gRPC {aggregator.endpoint}, HTTP port "
+                    f"{aggregator.http_port}"
+                    + (f", redis-server pid {redis_server.process.pid} at {url}" if store == "redis" else "")
+                )
             check_specs(aggregators, args)
 
             for k in args.ks:
@@ -955,8 +1102,10 @@ def main(argv: list[str] | None = None) -> int:
             load = None
 
             k_latency = max(args.ks)
-            progress(f"estimate latency at k = {k_latency}: {args.latency_calls} cached and {args.fresh_calls} fresh "
-                     "calls per store and protocol")
+            progress(
+                f"estimate latency at k = {k_latency}: {args.latency_calls} cached and {args.fresh_calls} fresh "
+                "calls per store and protocol"
+            )
             latency = measure_latency(k_latency, args.epsilons[0], aggregators, ledger, args)
             progress("final check: every metric, every window, every store")
             for aggregator in aggregators.values():
@@ -976,8 +1125,12 @@ def main(argv: list[str] | None = None) -> int:
                 sqlite_bytes = sqlite_sizes(sqlite_dir)
                 shutil.rmtree(sqlite_dir, ignore_errors=True)
 
-    sane = latency is None or all(row["sanity"]["ok"] for protocols in latency["results"].values()
-                                  for modes in protocols.values() for row in modes.values())
+    sane = latency is None or all(
+        row["sanity"]["ok"]
+        for protocols in latency["results"].values()
+        for modes in protocols.values()
+        for row in modes.values()
+    )
     exact = not ledger.failures
     machine["load_average_after"] = list(os.getloadavg())
     results = {
@@ -991,18 +1144,23 @@ def main(argv: list[str] | None = None) -> int:
             "mechanism": MECHANISM,
             "windows": list(WINDOWS),
             "stores": args.stores,
-            "shapes": {name: {"batch": shape.batch, "in_flight": shape.in_flight,
-                              "reports_per_process_bounds": list(shape.bounds)}
-                       for name, shape in args.shape_table.items()},
+            "shapes": {
+                name: {
+                    "batch": shape.batch,
+                    "in_flight": shape.in_flight,
+                    "reports_per_process_bounds": list(shape.bounds),
+                }
+                for name, shape in args.shape_table.items()
+            },
             "load_processes": args.load_processes,
             "aggregator_processes": {store: a.config.processes for store, a in aggregators.items()},
             "load": "grpc.aio, one channel per in-flight call, generic unary-unary call on pre-serialized "
-                    "UploadRequest bytes, fresh batch ids per run",
+            "UploadRequest bytes, fresh batch ids per run",
             "aggregator": "subprocess: bench_ingest.py --serve CONFIG (veil serve's logging, load_config, Aggregator "
-                          "defaults) + /bench/counts page; with --processes N > 1 on Redis: python -m veil.aggregator "
-                          "--config CONFIG (server.processes = N, CPU summed over the supervisor and workers)",
+            "defaults) + /bench/counts page; with --processes N > 1 on Redis: python -m veil.aggregator "
+            "--config CONFIG (server.processes = N, CPU summed over the supervisor and workers)",
             "reports": f"true values Zipf {ZIPF_EXPONENT} over a seeded permutation; FastKeystream seeded from "
-                       f"{args.seed}; counts per prefix by veil.aggregator.simulate.count_reports",
+            f"{args.seed}; counts per prefix by veil.aggregator.simulate.count_reports",
             "latency_calls": args.latency_calls,
             "fresh_calls": args.fresh_calls,
             "sqlite": None if sqlite_bytes is None else {"directory": str(args.sqlite_dir), **sqlite_bytes},
@@ -1022,8 +1180,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for failure in ledger.failures:
         print(f"COUNT CHECK FAILED: {failure}")
-    print(f"Exact-count checks: {ledger.checks - len(ledger.failures)} of {ledger.checks} OK; estimate responses "
-          f"{'OK' if sane else 'MALFORMED'}; {results['summary']['wall_seconds']:.0f} s; results in {args.output}")
+    print(
+        f"Exact-count checks: {ledger.checks - len(ledger.failures)} of {ledger.checks} OK; estimate responses "
+        f"{'OK' if sane else 'MALFORMED'}; {results['summary']['wall_seconds']:.0f} s; results in {args.output}"
+    )
     return 0 if exact and sane else 1
 
 
@@ -1033,7 +1193,8 @@ def sqlite_sizes(directory: str) -> dict[str, int]:
     for name in ("veil.db", "veil.db-wal"):
         path = Path(directory) / name
         sizes[name.replace("veil.db", "database").replace("-wal", "_wal") + "_bytes"] = (
-            path.stat().st_size if path.exists() else 0)
+            path.stat().st_size if path.exists() else 0
+        )
     return sizes
 
 
@@ -1044,8 +1205,11 @@ def check_specs(aggregators: dict[str, AggregatorProcess], args: argparse.Namesp
     from veil.mechanism import MetricSpec
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    wanted = {metric_name(k, e): MetricSpec.create(metric_name(k, e), labels(k), MECHANISM, e).fingerprint
-              for k in args.ks for e in args.epsilons}
+    wanted = {
+        metric_name(k, e): MetricSpec.create(metric_name(k, e), labels(k), MECHANISM, e).fingerprint
+        for k in args.ks
+        for e in args.epsilons
+    }
     for aggregator in aggregators.values():
         with grpc.insecure_channel(aggregator.endpoint) as channel:
             specs = veil_pb2_grpc.CollectorStub(channel).GetMetricSpecs(veil_pb2.GetMetricSpecsRequest(), timeout=30)

@@ -33,13 +33,12 @@ from typing import Any
 import numpy as np
 from multi_freq_ldpy.pure_frequency_oracles.GRR import GRR_Aggregator_MI, GRR_Client
 from multi_freq_ldpy.pure_frequency_oracles.SS import SS_Aggregator_MI, SS_Client
+from veil_testing.benchlib import RESULTS_DIR, machine_info, median, progress, timed, write_results
+from veil_testing.data import zipf_shares
 
 from veil.aggregator.estimate import estimate
 from veil.aggregator.simulate import AesCtrKeystream, FastKeystream, simulate_counts
 from veil.mechanism import spec_for
-
-from veil_testing.benchlib import RESULTS_DIR, machine_info, median, progress, timed, write_results
-from veil_testing.data import zipf_shares
 
 KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)
@@ -120,8 +119,9 @@ def pure_oracle(p: float, q: float) -> tuple[Callable, Callable]:
     return unbiased, noise
 
 
-def multi_freq_ldpy_contender(label: str, name: str, client: Callable, aggregator: Callable, p: float,
-                              q: float, k: int, epsilon: float) -> Contender:
+def multi_freq_ldpy_contender(
+    label: str, name: str, client: Callable, aggregator: Callable, p: float, q: float, k: int, epsilon: float
+) -> Contender:
     unbiased, noise = pure_oracle(p, q)
 
     def run(values: list[int]) -> tuple[list, np.ndarray]:
@@ -135,8 +135,15 @@ def multi_freq_ldpy_contender(label: str, name: str, client: Callable, aggregato
         support = np.bincount(np.asarray(reports).ravel(), minlength=k)
         return unbiased(support, len(reports)), own
 
-    return Contender(label, "peer", f"{name}_Client per user + {name}_Aggregator_MI", run, estimates,
-                     noise, prepare=np.ndarray.tolist)
+    return Contender(
+        label,
+        "peer",
+        f"{name}_Client per user + {name}_Aggregator_MI",
+        run,
+        estimates,
+        noise,
+        prepare=np.ndarray.tolist,
+    )
 
 
 def multi_freq_ldpy_ss(k: int, epsilon: float) -> Contender:
@@ -201,8 +208,15 @@ def pure_ldp_oue(k: int, epsilon: float, client_class: type, server_class: type)
         # pure-ldp's default index_mapper maps data item x to index x - 1: its items are 1..k.
         return (values + 1).tolist()
 
-    return Contender(OUE_LABEL, "peer", "UEClient.privatise + UEServer.aggregate per user, estimate_all",
-                     run, estimates, noise, prepare)
+    return Contender(
+        OUE_LABEL,
+        "peer",
+        "UEClient.privatise + UEServer.aggregate per user, estimate_all",
+        run,
+        estimates,
+        noise,
+        prepare,
+    )
 
 
 def veil_contender(mechanism: str, keystream: str, k: int, epsilon: float, seed: int) -> Contender:
@@ -223,9 +237,15 @@ def veil_contender(mechanism: str, keystream: str, k: int, epsilon: float, seed:
     def noise(shares: np.ndarray) -> tuple[np.ndarray, float]:
         return np.asarray(spec.variances(shares.tolist())), max(contributions) - min(contributions)
 
-    return Contender(veil_label(mechanism, keystream), "veil",
-                     f"simulate_counts({KEYSTREAMS[keystream]}) + estimate", run, estimates, noise,
-                     prepare=lambda values: values)
+    return Contender(
+        veil_label(mechanism, keystream),
+        "veil",
+        f"simulate_counts({KEYSTREAMS[keystream]}) + estimate",
+        run,
+        estimates,
+        noise,
+        prepare=lambda values: values,
+    )
 
 
 def contenders_for(k: int, epsilon: float, seed: int, oue_classes: tuple[type, type]) -> list[Contender]:
@@ -268,8 +288,9 @@ def warm_up_and_size(contender: Contender, population: np.ndarray, bounds: tuple
     contender.users = int(min(high, max(low, len(pilot) / pilot_seconds * seconds)))
 
 
-def measure_cell(k: int, epsilon: float, population: np.ndarray, args: argparse.Namespace,
-                 oue_classes: tuple[type, type], tag: str) -> dict[str, Any]:
+def measure_cell(
+    k: int, epsilon: float, population: np.ndarray, args: argparse.Namespace, oue_classes: tuple[type, type], tag: str
+) -> dict[str, Any]:
     contenders = contenders_for(k, epsilon, args.seed, oue_classes)
     bounds = {"peer": args.peer_users, "veil": args.veil_users}
     progress(f"{tag} compiling, warming up and sizing {len(contenders)} contenders (untimed)")
@@ -339,14 +360,16 @@ def compare(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             veil = veil_label(comparison.veil_mechanism, keystream)
             ratio = rows[veil]["reports_per_second"] / peer_rate
             target = comparison.targets.get(keystream)
-            comparisons.append({
-                "peer": comparison.peer,
-                "veil": veil,
-                "keystream": keystream,
-                "ratio": ratio,
-                "target": target,
-                "met": None if target is None else ratio >= target,
-            })
+            comparisons.append(
+                {
+                    "peer": comparison.peer,
+                    "veil": veil,
+                    "keystream": keystream,
+                    "ratio": ratio,
+                    "target": target,
+                    "met": None if target is None else ratio >= target,
+                }
+            )
     return comparisons
 
 
@@ -363,18 +386,24 @@ def si(rate: float) -> str:
 def print_tables(cells: list[dict[str, Any]], machine: dict[str, Any], quick: bool) -> None:
     if quick:
         print("QUICK SMOKE RUN: measurements take milliseconds; the rates and verdicts below mean nothing.")
-    print(f"Randomize + sum + estimate, reports per second (users per measurement in brackets); "
-          f"{machine['cpus_usable']} CPUs ({machine['cpu_model'] or machine['processor']}), {machine['date']}.")
+    print(
+        f"Randomize + sum + estimate, reports per second (users per measurement in brackets); "
+        f"{machine['cpus_usable']} CPUs ({machine['cpu_model'] or machine['processor']}), {machine['date']}."
+    )
     print("Peers randomize one user per Python call; Veil randomizes the whole batch in its numba kernels.")
     print(f"Veil timed: {VEIL_TIMED}.")
-    print("Ratio = Veil reports/s / peer reports/s. fast = FastKeystream (seeded SFC64, simulation only); "
-          "AES = AesCtrKeystream (CSPRNG default).")
+    print(
+        "Ratio = Veil reports/s / peer reports/s. fast = FastKeystream (seeded SFC64, simulation only); "
+        "AES = AesCtrKeystream (CSPRNG default)."
+    )
     for comparison in COMPARISONS:
         targets = ", ".join(f"{ks} >= {t:g}x" for ks, t in comparison.targets.items()) or "none (for information)"
         print()
         print(f"Veil {comparison.veil_mechanism} vs {comparison.peer}   targets: {targets}")
-        print(f"{'k':>5} {'eps':>4} | {'peer':>16} | {'Veil fast':>16} {'ratio':>8} | "
-              f"{'Veil AES':>16} {'ratio':>8} | verdict")
+        print(
+            f"{'k':>5} {'eps':>4} | {'peer':>16} | {'Veil fast':>16} {'ratio':>8} | "
+            f"{'Veil AES':>16} {'ratio':>8} | verdict"
+        )
         for cell in cells:
             rows = cell["contenders"]
             mine = [c for c in cell["comparisons"] if c["peer"] == comparison.peer]
@@ -385,19 +414,27 @@ def print_tables(cells: list[dict[str, Any]], machine: dict[str, Any], quick: bo
             print(" | ".join(parts) + " | " + (", ".join(verdicts) or "-"))
 
     print()
-    print("Sanity (last round, each contender's own n): estimate vs the true shares of the values it randomized. "
-          f"OK when every category is within its Bernstein band (false alarm {SANITY_FALSE_ALARM:g}): err/band <= 1.")
-    print("For multi-freq-ldpy the checked estimate is the unbiased one from its reports; its own MI estimate "
-          "(clipped at 0, renormalized: biased for rare categories) is in the last column.")
-    print(f"{'k':>5} {'eps':>4}  {'contender':<20} {'users':>8} {'max|err|':>9} {'in s.e.':>7} {'err/band':>8}  check"
-          f"  {'own estimate max|err|':>21}")
+    print(
+        "Sanity (last round, each contender's own n): estimate vs the true shares of the values it randomized. "
+        f"OK when every category is within its Bernstein band (false alarm {SANITY_FALSE_ALARM:g}): err/band <= 1."
+    )
+    print(
+        "For multi-freq-ldpy the checked estimate is the unbiased one from its reports; its own MI estimate "
+        "(clipped at 0, renormalized: biased for rare categories) is in the last column."
+    )
+    print(
+        f"{'k':>5} {'eps':>4}  {'contender':<20} {'users':>8} {'max|err|':>9} {'in s.e.':>7} {'err/band':>8}  check"
+        f"  {'own estimate max|err|':>21}"
+    )
     for cell in cells:
         for label, row in cell["contenders"].items():
             check = row["sanity"]
             verdict = "OK  " if check["ok"] else "FAIL"
-            print(f"{cell['k']:>5} {cell['epsilon']:>4g}  {label:<20} {row['users']:>8} {check['max_abs_error']:>9.4f} "
-                  f"{check['max_standard_errors']:>7.2f} {check['max_error_over_band']:>8.2f}  {verdict}"
-                  f"  {check['library_estimate_max_abs_error']:>21.4f}")
+            print(
+                f"{cell['k']:>5} {cell['epsilon']:>4g}  {label:<20} {row['users']:>8} {check['max_abs_error']:>9.4f} "
+                f"{check['max_standard_errors']:>7.2f} {check['max_error_over_band']:>8.2f}  {verdict}"
+                f"  {check['library_estimate_max_abs_error']:>21.4f}"
+            )
 
 
 def rate_cell(row: dict[str, Any]) -> str:
@@ -410,7 +447,8 @@ def rate_cell(row: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__ + """
+        description=__doc__
+        + """
 Prints per (k, epsilon) cell each contender's reports/s, the Veil/peer ratios, and PASS/FAIL
 against the targets (Veil subset >= 50x multi-freq-ldpy SS with the fast keystream, >= 20x
 with AES); then a sanity table; and writes all of it, with machine facts, as JSON.""",
@@ -419,16 +457,25 @@ Target misses are reported, not raised: the exit status is 0. It is 1 only when 
 check fails (an estimate leaves the band a working randomizer leaves with probability
 {SANITY_FALSE_ALARM:g}): a broken path, not a slow one.""",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help=f"CI smoke run: one round, {QUICK_PEER_USERS} peer and {QUICK_VEIL_USERS} Veil users, "
-                        "no sizing; writes randomize-quick.json unless --output is given")
-    parser.add_argument("--rounds", type=int,
-                        help="interleaved measurement rounds per cell (default 5; 1 with --quick)")
-    parser.add_argument("--seconds", type=float, default=1.0,
-                        help="aim for one measurement to take this long when sizing users (default 1.0)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CI smoke run: one round, {QUICK_PEER_USERS} peer and {QUICK_VEIL_USERS} Veil users, "
+        "no sizing; writes randomize-quick.json unless --output is given",
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="interleaved measurement rounds per cell (default 5; 1 with --quick)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=1.0,
+        help="aim for one measurement to take this long when sizing users (default 1.0)",
+    )
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS), help=f"category counts (default {KS})")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS),
-                        help=f"privacy levels (default {EPSILONS})")
+    parser.add_argument(
+        "--epsilons", type=float, nargs="+", default=list(EPSILONS), help=f"privacy levels (default {EPSILONS})"
+    )
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the population and of FastKeystream")
     parser.add_argument("--output", type=Path, help="results JSON (default bench/results/randomize.json)")
     args = parser.parse_args(argv)
@@ -489,8 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_results(args.output, results)
     print()
-    print(f"Targets met in {results['summary']['targets_met']} of {len(targets)} (cell, keystream) pairs; "
-          f"sanity {'OK' if sane else 'FAILED'}; {results['summary']['wall_seconds']:.0f} s; results in {args.output}")
+    print(
+        f"Targets met in {results['summary']['targets_met']} of {len(targets)} (cell, keystream) pairs; "
+        f"sanity {'OK' if sane else 'FAILED'}; {results['summary']['wall_seconds']:.0f} s; results in {args.output}"
+    )
     return 0 if sane else 1
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
 from veil_testing.redis_server import RedisServer
 
@@ -37,9 +36,20 @@ K, EPSILON, HOURS, DAYS, REPORTS = 1024, 1.0, 720, 7, 1000
 def config() -> Any:
     from veil.aggregator.config import parse_config
 
-    return parse_config({"store": {"url": "memory"}, "metrics": [{
-        "name": "big", "labels": [f"c{j}" for j in range(K)], "mechanism": "subset", "epsilon": EPSILON,
-        "windows": ["total", {"span": "1h", "retention": "30d"}, {"span": "1d", "retention": "30d"}]}]})
+    return parse_config(
+        {
+            "store": {"url": "memory"},
+            "metrics": [
+                {
+                    "name": "big",
+                    "labels": [f"c{j}" for j in range(K)],
+                    "mechanism": "subset",
+                    "epsilon": EPSILON,
+                    "windows": ["total", {"span": "1h", "retention": "30d"}, {"span": "1d", "retention": "30d"}],
+                }
+            ],
+        }
+    )
 
 
 def fill(store: Any, cfg: Any, now: float, hours: int) -> None:
@@ -55,8 +65,9 @@ def fill(store: Any, cfg: Any, now: float, hours: int) -> None:
     for h in range(hours):
         at = now - h * 3600
         counts = simulate_counts(spec, rng.integers(0, K, REPORTS), keystream=keystream)
-        targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(at)[0]), None)
-                        for w in metric.windows)
+        targets = tuple(
+            (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(at)[0]), None) for w in metric.windows
+        )
         store.add(BatchWrite(metric.name, os.urandom(16), counts, targets, 3600))
 
 
@@ -72,9 +83,15 @@ def timings(call, repeats: int) -> dict[str, float]:
     cpu.sort()
     # The CPU time this process spent (Redis's own not included) beside the wall time: on a
     # shared machine the wall time's tail is mostly other processes' turns.
-    return {"p50_ms": samples[len(samples) // 2], "p99_ms": samples[min(len(samples) - 1, int(0.99 * len(samples)))],
-            "max_ms": samples[-1], "calls": repeats, "cpu_p50_ms": cpu[len(cpu) // 2],
-            "cpu_p99_ms": cpu[min(len(cpu) - 1, int(0.99 * len(cpu)))], "load_average": os.getloadavg()}
+    return {
+        "p50_ms": samples[len(samples) // 2],
+        "p99_ms": samples[min(len(samples) - 1, int(0.99 * len(samples)))],
+        "max_ms": samples[-1],
+        "calls": repeats,
+        "cpu_p50_ms": cpu[len(cpu) // 2],
+        "cpu_p99_ms": cpu[min(len(cpu) - 1, int(0.99 * len(cpu)))],
+        "load_average": os.getloadavg(),
+    }
 
 
 def measure(store: Any, repeats: int, hours: int) -> dict[str, Any]:
@@ -93,17 +110,20 @@ def measure(store: Any, repeats: int, hours: int) -> dict[str, Any]:
     first.series("big", "1h")
     first_ms = (time.perf_counter() - started) * 1000
     cold = timings(lambda: LiveEstimates(cfg, store, clock=lambda: now).series("big", "1h"), max(1, repeats // 4))
-    return {"series_720_hourly_first_read": {"ms": first_ms, "buckets": len(series)},"series_720_hourly": {**timings(lambda: live.series("big", "1h"), repeats), "buckets": len(series)},
-            "series_720_hourly_cold": {**cold, "buckets": len(series)},
-            "merged_7_daily": {**timings(lambda: live.merged("big", "1d", now - (DAYS - 1) * 86400), repeats),
-                               "n": week.n}}
+    return {
+        "series_720_hourly_first_read": {"ms": first_ms, "buckets": len(series)},
+        "series_720_hourly": {**timings(lambda: live.series("big", "1h"), repeats), "buckets": len(series)},
+        "series_720_hourly_cold": {**cold, "buckets": len(series)},
+        "merged_7_daily": {**timings(lambda: live.merged("big", "1d", now - (DAYS - 1) * 86400), repeats), "n": week.n},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few calls")
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"],
-                        choices=["memory", "sqlite", "redis"])
+    parser.add_argument(
+        "--stores", nargs="+", default=["memory", "sqlite", "redis"], choices=["memory", "sqlite", "redis"]
+    )
     parser.add_argument("--output", type=Path, help="the JSON file (default: series.json in bench/results/)")
     args = parser.parse_args(argv)
     from veil.aggregator.store import MemoryStore, RedisStore, SqliteStore
@@ -129,18 +149,34 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     store.close()
         for what, row in results[name].items():
-            progress(f"  {what}: " + (f"{row['ms']:.1f} ms" if "ms" in row else
-                                      f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms (CPU p50 "
-                                      f"{row['cpu_p50_ms']:.1f} ms, p99 {row['cpu_p99_ms']:.1f} ms; load "
-                                      f"{row['load_average'][0]:.1f})"))
-    write_results(args.output or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR) / "series.json", {
-        "command": shlex.join(["python", "bench/bench_series.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine_info(("numpy", "redis")),
-        "settings": {"quick": args.quick, "k": K, "epsilon": EPSILON, "hours": HOURS, "hours_with_reports": hours,
-                     "days": DAYS,
-                     "reports_per_bucket": REPORTS, "stores": args.stores},
-        "series": results,
-    })
+            progress(
+                f"  {what}: "
+                + (
+                    f"{row['ms']:.1f} ms"
+                    if "ms" in row
+                    else f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms (CPU p50 "
+                    f"{row['cpu_p50_ms']:.1f} ms, p99 {row['cpu_p99_ms']:.1f} ms; load "
+                    f"{row['load_average'][0]:.1f})"
+                )
+            )
+    write_results(
+        args.output or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR) / "series.json",
+        {
+            "command": shlex.join(["python", "bench/bench_series.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": machine_info(("numpy", "redis")),
+            "settings": {
+                "quick": args.quick,
+                "k": K,
+                "epsilon": EPSILON,
+                "hours": HOURS,
+                "hours_with_reports": hours,
+                "days": DAYS,
+                "reports_per_bucket": REPORTS,
+                "stores": args.stores,
+            },
+            "series": results,
+        },
+    )
     return 0
 
 

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
 from veil_testing.data import zipf_shares
 
@@ -57,8 +56,16 @@ def cell(mechanism: str, k: int, epsilon: float, n: int, runs: int, seed: int) -
         result = estimate(spec, counts)
         covered += int(np.sum((result.lower <= pi) & (pi <= result.upper)))
         z2 += float(np.sum(((result.estimate - pi) / result.stderr) ** 2))
-    return {"mechanism": mechanism, "k": k, "epsilon": epsilon, "n": n, "runs": runs, "intervals": runs * k,
-            "coverage": covered / (runs * k), "mean_z2": z2 / (runs * k)}
+    return {
+        "mechanism": mechanism,
+        "k": k,
+        "epsilon": epsilon,
+        "n": n,
+        "runs": runs,
+        "intervals": runs * k,
+        "coverage": covered / (runs * k),
+        "mean_z2": z2 / (runs * k),
+    }
 
 
 def runs_for(k: int, n: int, base: int) -> int:
@@ -81,14 +88,17 @@ def markdown(cells: list[dict]) -> str:
             lines.append(f"| {mechanism} | {k} | " + " | ".join(row) + " |")
     worst = min(cells, key=lambda c: c["coverage"])
     z2 = [c["mean_z2"] for c in cells]
-    lines += ["", f"Coverage in percent, {len(cells)} cells, at least {TRIALS:,} trials each (`bench/results/"
-              f"coverage.json` has runs, intervals and the mean squared z-score of every cell). Lowest: "
-              f"{100 * worst['coverage']:.1f}% ({worst['mechanism']}, k = {worst['k']}, epsilon = "
-              f"{worst['epsilon']:g}, n = {worst['n']:,}); cells below 93%: "
-              f"{sum(c['coverage'] < 0.93 for c in cells)}. Mean squared z-scores, with the standard error at "
-              f"the estimate: {min(z2):.2f} to {max(z2):.2f}; near 1 wherever counts are large, far from it where a "
-              f"category's reports number a handful (k-RR at epsilon = 8 and n = 200, say): there one point's "
-              f"standard error says little, and the score interval is the one to read."]
+    lines += [
+        "",
+        f"Coverage in percent, {len(cells)} cells, at least {TRIALS:,} trials each (`bench/results/"
+        f"coverage.json` has runs, intervals and the mean squared z-score of every cell). Lowest: "
+        f"{100 * worst['coverage']:.1f}% ({worst['mechanism']}, k = {worst['k']}, epsilon = "
+        f"{worst['epsilon']:g}, n = {worst['n']:,}); cells below 93%: "
+        f"{sum(c['coverage'] < 0.93 for c in cells)}. Mean squared z-scores, with the standard error at "
+        f"the estimate: {min(z2):.2f} to {max(z2):.2f}; near 1 wherever counts are large, far from it where a "
+        f"category's reports number a handful (k-RR at epsilon = 8 and n = 200, say): there one point's "
+        f"standard error says little, and the score interval is the one to read.",
+    ]
     return "\n".join(lines)
 
 
@@ -106,8 +116,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--update-readme", action="store_true", help="put the table into README.md")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "coverage.json")
-    parser.add_argument("--from-results", action="store_true", help="print (and --update-readme) the table of the "
-                        "results on disk, without simulating")
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="print (and --update-readme) the table of the results on disk, without simulating",
+    )
     args = parser.parse_args()
     if args.from_results:
         table = markdown(json.loads(args.output.read_text())["cells"])
@@ -118,15 +131,24 @@ def main() -> int:
     started = time.monotonic()
     cells = []
     for i, (mechanism, k, epsilon, n) in enumerate(
-            (m, k, e, n) for m in MECHANISMS for k in KS for e in EPSILONS for n in NS if m != "warner" or k == 2):
+        (m, k, e, n) for m in MECHANISMS for k in KS for e in EPSILONS for n in NS if m != "warner" or k == 2
+    ):
         result = cell(mechanism, k, epsilon, n, runs_for(k, n, args.runs), args.seed * 100_003 + i)
         cells.append(result)
-        progress(f"  {mechanism:18} k={k:<5} eps={epsilon:<4g} n={n:<7} coverage {100 * result['coverage']:5.1f}% "
-                 f"mean z^2 {result['mean_z2']:.3f}  ({time.monotonic() - started:.0f} s)")
-    write_results(args.output, {"benchmark": "coverage", "command": " ".join(sys.argv),
-                                "machine": machine_info(()), "settings": {"runs": args.runs, "seed": args.seed,
-                                                                          "trials": TRIALS, "population": "zipf:1.1"},
-                                "cells": cells})
+        progress(
+            f"  {mechanism:18} k={k:<5} eps={epsilon:<4g} n={n:<7} coverage {100 * result['coverage']:5.1f}% "
+            f"mean z^2 {result['mean_z2']:.3f}  ({time.monotonic() - started:.0f} s)"
+        )
+    write_results(
+        args.output,
+        {
+            "benchmark": "coverage",
+            "command": " ".join(sys.argv),
+            "machine": machine_info(()),
+            "settings": {"runs": args.runs, "seed": args.seed, "trials": TRIALS, "population": "zipf:1.1"},
+            "cells": cells,
+        },
+    )
     table = markdown(cells)
     print(table)
     if args.update_readme:

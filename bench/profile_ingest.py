@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import bench_ingest as ingest  # beside this file, which runs as a script
-
 from veil_testing.benchlib import RESULTS_DIR, progress
 from veil_testing.redis_server import RedisServer
 
@@ -82,8 +81,14 @@ def summarize(path: Path, top: int = 15) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile_one(load: ingest.LoadProcesses, aggregator: ingest.AggregatorProcess, ledger: ingest.Ledger,
-                shape: ingest.Shape, k: int, args: argparse.Namespace) -> dict:
+def profile_one(
+    load: ingest.LoadProcesses,
+    aggregator: ingest.AggregatorProcess,
+    ledger: ingest.Ledger,
+    shape: ingest.Shape,
+    k: int,
+    args: argparse.Namespace,
+) -> dict:
     metric = ingest.metric_name(k, 1.0)
     load.command("cell", {"k": k, "epsilon": 1.0, "seed": args.seed})
     watch = {"aggregator": aggregator.pids, "redis": aggregator.redis_pid}
@@ -94,13 +99,27 @@ def profile_one(load: ingest.LoadProcesses, aggregator: ingest.AggregatorProcess
     reports = int(-(-wanted // ingest.GRAIN) * ingest.GRAIN)
     load.command("extend", reports)
     outcome: dict = {}
-    runner = threading.Thread(target=lambda: outcome.update(
-        ingest.run_once(load, aggregator, shape, metric, reports, watch, ledger)))
+    runner = threading.Thread(
+        target=lambda: outcome.update(ingest.run_once(load, aggregator, shape, metric, reports, watch, ledger))
+    )
     runner.start()
     time.sleep(2)
     output = args.output / f"{shape.name}-k{k}.speedscope.json"
-    command = [args.py_spy, "record", "--pid", str(aggregator.pid), "--duration", str(args.seconds),
-               "--rate", "250", "--format", "speedscope", "--output", str(output), "--nonblocking"]
+    command = [
+        args.py_spy,
+        "record",
+        "--pid",
+        str(aggregator.pid),
+        "--duration",
+        str(args.seconds),
+        "--rate",
+        "250",
+        "--format",
+        "speedscope",
+        "--output",
+        str(output),
+        "--nonblocking",
+    ]
     command.append("--gil" if not args.all_threads else "--threads")
     spy = subprocess.run(command, capture_output=True, text=True)
     runner.join()
@@ -128,17 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     summaries = []
     with tempfile.TemporaryDirectory(prefix="veil-profile-") as scratch, RedisServer() as redis:
         load = ingest.LoadProcesses(2)
-        aggregator = ingest.AggregatorProcess("redis", redis.url, ingest.config_dict(args.ks, [1.0], redis.url),
-                                              Path(scratch))
+        aggregator = ingest.AggregatorProcess(
+            "redis", redis.url, ingest.config_dict(args.ks, [1.0], redis.url), Path(scratch)
+        )
         aggregator.redis, aggregator.redis_pid = RedisStore(redis.url), redis.process.pid
         try:
             for name in args.shapes:
                 for k in args.ks:
                     progress(f"profiling {name} uploads at k = {k} for {args.seconds} s")
                     result = profile_one(load, aggregator, ledger, ingest.SHAPES[name], k, args)
-                    summaries.append(f"{name} uploads, k = {k}: {result['uploads_per_second']:.0f} uploads/s under "
-                                     f"py-spy, counts {'exact' if result['exact'] else 'WRONG'}\n"
-                                     + summarize(result["profile"]))
+                    summaries.append(
+                        f"{name} uploads, k = {k}: {result['uploads_per_second']:.0f} uploads/s under "
+                        f"py-spy, counts {'exact' if result['exact'] else 'WRONG'}\n" + summarize(result["profile"])
+                    )
         finally:
             load.stop()
             aggregator.stop()

@@ -37,12 +37,10 @@ import argparse
 import datetime
 import json
 import math
-import os
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +48,14 @@ from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, progress, writ
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-BENCHMARKS = {"randomize": "bench_randomize.py", "client": "bench_client.py", "ingest": "bench_ingest.py",
-              "capacity": "bench_capacity.py", "series": "bench_series.py", "cli": "bench_cli.py"}
+BENCHMARKS = {
+    "randomize": "bench_randomize.py",
+    "client": "bench_client.py",
+    "ingest": "bench_ingest.py",
+    "capacity": "bench_capacity.py",
+    "series": "bench_series.py",
+    "cli": "bench_cli.py",
+}
 LATEST, PLOT = "latest.json", "throughput.png"
 # The README's performance table sits between these lines; --update-readme replaces what is between.
 README_BEGIN = "<!-- bench/report.py --markdown: begin -->"
@@ -115,8 +119,12 @@ def load(directory: Path, runs: dict[str, dict[str, Any]] | None) -> tuple[dict[
             continue
         data = json.loads(path.read_text(encoding="utf-8"))
         results[name] = data
-        sources[name] = {**source, "command": data.get("command"), "date": data.get("machine", {}).get("date"),
-                         "quick": is_quick(data)}
+        sources[name] = {
+            **source,
+            "command": data.get("command"),
+            "date": data.get("machine", {}).get("date"),
+            "quick": is_quick(data),
+        }
     return results, sources, problems
 
 
@@ -166,8 +174,18 @@ def met(value: float | None, operator: str, goal: float) -> bool:
     return {">=": value >= goal, ">": value > goal, "<=": value <= goal}[operator]
 
 
-def target(group: str, text: str, operator: str, goal: float, unit: str, scope: str, value: Any,
-           file: str | None, path: str | None, note: str | None = None) -> dict[str, Any]:
+def target(
+    group: str,
+    text: str,
+    operator: str,
+    goal: float,
+    unit: str,
+    scope: str,
+    value: Any,
+    file: str | None,
+    path: str | None,
+    note: str | None = None,
+) -> dict[str, Any]:
     """One entry of the targets list; ``value`` None means not measured (not met)."""
     number = value if isinstance(value, (int, float)) else None
     entry = {
@@ -220,10 +238,20 @@ def randomize_targets(data: dict[str, Any] | None, file: str | None) -> list[dic
             if cell["k"] == 1024 and cell["epsilon"] == 1.0 and label in cell["contenders"]:
                 value = cell["contenders"][label]["reports_per_second"]
                 path = f"cells[{i}].contenders[{label!r}].reports_per_second"
-        entries.append(target(
-            f"q-subset encoding, {keystream} keystream", "q-subset randomization + summation on one core "
-            f"(simulate_counts + estimate; single-threaded numba kernels), {keystream} keystream",
-            ">", ENCODING_GOAL, "reports/s", "k=1024 eps=1", value, file, path))
+        entries.append(
+            target(
+                f"q-subset encoding, {keystream} keystream",
+                "q-subset randomization + summation on one core "
+                f"(simulate_counts + estimate; single-threaded numba kernels), {keystream} keystream",
+                ">",
+                ENCODING_GOAL,
+                "reports/s",
+                "k=1024 eps=1",
+                value,
+                file,
+                path,
+            )
+        )
     return entries
 
 
@@ -240,33 +268,73 @@ def ingest_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
 
     for store in stores:
         value, path = rate(1024, 1.0, store, "large", "reports_per_second")
-        entries.append(target(f"end to end, k=1024, 1000-report uploads, {store}",
-                              "end-to-end ingest (gRPC upload to the aggregator to the store), 1000-report uploads",
-                              ">=", LARGE_1024_GOAL, "reports/s", f"{store} k=1024 eps=1", value, file, path))
+        entries.append(
+            target(
+                f"end to end, k=1024, 1000-report uploads, {store}",
+                "end-to-end ingest (gRPC upload to the aggregator to the store), 1000-report uploads",
+                ">=",
+                LARGE_1024_GOAL,
+                "reports/s",
+                f"{store} k=1024 eps=1",
+                value,
+                file,
+                path,
+            )
+        )
     for store in stores:
         for k in (16, 128):
             for epsilon in (1.0, 4.0):
                 value, path = rate(k, epsilon, store, "large", "reports_per_second")
-                entries.append(target(f"end to end, k<=128, 1000-report uploads, {store}",
-                                      "end-to-end ingest at k <= 128, 1000-report uploads", ">=", LARGE_SMALL_K_GOAL,
-                                      "reports/s", f"{store} k={k} eps={epsilon:g}", value, file, path))
+                entries.append(
+                    target(
+                        f"end to end, k<=128, 1000-report uploads, {store}",
+                        "end-to-end ingest at k <= 128, 1000-report uploads",
+                        ">=",
+                        LARGE_SMALL_K_GOAL,
+                        "reports/s",
+                        f"{store} k={k} eps={epsilon:g}",
+                        value,
+                        file,
+                        path,
+                    )
+                )
     for store in stores:
         for k in (16, 128, 1024):
             for epsilon in (1.0, 4.0):
                 value, path = rate(k, epsilon, store, "small", "uploads_per_second")
-                entries.append(target(f"end to end, 10-report uploads, {store}",
-                                      "end-to-end ingest of 10-report uploads", ">=", SMALL_UPLOADS_GOAL, "uploads/s",
-                                      f"{store} k={k} eps={epsilon:g}", value, file, path))
+                entries.append(
+                    target(
+                        f"end to end, 10-report uploads, {store}",
+                        "end-to-end ingest of 10-report uploads",
+                        ">=",
+                        SMALL_UPLOADS_GOAL,
+                        "uploads/s",
+                        f"{store} k={k} eps={epsilon:g}",
+                        value,
+                        file,
+                        path,
+                    )
+                )
     if "sqlite" in stores and "redis" in stores:
         for k in (16, 128, 1024):
             for epsilon in (1.0, 4.0):
                 value, path = rate(k, epsilon, "sqlite", "small", "uploads_per_second")
                 redis, redis_path = rate(k, epsilon, "redis", "small", "uploads_per_second")
                 ratio = value / redis if value is not None and redis else None
-                entries.append(target("end to end, 10-report uploads, sqlite / redis",
-                                      "SQLite's 10-report uploads/s within 20% of Redis's, same run (issue 14)", ">=",
-                                      SQLITE_SMALL_RATIO_GOAL, "x", f"k={k} eps={epsilon:g}", ratio, file, path,
-                                      None if ratio is None else f"over {redis_path}"))
+                entries.append(
+                    target(
+                        "end to end, 10-report uploads, sqlite / redis",
+                        "SQLite's 10-report uploads/s within 20% of Redis's, same run (issue 14)",
+                        ">=",
+                        SQLITE_SMALL_RATIO_GOAL,
+                        "x",
+                        f"k={k} eps={epsilon:g}",
+                        ratio,
+                        file,
+                        path,
+                        None if ratio is None else f"over {redis_path}",
+                    )
+                )
     latency = None if data is None else data.get("latency")
     for store in stores:
         for mode in ("cached", "fresh"):
@@ -275,11 +343,24 @@ def ingest_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
                 row = latency["results"].get(store, {}).get("gRPC", {}).get(mode)
                 if row is not None:
                     value, path = row["p99_ms"], f"latency.results.{store}.gRPC.{mode}.p99_ms"
-            entries.append(target(f"Estimates.Get p99, k=1024, 3 windows, {store}",
-                                  f"gRPC Estimates.Get p99 at k = 1024 with 3 windows ({mode}: "
-                                  + ("counts unchanged since the last call)" if mode == "cached"
-                                     else "an upload before each call, estimates recomputed)"),
-                                  "<=", GET_P99_GOAL_MS, "ms", f"{store} {mode}", value, file, path))
+            entries.append(
+                target(
+                    f"Estimates.Get p99, k=1024, 3 windows, {store}",
+                    f"gRPC Estimates.Get p99 at k = 1024 with 3 windows ({mode}: "
+                    + (
+                        "counts unchanged since the last call)"
+                        if mode == "cached"
+                        else "an upload before each call, estimates recomputed)"
+                    ),
+                    "<=",
+                    GET_P99_GOAL_MS,
+                    "ms",
+                    f"{store} {mode}",
+                    value,
+                    file,
+                    path,
+                )
+            )
     return entries
 
 
@@ -291,19 +372,29 @@ def client_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
             cell = f"k={k} eps={epsilon:g}"
             row = up.get(cell, {}).get("memo off")
             value = path = None
-            if row and all(isinstance(row.get(f), (int, float)) and math.isfinite(row[f])
-                           for f in ("median_us", "p99_us")) and row.get("calls", 0) > 0:
+            if (
+                row
+                and all(isinstance(row.get(f), (int, float)) and math.isfinite(row[f]) for f in ("median_us", "p99_us"))
+                and row.get("calls", 0) > 0
+            ):
                 value = {"median_us": row["median_us"], "p99_us": row["p99_us"]}
                 path = f"latency.up[{cell!r}]['memo off']"
-            entries.append({
-                "group": "SDK report() median and p99 published",
-                "target": "SDK report() median and p99 latency published (server up, memo off: a fresh randomized "
-                          "response per call, the worst case)",
-                "goal": "published", "operator": "published", "threshold": None, "unit": "us", "scope": cell,
-                "measured": value, "met": value is not None,
-                "source": None if path is None else {"file": file, "path": path},
-                **({"note": "not measured in these results"} if value is None else {}),
-            })
+            entries.append(
+                {
+                    "group": "SDK report() median and p99 published",
+                    "target": "SDK report() median and p99 latency published (server up, memo off: a fresh randomized "
+                    "response per call, the worst case)",
+                    "goal": "published",
+                    "operator": "published",
+                    "threshold": None,
+                    "unit": "us",
+                    "scope": cell,
+                    "measured": value,
+                    "met": value is not None,
+                    "source": None if path is None else {"file": file, "path": path},
+                    **({"note": "not measured in these results"} if value is None else {}),
+                }
+            )
     bounds = {} if data is None else data["latency"].get("bounds", {})
     for k in CLIENT_KS:
         for epsilon in (1.0, 4.0):
@@ -311,16 +402,24 @@ def client_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
             for series, memory in (("memo on", "up"), ("memo on, queue_dir", "bounds"), ("period bound", "bounds")):
                 row = (up if memory == "up" else bounds).get(cell, {}).get(series)
                 value = None if not row else row.get("median_us")
-                path = (f"latency.up[{cell!r}]['memo on']" if memory == "up"
-                        else f"latency.bounds[{cell!r}][{series!r}]") + ".median_us"
-                entries.append({
-                    "group": "SDK report() with the ledger and the period bound, memoized, median",
-                    "target": f"report() median with the privacy ledger and the period bound ({series})",
-                    "goal": "<= 10 us", "operator": "<=", "threshold": 10.0, "unit": "us", "scope": cell,
-                    "measured": value, "met": value is not None and value <= 10.0,
-                    "source": None if value is None else {"file": file, "path": path},
-                    **({"note": "not measured in these results"} if value is None else {}),
-                })
+                path = (
+                    f"latency.up[{cell!r}]['memo on']" if memory == "up" else f"latency.bounds[{cell!r}][{series!r}]"
+                ) + ".median_us"
+                entries.append(
+                    {
+                        "group": "SDK report() with the ledger and the period bound, memoized, median",
+                        "target": f"report() median with the privacy ledger and the period bound ({series})",
+                        "goal": "<= 10 us",
+                        "operator": "<=",
+                        "threshold": 10.0,
+                        "unit": "us",
+                        "scope": cell,
+                        "measured": value,
+                        "met": value is not None and value <= 10.0,
+                        "source": None if value is None else {"file": file, "path": path},
+                        **({"note": "not measured in these results"} if value is None else {}),
+                    }
+                )
     return entries
 
 
@@ -330,14 +429,25 @@ def series_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[s
     # beside them in series.json, not a target.
     stores = [s for s in (SERIES_STORES if data is None else data["settings"]["stores"]) if s in SERIES_STORES]
     for store in stores:
-        for name, goal, text in (("series_720_hourly", SERIES_P99_GOAL_MS, "a series of 720 hourly buckets"),
-                                 ("series_720_hourly_cold", SERIES_P99_GOAL_MS,
-                                  "a series of 720 hourly buckets, first (cold) read"),
-                                 ("merged_7_daily", MERGED_P99_GOAL_MS, "a 7-day merged estimate")):
+        for name, goal, text in (
+            ("series_720_hourly", SERIES_P99_GOAL_MS, "a series of 720 hourly buckets"),
+            ("series_720_hourly_cold", SERIES_P99_GOAL_MS, "a series of 720 hourly buckets, first (cold) read"),
+            ("merged_7_daily", MERGED_P99_GOAL_MS, "a 7-day merged estimate"),
+        ):
             row = None if data is None else data["series"].get(store, {}).get(name)
-            entries.append(target(f"{text} p99, k=1024, {store}", f"{text} at k = 1024 answers (p99)", "<=", goal,
-                                  "ms", store, None if row is None else row["p99_ms"], file,
-                                  None if row is None else f"series.{store}.{name}.p99_ms"))
+            entries.append(
+                target(
+                    f"{text} p99, k=1024, {store}",
+                    f"{text} at k = 1024 answers (p99)",
+                    "<=",
+                    goal,
+                    "ms",
+                    store,
+                    None if row is None else row["p99_ms"],
+                    file,
+                    None if row is None else f"series.{store}.{name}.p99_ms",
+                )
+            )
     return entries
 
 
@@ -346,11 +456,20 @@ def cli_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str,
     for name, text in (("veil_specs", "veil specs"), ("veil_estimates", "veil estimates")):
         row = None if data is None else data["cli"].get(name)
         floor = None if data is None else data["cli"]["python_grpc_wire"]["median_ms"]
-        entries.append(target(f"`{text}` against a running aggregator, spawn to exit (median)",
-                              f"`{text}` starts and answers", "<=", CLI_START_GOAL_MS, "ms", "cli",
-                              None if row is None else row["median_ms"], file,
-                              None if row is None else f"cli.{name}.median_ms",
-                              None if floor is None else f"python importing grpc and the wire module: {floor:.0f} ms"))
+        entries.append(
+            target(
+                f"`{text}` against a running aggregator, spawn to exit (median)",
+                f"`{text}` starts and answers",
+                "<=",
+                CLI_START_GOAL_MS,
+                "ms",
+                "cli",
+                None if row is None else row["median_ms"],
+                file,
+                None if row is None else f"cli.{name}.median_ms",
+                None if floor is None else f"python importing grpc and the wire module: {floor:.0f} ms",
+            )
+        )
     return entries
 
 
@@ -358,11 +477,13 @@ def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[s
     def file(name: str) -> str | None:
         return sources[name]["file"] if name in results else None
 
-    return (randomize_targets(results.get("randomize"), file("randomize"))
-            + ingest_targets(results.get("ingest"), file("ingest"))
-            + client_targets(results.get("client"), file("client"))
-            + series_targets(results.get("series"), file("series"))
-            + cli_targets(results.get("cli"), file("cli")))
+    return (
+        randomize_targets(results.get("randomize"), file("randomize"))
+        + ingest_targets(results.get("ingest"), file("ingest"))
+        + client_targets(results.get("client"), file("client"))
+        + series_targets(results.get("series"), file("series"))
+        + cli_targets(results.get("cli"), file("cli"))
+    )
 
 
 def grouped(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -378,9 +499,17 @@ def grouped(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
             worst = pick(numeric, key=lambda e: e["measured"])
         else:
             worst = next((e for e in entries if not e["met"]), entries[0])
-        rows.append({"group": name, "goal": entries[0]["goal"], "unit": entries[0]["unit"], "worst": worst,
-                     "met": sum(e["met"] for e in entries), "entries": len(entries),
-                     "measured": sum(e["measured"] is not None for e in entries)})
+        rows.append(
+            {
+                "group": name,
+                "goal": entries[0]["goal"],
+                "unit": entries[0]["unit"],
+                "worst": worst,
+                "met": sum(e["met"] for e in entries),
+                "entries": len(entries),
+                "measured": sum(e["measured"] is not None for e in entries),
+            }
+        )
     return rows
 
 
@@ -390,8 +519,12 @@ def grouped(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def correctness(results: dict[str, Any]) -> dict[str, Any]:
     checks: dict[str, Any] = {}
     if "randomize" in results:
-        failed = [f"k={cell['k']} eps={cell['epsilon']:g} {label}" for cell in results["randomize"]["cells"]
-                  for label, row in cell["contenders"].items() if not row["sanity"]["ok"]]
+        failed = [
+            f"k={cell['k']} eps={cell['epsilon']:g} {label}"
+            for cell in results["randomize"]["cells"]
+            for label, row in cell["contenders"].items()
+            if not row["sanity"]["ok"]
+        ]
         checks["randomize_sanity_ok"] = not failed
         checks["randomize_sanity_failures"] = failed
     if "ingest" in results:
@@ -405,9 +538,13 @@ def correctness(results: dict[str, Any]) -> dict[str, Any]:
         checks["capacity_exact_counts_ok"] = bool(exact["ok"])
         checks["capacity_exact_count_failures"] = exact["failures"]
     if "client" in results:
-        dropped = [f"{phase} {cell} {mode}" for phase in ("up", "down")
-                   for cell, modes in results["client"]["latency"][phase].items()
-                   for mode, row in modes.items() if row.get("dropped")]
+        dropped = [
+            f"{phase} {cell} {mode}"
+            for phase in ("up", "down")
+            for cell, modes in results["client"]["latency"][phase].items()
+            for mode, row in modes.items()
+            if row.get("dropped")
+        ]
         checks["client_no_drops"] = not dropped
         checks["client_drops"] = dropped
     return checks
@@ -434,8 +571,14 @@ def ratio(value: float | None) -> str:
 class Table:
     """A titled table that prints as aligned text or as Markdown."""
 
-    def __init__(self, title: str, headers: list[str], right: set[int] | None = None, note: str = "",
-                 code: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        title: str,
+        headers: list[str],
+        right: set[int] | None = None,
+        note: str = "",
+        code: set[int] | None = None,
+    ) -> None:
         self.title, self.headers, self.note = title, headers, note
         self.right = right if right is not None else set(range(2, len(headers)))
         self.code = code or set()  # columns shown as code in Markdown
@@ -451,14 +594,21 @@ class Table:
                 lines += [self.note, ""]
             lines.append("| " + " | ".join(self.headers) + " |")
             lines.append("|" + "|".join("---:" if i in self.right else "---" for i in range(len(self.headers))) + "|")
-            lines += ["| " + " | ".join(f"`{c}`" if i in self.code and c != "-" else c.replace("|", "\\|")
-                                        for i, c in enumerate(row)) + " |" for row in self.rows]
+            lines += [
+                "| "
+                + " | ".join(
+                    f"`{c}`" if i in self.code and c != "-" else c.replace("|", "\\|") for i, c in enumerate(row)
+                )
+                + " |"
+                for row in self.rows
+            ]
             return "\n".join(lines)
         widths = [max(len(r[i]) for r in [self.headers, *self.rows]) for i in range(len(self.headers))]
 
         def line(cells: list[str]) -> str:
-            return "  ".join(c.rjust(w) if i in self.right else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+            return "  ".join(
+                c.rjust(w) if i in self.right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            ).rstrip()
 
         lines = [self.title]
         if self.note:
@@ -468,40 +618,71 @@ class Table:
 
 
 def randomize_table(data: dict[str, Any]) -> Table:
-    table = Table("Batch randomize + sum + estimate, reports/s (one core; Nx = Veil / peer, same run)",
-                  ["k", "eps", SS_PEER, OUE_PEER, "Veil subset fast", "Veil subset AES", GRR_PEER,
-                   "Veil krr fast", "Veil krr AES"], right=set(range(9)),
-                  note="fast = seeded FastKeystream (simulation only); AES = AesCtrKeystream (the CSPRNG default); "
-                       f"median of {rounds(data['settings']['rounds'])}, peers and Veil interleaved.")
+    table = Table(
+        "Batch randomize + sum + estimate, reports/s (one core; Nx = Veil / peer, same run)",
+        [
+            "k",
+            "eps",
+            SS_PEER,
+            OUE_PEER,
+            "Veil subset fast",
+            "Veil subset AES",
+            GRR_PEER,
+            "Veil krr fast",
+            "Veil krr AES",
+        ],
+        right=set(range(9)),
+        note="fast = seeded FastKeystream (simulation only); AES = AesCtrKeystream (the CSPRNG default); "
+        f"median of {rounds(data['settings']['rounds'])}, peers and Veil interleaved.",
+    )
     for cell in data["cells"]:
         rows = cell["contenders"]
         ratios = {(c["veil"], c["peer"]): c["ratio"] for c in cell["comparisons"]}
 
         def veil(label: str, peers: list[tuple[str, str]]) -> str:
-            if label not in rows:
+            if label not in rows:  # noqa: B023 (called within this iteration)
                 return "-"
-            parts = ", ".join(f"{ratio(ratios.get((label, peer)))} {short}" for peer, short in peers)
-            return f"{si(rows[label]['reports_per_second'])} ({parts})"
+            parts = ", ".join(f"{ratio(ratios.get((label, peer)))} {short}" for peer, short in peers)  # noqa: B023 (called within this iteration)
+            return f"{si(rows[label]['reports_per_second'])} ({parts})"  # noqa: B023 (called within this iteration)
 
         def peer(label: str) -> str:
-            return si(rows[label]["reports_per_second"]) if label in rows else "-"
+            return si(rows[label]["reports_per_second"]) if label in rows else "-"  # noqa: B023 (called within this iteration)
 
         subset_peers = [(SS_PEER, "SS"), (OUE_PEER, "OUE")]
-        table.add(cell["k"], f"{cell['epsilon']:g}", peer(SS_PEER), peer(OUE_PEER),
-                  veil("Veil subset fast", subset_peers), veil("Veil subset AES", subset_peers), peer(GRR_PEER),
-                  veil("Veil krr fast", [(GRR_PEER, "GRR")]), veil("Veil krr AES", [(GRR_PEER, "GRR")]))
+        table.add(
+            cell["k"],
+            f"{cell['epsilon']:g}",
+            peer(SS_PEER),
+            peer(OUE_PEER),
+            veil("Veil subset fast", subset_peers),
+            veil("Veil subset AES", subset_peers),
+            peer(GRR_PEER),
+            veil("Veil krr fast", [(GRR_PEER, "GRR")]),
+            veil("Veil krr AES", [(GRR_PEER, "GRR")]),
+        )
     return table
 
 
 def client_table(data: dict[str, Any]) -> Table:
-    table = Table("SDK report() latency, subset design, microseconds per call: median / p99",
-                  ["k", "eps", "bare randomize", "report() memo off", "report() memo on",
-                   "memo on, queue_dir", "period bound", "report() server down, memo off", "upload reports/s"],
-                  right=set(range(9)),
-                  note="memo off: a fresh randomized response (OS CSPRNG) per call, the worst case; memo on: the "
-                       "steady state, each call admitted by the privacy ledger (queue_dir: the ledger's file "
-                       "appended too); period bound: the day's one report sent, the call refused on the device. "
-                       "Server up unless marked; upload = report() .. force_flush(), batches of 512.")
+    table = Table(
+        "SDK report() latency, subset design, microseconds per call: median / p99",
+        [
+            "k",
+            "eps",
+            "bare randomize",
+            "report() memo off",
+            "report() memo on",
+            "memo on, queue_dir",
+            "period bound",
+            "report() server down, memo off",
+            "upload reports/s",
+        ],
+        right=set(range(9)),
+        note="memo off: a fresh randomized response (OS CSPRNG) per call, the worst case; memo on: the "
+        "steady state, each call admitted by the privacy ledger (queue_dir: the ledger's file "
+        "appended too); period bound: the day's one report sent, the call refused on the device. "
+        "Server up unless marked; upload = report() .. force_flush(), batches of 512.",
+    )
     latency = data["latency"]
 
     def pair(row: dict[str, Any] | None) -> str:
@@ -512,9 +693,17 @@ def client_table(data: dict[str, Any]) -> Table:
         up, down = latency["up"].get(cell, {}), latency["down"].get(cell, {})
         throughput = data.get("throughput", {}).get(cell)
         bounds = latency.get("bounds", {}).get(cell, {})
-        table.add(k, epsilon, pair(bare), pair(up.get("memo off")), pair(up.get("memo on")),
-                  pair(bounds.get("memo on, queue_dir")), pair(bounds.get("period bound")),
-                  pair(down.get("memo off")), si(throughput["reports_per_second"]) if throughput else "-")
+        table.add(
+            k,
+            epsilon,
+            pair(bare),
+            pair(up.get("memo off")),
+            pair(up.get("memo on")),
+            pair(bounds.get("memo on, queue_dir")),
+            pair(bounds.get("period bound")),
+            pair(down.get("memo off")),
+            si(throughput["reports_per_second"]) if throughput else "-",
+        )
     return table
 
 
@@ -531,11 +720,15 @@ def ingest_table(data: dict[str, Any]) -> Table:
         s = shapes[shape]
         headers.append(f"{store}, {s['batch']}-report uploads x {s['in_flight']}")
     headers.append("counts")
-    table = Table("End to end: gRPC uploads into an aggregator process, per store; reports/s (uploads/s)",
-                  headers, right=set(range(len(headers) - 1)),
-                  note=f"Subset design, windows {', '.join(data['settings']['windows'])}; "
-                       f"{data['settings']['load_processes']} load processes; median of {rounds(data['settings']['rounds'])}. "
-                       "counts: every store read back after every run, n and V exact.")
+    table = Table(
+        "End to end: gRPC uploads into an aggregator process, per store; reports/s (uploads/s)",
+        headers,
+        right=set(range(len(headers) - 1)),
+        note=f"Subset design, windows {', '.join(data['settings']['windows'])}; "
+        f"{data['settings']['load_processes']} load processes; "
+        f"median of {rounds(data['settings']['rounds'])}. "
+        "counts: every store read back after every run, n and V exact.",
+    )
     for cell in data["ingest"]:
         parts = []
         exact = True
@@ -553,25 +746,39 @@ def ingest_table(data: dict[str, Any]) -> Table:
 def capacity_table(data: dict[str, Any]) -> Table:
     """bench_capacity.py's predictions: N aggregator cores, the masters that keep up, uploads/s."""
     checks = data["checks"]
-    efficiency = ", ".join(f"{name.removeprefix('efficiency_')} {check['ratio']:.0%}"
-                           + (f" ({min(check['ratio_rounds']):.0%}-{max(check['ratio_rounds']):.0%})"
-                              if len(check.get("ratio_rounds", ())) > 1 else "")
-                           for name, check in checks.items() if name.startswith("efficiency_"))
+    efficiency = ", ".join(
+        f"{name.removeprefix('efficiency_')} {check['ratio']:.0%}"
+        + (
+            f" ({min(check['ratio_rounds']):.0%}-{max(check['ratio_rounds']):.0%})"
+            if len(check.get("ratio_rounds", ())) > 1
+            else ""
+        )
+        for name, check in checks.items()
+        if name.startswith("efficiency_")
+    )
     even = next((check for name, check in checks.items() if name.endswith("_masters_even")), None)
-    table = Table(f"Capacity model (Redis Cluster, store.shards = {data['settings']['cluster_shards'][0]}): "
-                  "N one-core aggregators and the M masters that keep up",
-                  ["k", "uploads", "N cores", "M masters", "uploads/s", "reports/s", "bound by"],
-                  right={0, 2, 3, 4, 5},
-                  note=f"CPU us per upload measured by bench_capacity.py "
-                       f"(median of {rounds(data['settings']['rounds'])}). "
-                       f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
-                       f"server, median (and range) of the rounds: {efficiency} (goal 75%)."
-                       + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)."
-                          if even else ""))
+    table = Table(
+        f"Capacity model (Redis Cluster, store.shards = {data['settings']['cluster_shards'][0]}): "
+        "N one-core aggregators and the M masters that keep up",
+        ["k", "uploads", "N cores", "M masters", "uploads/s", "reports/s", "bound by"],
+        right={0, 2, 3, 4, 5},
+        note=f"CPU us per upload measured by bench_capacity.py "
+        f"(median of {rounds(data['settings']['rounds'])}). "
+        f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
+        f"server, median (and range) of the rounds: {efficiency} (goal 75%)."
+        + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)." if even else ""),
+    )
     for p in data["predictions"]:
         batch = 10 if p["shape"] == "small" else 1000
-        table.add(p["k"], f"{batch}-report", p["cores"], p["masters"], si(p["uploads_per_second"]),
-                  si(p["reports_per_second"]), p["bound"])
+        table.add(
+            p["k"],
+            f"{batch}-report",
+            p["cores"],
+            p["masters"],
+            si(p["uploads_per_second"]),
+            si(p["reports_per_second"]),
+            p["bound"],
+        )
     return table
 
 
@@ -579,16 +786,20 @@ def latency_table(data: dict[str, Any]) -> Table | None:
     latency = data.get("latency")
     if not latency:
         return None
-    table = Table(f"Estimates at k = {latency['k']}, epsilon = {latency['epsilon']:g}, windows "
-                  f"{', '.join(latency['windows'])}: one call at a time, milliseconds, median / p99",
-                  ["store", "call", "cached", "fresh", "response"],
-                  note="cached: counts unchanged since the last call; fresh: an upload before each call, so the "
-                       "estimates are recomputed.")
+    table = Table(
+        f"Estimates at k = {latency['k']}, epsilon = {latency['epsilon']:g}, windows "
+        f"{', '.join(latency['windows'])}: one call at a time, milliseconds, median / p99",
+        ["store", "call", "cached", "fresh", "response"],
+        note="cached: counts unchanged since the last call; fresh: an upload before each call, so the "
+        "estimates are recomputed.",
+    )
     for store, protocols in latency["results"].items():
         for protocol, modes in protocols.items():
             call = "gRPC Estimates.Get" if protocol == "gRPC" else f"HTTP GET {latency['path']}"
-            cells = [f"{modes[m]['median_ms']:.2f} / {modes[m]['p99_ms']:.2f}" if m in modes else "-"
-                     for m in ("cached", "fresh")]
+            cells = [
+                f"{modes[m]['median_ms']:.2f} / {modes[m]['p99_ms']:.2f}" if m in modes else "-"
+                for m in ("cached", "fresh")
+            ]
             ok = all(row["sanity"]["ok"] for row in modes.values())
             table.add(store, call, *cells, "OK" if ok else "MALFORMED")
     return table
@@ -609,9 +820,13 @@ def measured_text(entry: dict[str, Any]) -> str:
 
 
 def targets_table(targets: list[dict[str, Any]]) -> Table:
-    table = Table("Targets (issue 7): met / entries, and the worst entry with its source",
-                  ["target", "goal", "worst measured", "met", "source of the worst"], right={3}, code={4},
-                  note="Every entry, with its exact source, is in the targets list of latest.json.")
+    table = Table(
+        "Targets (issue 7): met / entries, and the worst entry with its source",
+        ["target", "goal", "worst measured", "met", "source of the worst"],
+        right={3},
+        code={4},
+        note="Every entry, with its exact source, is in the targets list of latest.json.",
+    )
     for row in grouped(targets):
         worst = row["worst"]
         source = worst["source"]
@@ -635,8 +850,7 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
     dates = ", ".join(f"{name} {date}" for name, date in machine["dates"].items())
     out.append(f"Results: {', '.join(s['file'] for s in document['sources'].values())} ({dates}).")
     if document["quick"]:
-        out.append("QUICK SMOKE RUN: tiny runs; the rates and verdicts below mean nothing (the correctness "
-                   "checks do).")
+        out.append("QUICK SMOKE RUN: tiny runs; the rates and verdicts below mean nothing (the correctness checks do).")
     if machine["differences"]:
         out.append(f"The benchmarks ran on different machines or software: {json.dumps(machine['differences'])}")
     tables = []
@@ -674,9 +888,13 @@ def verdict_lines(document: dict[str, Any]) -> list[str]:
     summary = document["summary"]
     lines.append(
         f"Targets met: {summary['targets_met']} of {summary['targets']} entries. "
-        + ("Exact counts: " + (f"all {checks['ingest_exact_count_checks']} checks OK" if exact else "FAILED")
-           if exact is not None else "Exact counts: not checked (no ingest results)")
-        + f". Overall: {'OK' if summary['ok'] else 'FAILED'}.")
+        + (
+            "Exact counts: " + (f"all {checks['ingest_exact_count_checks']} checks OK" if exact else "FAILED")
+            if exact is not None
+            else "Exact counts: not checked (no ingest results)"
+        )
+        + f". Overall: {'OK' if summary['ok'] else 'FAILED'}."
+    )
     return lines
 
 
@@ -684,12 +902,22 @@ def verdict_lines(document: dict[str, Any]) -> list[str]:
 
 
 RANDOMIZE_SERIES = (
-    ("Veil subset fast", "#08519c"), ("Veil subset AES", "#4292c6"),
-    ("Veil krr fast", "#006d2c"), ("Veil krr AES", "#41ab5d"),
-    (SS_PEER, "#d94801"), (GRR_PEER, "#fd8d3c"), (OUE_PEER, "#737373"),
+    ("Veil subset fast", "#08519c"),
+    ("Veil subset AES", "#4292c6"),
+    ("Veil krr fast", "#006d2c"),
+    ("Veil krr AES", "#41ab5d"),
+    (SS_PEER, "#d94801"),
+    (GRR_PEER, "#fd8d3c"),
+    (OUE_PEER, "#737373"),
 )
-INGEST_COLORS = {("memory", "large"): "#08519c", ("redis", "large"): "#a50f15", ("sqlite", "large"): "#006d2c",
-                 ("memory", "small"): "#6baed6", ("redis", "small"): "#fb6a4a", ("sqlite", "small"): "#74c476"}
+INGEST_COLORS = {
+    ("memory", "large"): "#08519c",
+    ("redis", "large"): "#a50f15",
+    ("sqlite", "large"): "#006d2c",
+    ("memory", "small"): "#6baed6",
+    ("redis", "small"): "#fb6a4a",
+    ("sqlite", "small"): "#74c476",
+}
 
 
 def grouped_bars(axis: Any, groups: list[str], series: list[tuple[str, str, list[float | None]]]) -> None:
@@ -723,11 +951,16 @@ def plot(document: dict[str, Any], results: dict[str, Any], path: Path) -> None:
     if "randomize" in results:
         axis = axes[panels.index("randomize")]
         cells = results["randomize"]["cells"]
-        series = [(label, color, [c["contenders"].get(label, {}).get("reports_per_second") for c in cells])
-                  for label, color in RANDOMIZE_SERIES if any(label in c["contenders"] for c in cells)]
+        series = [
+            (label, color, [c["contenders"].get(label, {}).get("reports_per_second") for c in cells])
+            for label, color in RANDOMIZE_SERIES
+            if any(label in c["contenders"] for c in cells)
+        ]
         grouped_bars(axis, [cell_label(c["k"], c["epsilon"]) for c in cells], series)
-        axis.set_title("Batch randomize + sum + estimate, one core\n"
-                       "Veil (fast = seeded SFC64, AES = CSPRNG keystream) vs peers, same run")
+        axis.set_title(
+            "Batch randomize + sum + estimate, one core\n"
+            "Veil (fast = seeded SFC64, AES = CSPRNG keystream) vs peers, same run"
+        )
         axis.set_ylabel("reports per second (log scale)")
         axis.set_xlabel("categories k, privacy level \u03b5")
         axis.yaxis.set_major_formatter(per_second)
@@ -742,24 +975,36 @@ def plot(document: dict[str, Any], results: dict[str, Any], path: Path) -> None:
             for store in data["settings"]["stores"]:
                 s = shapes[shape]
                 values = [c["stores"].get(store, {}).get(shape, {}).get("reports_per_second") for c in cells]
-                series.append((f"{store}, {s['batch']}-report uploads, {s['in_flight']} in flight",
-                               INGEST_COLORS.get((store, shape), None), values))
+                series.append(
+                    (
+                        f"{store}, {s['batch']}-report uploads, {s['in_flight']} in flight",
+                        INGEST_COLORS.get((store, shape), None),
+                        values,
+                    )
+                )
         groups = [cell_label(c["k"], c["epsilon"]) for c in cells]
         grouped_bars(axis, groups, series)
         small_batch = shapes.get("small", {}).get("batch", 10)
         for goal, which, text, style in (
-                (LARGE_SMALL_K_GOAL, lambda k: k <= 128, "target, 1000-report uploads, k <= 128", "dashed"),
-                (LARGE_1024_GOAL, lambda k: k == 1024, "target, 1000-report uploads, k = 1024", "dashed"),
-                (SMALL_UPLOADS_GOAL * small_batch, lambda k: True,
-                 f"target, 10-report uploads: {si(SMALL_UPLOADS_GOAL)} uploads/s = "
-                 f"{si(SMALL_UPLOADS_GOAL * small_batch)} reports/s", "dotted")):
+            (LARGE_SMALL_K_GOAL, lambda k: k <= 128, "target, 1000-report uploads, k <= 128", "dashed"),
+            (LARGE_1024_GOAL, lambda k: k == 1024, "target, 1000-report uploads, k = 1024", "dashed"),
+            (
+                SMALL_UPLOADS_GOAL * small_batch,
+                lambda k: True,
+                f"target, 10-report uploads: {si(SMALL_UPLOADS_GOAL)} uploads/s = "
+                f"{si(SMALL_UPLOADS_GOAL * small_batch)} reports/s",
+                "dotted",
+            ),
+        ):
             xs = [i for i, c in enumerate(cells) if which(c["k"])]
             if xs:
                 axis.hlines(goal, min(xs) - 0.45, max(xs) + 0.45, colors="black", linestyles=style, linewidth=1)
                 axis.annotate(text, (min(xs) - 0.45, goal), xytext=(2, 3), textcoords="offset points", fontsize=7)
         exact = document["checks"].get("ingest_exact_counts_ok")
-        axis.set_title("End to end: gRPC uploads -> aggregator process -> store\n"
-                       f"exact counts checked after every run: {'all OK' if exact else 'FAILED'}")
+        axis.set_title(
+            "End to end: gRPC uploads -> aggregator process -> store\n"
+            f"exact counts checked after every run: {'all OK' if exact else 'FAILED'}"
+        )
         axis.set_ylabel("reports acknowledged per second (log scale)")
         axis.set_xlabel("categories k, privacy level \u03b5")
         axis.yaxis.set_major_formatter(per_second)
@@ -813,10 +1058,15 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
         started = time.perf_counter()
         status = subprocess.run(command, stdout=2, cwd=REPO).returncode  # fd 2: stderr
         fresh = output.exists() and output.stat().st_mtime_ns != before
-        runs[name] = {"command": shlex.join(command), "exit_status": status, "fresh": fresh,
-                      "seconds": round(time.perf_counter() - started, 1)}
-        progress(f"=== {name}: exit status {status}, {runs[name]['seconds']} s"
-                 + ("" if fresh else ", NO RESULTS WRITTEN"))
+        runs[name] = {
+            "command": shlex.join(command),
+            "exit_status": status,
+            "fresh": fresh,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        progress(
+            f"=== {name}: exit status {status}, {runs[name]['seconds']} s" + ("" if fresh else ", NO RESULTS WRITTEN")
+        )
     return runs
 
 
@@ -826,22 +1076,46 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__)
     parser.add_argument("--run", action="store_true", help="run the four benchmarks first (what `make bench` does)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke runs; results in {shown(QUICK_RESULTS_DIR)}/ unless --results-dir is given")
-    parser.add_argument("--results-dir", type=Path,
-                        help=f"where the benchmarks' JSON is read (and written with --run), and where {LATEST} and "
-                        f"{PLOT} go (default {shown(RESULTS_DIR)}, or {shown(QUICK_RESULTS_DIR)} with --quick)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke runs; results in {shown(QUICK_RESULTS_DIR)}/ unless --results-dir is given",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        help=f"where the benchmarks' JSON is read (and written with --run), and where {LATEST} and "
+        f"{PLOT} go (default {shown(RESULTS_DIR)}, or {shown(QUICK_RESULTS_DIR)} with --quick)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     parser.add_argument("--no-write", action="store_true", help=f"print only: write neither {LATEST} nor {PLOT}")
-    parser.add_argument("--update-readme", nargs="?", type=Path, const=REPO / "README.md", metavar="README",
-                        help="also put the Markdown table into README (default README.md) between the lines "
-                        f"{README_BEGIN} and {README_END}")
-    parser.add_argument("--ks", type=int, nargs="+", help="with --run: category counts for bench_randomize and "
-                        "bench_ingest (default theirs: 16 128 1024)")
-    parser.add_argument("--epsilons", type=float, nargs="+", help="with --run: privacy levels for bench_randomize "
-                        "and bench_ingest (default theirs: 1 4)")
-    parser.add_argument("--stores", nargs="+", choices=("memory", "sqlite", "redis"),
-                        help="with --run: stores for bench_ingest (default all three)")
+    parser.add_argument(
+        "--update-readme",
+        nargs="?",
+        type=Path,
+        const=REPO / "README.md",
+        metavar="README",
+        help="also put the Markdown table into README (default README.md) between the lines "
+        f"{README_BEGIN} and {README_END}",
+    )
+    parser.add_argument(
+        "--ks",
+        type=int,
+        nargs="+",
+        help="with --run: category counts for bench_randomize and bench_ingest (default theirs: 16 128 1024)",
+    )
+    parser.add_argument(
+        "--epsilons",
+        type=float,
+        nargs="+",
+        help="with --run: privacy levels for bench_randomize and bench_ingest (default theirs: 1 4)",
+    )
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        choices=("memory", "sqlite", "redis"),
+        help="with --run: stores for bench_ingest (default all three)",
+    )
     args = parser.parse_args(argv)
     if (args.ks or args.epsilons or args.stores) and not args.run:
         parser.error("--ks, --epsilons and --stores choose what --run measures")
@@ -863,16 +1137,22 @@ def main(argv: list[str] | None = None) -> int:
     ok = not problems and all(v for key, v in checks.items() if key.endswith("_ok"))
     document: dict[str, Any] = {
         "report": "veil benchmarks: bench/report.py",
-        "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "generated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": shlex.join(sys.argv if argv is None else [shown(Path(__file__)), *argv]),
         "quick": any(s.get("quick") for s in sources.values()),
         "machine": merged_machine(results),
         "sources": sources,
         "checks": checks,
         "problems": problems,
-        "summary": {"ok": ok, "targets_met": sum(t["met"] for t in targets), "targets": len(targets),
-                    "target_groups": [{k: v for k, v in row.items() if k != "worst"} | {"worst": row["worst"]["scope"]}
-                                      for row in grouped(targets)]},
+        "summary": {
+            "ok": ok,
+            "targets_met": sum(t["met"] for t in targets),
+            "targets": len(targets),
+            "target_groups": [
+                {k: v for k, v in row.items() if k != "worst"} | {"worst": row["worst"]["scope"]}
+                for row in grouped(targets)
+            ],
+        },
         "targets": targets,
         "plot": shown(directory / PLOT),
         "benchmarks": results,

@@ -30,8 +30,9 @@ def used_bytes(path: Path) -> int:
     """Pages in use (the file less its free pages), after the WAL is copied in."""
     with contextlib.closing(sqlite3.connect(path)) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        pages, free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
-                                                                                  "page_size"))
+        pages, free, size = (
+            db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
+        )
     return (pages - free) * size
 
 

@@ -44,20 +44,22 @@ def drifted() -> list[str]:
         fresh = generate(Path(tmp))
         names = [p.relative_to(tmp).as_posix() for p in fresh]
         committed = sorted(
-            p.relative_to(PROTO_ROOT).as_posix()
-            for p in PROTO_ROOT.rglob("*")
-            if p.name.endswith(GENERATED_SUFFIXES)
+            p.relative_to(PROTO_ROOT).as_posix() for p in PROTO_ROOT.rglob("*") if p.name.endswith(GENERATED_SUFFIXES)
         )
-        bad = [n for n in names if not (PROTO_ROOT / n).exists()
-               or not filecmp.cmp(Path(tmp) / n, PROTO_ROOT / n, shallow=False)]
+        bad = [
+            n
+            for n in names
+            if not (PROTO_ROOT / n).exists() or not filecmp.cmp(Path(tmp) / n, PROTO_ROOT / n, shallow=False)
+        ]
         bad += [n for n in committed if n not in names]
         return bad
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="compare instead of writing; exit 1 when the committed code drifted")
+    parser.add_argument(
+        "--check", action="store_true", help="compare instead of writing; exit 1 when the committed code drifted"
+    )
     args = parser.parse_args(argv)
     if args.check:
         bad = drifted()

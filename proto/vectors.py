@@ -28,8 +28,19 @@ from veil.wire.v1 import veil_pb2
 OUT = Path(__file__).resolve().parent / "veil" / "wire" / "v1" / "vectors"
 
 # Epsilons whose Python repr exercises every branch of the float spelling (docs/protocol.md).
-_AWKWARD_EPSILONS = (1.0, 0.1, 0.30000000000000004, 1 / 3, 2.5, 0.0001, 0.00012345678901234567, 7.0, 19.999999999999996,
-                     20.0, 1e-4 * 3)
+_AWKWARD_EPSILONS = (
+    1.0,
+    0.1,
+    0.30000000000000004,
+    1 / 3,
+    2.5,
+    0.0001,
+    0.00012345678901234567,
+    7.0,
+    19.999999999999996,
+    20.0,
+    1e-4 * 3,
+)
 _MECHANISMS = ("subset", "krr", "warner", "rappor", "rappor-admissible")
 
 
@@ -47,11 +58,38 @@ def fingerprints() -> list[dict]:
     cases = []
     for epsilon in _AWKWARD_EPSILONS:
         cases.append(_spec("subset", 4, epsilon))
-    cases.append(MetricSpec.create("navigateur", ["Firefox", "Chrome", "Safari", "\u00e9dge \"beta\"", "tab\there",
-                                                  "\u2603 snow", "line\nbreak", "back\\slash", "\u0001ctl"],
-                                   "rappor-admissible", 1.5, period=3600, reports_per_period=3))
-    cases.append(MetricSpec.create("yes_no", ["no", "yes"], "warner", 0.5, period=1, reports_per_period=4294967295,
-                                   period_budget=2.0, lifetime_budget=10.0))
+    cases.append(
+        MetricSpec.create(
+            "navigateur",
+            [
+                "Firefox",
+                "Chrome",
+                "Safari",
+                '\u00e9dge "beta"',
+                "tab\there",
+                "\u2603 snow",
+                "line\nbreak",
+                "back\\slash",
+                "\u0001ctl",
+            ],
+            "rappor-admissible",
+            1.5,
+            period=3600,
+            reports_per_period=3,
+        )
+    )
+    cases.append(
+        MetricSpec.create(
+            "yes_no",
+            ["no", "yes"],
+            "warner",
+            0.5,
+            period=1,
+            reports_per_period=4294967295,
+            period_budget=2.0,
+            lifetime_budget=10.0,
+        )
+    )
     cases.append(MetricSpec.create("big", [str(j) for j in range(300)], "krr", 3.0, period=31622400))
     out = []
     for spec in cases:
@@ -73,7 +111,7 @@ def _thresholds(spec: MetricSpec) -> dict:
 def thresholds() -> list[dict]:
     out = []
     for mechanism in _MECHANISMS:
-        for k in ((2,) if mechanism == "warner" else (2, 3, 10, 64, 1024)):
+        for k in (2,) if mechanism == "warner" else (2, 3, 10, 64, 1024):
             for epsilon in _AWKWARD_EPSILONS:
                 spec = _spec(mechanism, k, epsilon)
                 out.append({"mechanism": mechanism, "k": k, "epsilon": epsilon, **_thresholds(spec)})
@@ -89,15 +127,22 @@ def _draw_words(threshold: int, hit: bool) -> list[int]:
 def _randomize_case(spec: MetricSpec, value: int, words: list[int], note: str) -> dict:
     source = WordRandomSource(words)
     report = spec.mechanism.randomize(value, source)
-    return {"note": note, "mechanism": spec.mechanism.name, "k": spec.k, "epsilon": spec.mechanism.epsilon,
-            "value": value, "words": words[:source.position], "report": list(report)}
+    return {
+        "note": note,
+        "mechanism": spec.mechanism.name,
+        "k": spec.k,
+        "epsilon": spec.mechanism.epsilon,
+        "value": value,
+        "words": words[: source.position],
+        "report": list(report),
+    }
 
 
 def randomize() -> list[dict]:
     rng = random.Random(19)
     out = []
     for mechanism in _MECHANISMS:
-        for k in ((2,) if mechanism == "warner" else (2, 3, 10, 37)):
+        for k in (2,) if mechanism == "warner" else (2, 3, 10, 37):
             for epsilon in (0.1, 1.0, 1 / 3, 5.0):
                 spec = _spec(mechanism, k, epsilon)
                 for value in sorted({0, k - 1, k // 2}):
@@ -135,28 +180,48 @@ def encodings() -> list[dict]:
     rng = random.Random(1919)
     out = []
     batch_id = bytes(range(16))
-    for mechanism, k, epsilon in (("subset", 10, 1.0), ("krr", 32, 1.0), ("krr", 40, 2.0), ("subset", 300, 4.0),
-                                  ("subset", 1024, 1.0), ("warner", 2, 1.0), ("rappor", 9, 2.0),
-                                  ("rappor-admissible", 17, 1.0)):
+    for mechanism, k, epsilon in (
+        ("subset", 10, 1.0),
+        ("krr", 32, 1.0),
+        ("krr", 40, 2.0),
+        ("subset", 300, 4.0),
+        ("subset", 1024, 1.0),
+        ("warner", 2, 1.0),
+        ("rappor", 9, 2.0),
+        ("rappor-admissible", 17, 1.0),
+    ):
         spec = _spec(mechanism, k, epsilon)
         words = [rng.getrandbits(32) for _ in range(20000)]
         source = WordRandomSource(words)
         reports = [spec.mechanism.randomize(v % k, source) for v in range(3)]
         body = encode_batch(spec, reports, batch_id)
         message = veil_pb2.UploadRequest.FromString(body)
-        out.append({"spec": _spec_json(spec), "fingerprint": spec.fingerprint,
-                    "encoding": encoding(spec.mechanism), "batch_id": batch_id.hex(),
-                    "reports": [list(r) for r in reports], "upload_hex": body.hex(),
-                    "upload_json": json.loads(json_format.MessageToJson(message))})
+        out.append(
+            {
+                "spec": _spec_json(spec),
+                "fingerprint": spec.fingerprint,
+                "encoding": encoding(spec.mechanism),
+                "batch_id": batch_id.hex(),
+                "reports": [list(r) for r in reports],
+                "upload_hex": body.hex(),
+                "upload_json": json.loads(json_format.MessageToJson(message)),
+            }
+        )
     return out
 
 
 def estimates() -> list[dict]:
     rng = random.Random(191919)
     out = []
-    for mechanism, k, epsilon, n, rpd in (("subset", 4, 1.0, 1000, 1), ("krr", 3, 0.5, 50, 1), ("warner", 2, 2.0, 7, 1),
-                                          ("subset", 10, 1.0, 200, 3), ("rappor", 3, 1.0, 500, 1),
-                                          ("rappor-admissible", 4, 2.0, 300, 2), ("krr", 16, 1.0, 5, 1)):
+    for mechanism, k, epsilon, n, rpd in (
+        ("subset", 4, 1.0, 1000, 1),
+        ("krr", 3, 0.5, 50, 1),
+        ("warner", 2, 2.0, 7, 1),
+        ("subset", 10, 1.0, 200, 3),
+        ("rappor", 3, 1.0, 500, 1),
+        ("rappor-admissible", 4, 2.0, 300, 2),
+        ("krr", 16, 1.0, 5, 1),
+    ):
         spec = _spec(mechanism, k, epsilon)
         source = WordRandomSource([rng.getrandbits(32) for _ in range(200 * k * n)])
         weights = spec.mechanism.weight_law().weights
@@ -170,35 +235,60 @@ def estimates() -> list[dict]:
             for j in report:
                 v[r][j] += 1
         result = estimate(spec.mechanism, Counts(weights, n_t, v), reports_per_device=rpd)
-        out.append({"spec": _spec_json(spec), "weights": list(weights), "n": n_t, "v": v, "reports_per_device": rpd,
-                    "estimate": result.estimate.tolist(), "stderr": result.stderr.tolist(),
-                    "lower": result.lower.tolist(), "upper": result.upper.tolist()})
+        out.append(
+            {
+                "spec": _spec_json(spec),
+                "weights": list(weights),
+                "n": n_t,
+                "v": v,
+                "reports_per_device": rpd,
+                "estimate": result.estimate.tolist(),
+                "stderr": result.stderr.tolist(),
+                "lower": result.lower.tolist(),
+                "upper": result.upper.tolist(),
+            }
+        )
     return out
 
 
-_FILES = {"fingerprints.json": fingerprints, "thresholds.json": thresholds, "randomize.json": randomize,
-          "encodings.json": encodings, "estimates.json": estimates}
+_FILES = {
+    "fingerprints.json": fingerprints,
+    "thresholds.json": thresholds,
+    "randomize.json": randomize,
+    "encodings.json": encodings,
+    "estimates.json": estimates,
+}
 
 
 def render() -> dict[str, str]:
     """Each vector file's text."""
-    return {name: json.dumps({"version": "v1", "vectors": make()}, indent=1, ensure_ascii=False) + "\n"
-            for name, make in _FILES.items()}
+    return {
+        name: json.dumps({"version": "v1", "vectors": make()}, indent=1, ensure_ascii=False) + "\n"
+        for name, make in _FILES.items()
+    }
 
 
 def drifted() -> list[str]:
     """Names of vector files that differ from, or are missing beside, what the code makes.
     Everything is compared exactly but the estimates' floating-point results, which may differ
     in the last bits between machines (the order of a sum's SIMD lanes): within 1e-12."""
-    return [name for name, text in render().items()
-            if not (OUT / name).exists() or not _same(json.loads((OUT / name).read_text(encoding="utf-8")),
-                                                      json.loads(text))]
+    return [
+        name
+        for name, text in render().items()
+        if not (OUT / name).exists()
+        or not _same(json.loads((OUT / name).read_text(encoding="utf-8")), json.loads(text))
+    ]
 
 
 def _same(a: object, b: object) -> bool:
     if isinstance(a, float) or isinstance(b, float):
-        return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
-                and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15))
+        return (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+        )
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):

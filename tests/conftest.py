@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from veil_testing.processes import making
 from veil_testing.redis_cluster import RedisClusterServers
 from veil_testing.redis_server import RedisServer

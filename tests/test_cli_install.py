@@ -12,8 +12,17 @@ import sys
 import pytest
 
 # What `pip install veil` leaves out: the aggregator extra's packages (and numpy, the release's).
-_EXTRA_ONLY = ("numpy", "numba", "redis", "hiredis", "cryptography", "aiohttp", "prometheus_client", "grpc_health",
-               "grpc_reflection")
+_EXTRA_ONLY = (
+    "numpy",
+    "numba",
+    "redis",
+    "hiredis",
+    "cryptography",
+    "aiohttp",
+    "prometheus_client",
+    "grpc_health",
+    "grpc_reflection",
+)
 
 _SDK_ONLY = f"""
 import importlib.abc, sys
@@ -34,16 +43,20 @@ def veil_without_the_aggregator(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", _SDK_ONLY, *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize(("args", "extra"), [
-    (("serve", "--config", "veil.toml"), "aggregator"),
-    (("demo", "--duration", "1"), "aggregator"),
-    (("store", "check", "--store", "memory"), "aggregator"),
-    (("health", "--address", "127.0.0.1:1"), "aggregator"),
-    (("release", "example", "--output", "population.csv"), "release"),
-])
+@pytest.mark.parametrize(
+    ("args", "extra"),
+    [
+        (("serve", "--config", "veil.toml"), "aggregator"),
+        (("demo", "--duration", "1"), "aggregator"),
+        (("store", "check", "--store", "memory"), "aggregator"),
+        (("health", "--address", "127.0.0.1:1"), "aggregator"),
+        (("release", "example", "--output", "population.csv"), "release"),
+    ],
+)
 def test_a_subcommand_that_needs_an_extra_says_which_in_one_sentence(args, extra, tmp_path):
-    out = subprocess.run([sys.executable, "-c", _SDK_ONLY, *args], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", _SDK_ONLY, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.splitlines()
     assert line.startswith(f"veil {args[0]}: needs the {extra} packages (")
@@ -54,10 +67,11 @@ def test_a_subcommand_that_needs_an_extra_says_which_in_one_sentence(args, extra
 def test_the_remote_subcommands_and_privacy_load_no_server_code():
     """`veil specs` and `veil estimates` are gRPC clients: they work in the SDK's install and
     import nothing of the aggregator (which is what made them slow to start)."""
-    for args in (("specs", "--address", "127.0.0.1:1", "--timeout", "0.1"),
-                 ("estimates", "--address", "127.0.0.1:1", "--timeout", "0.1"),
-                 ("estimates", "browser", "--window", "1h", "--last", "24h", "--address", "127.0.0.1:1",
-                  "--timeout", "0.1")):
+    for args in (
+        ("specs", "--address", "127.0.0.1:1", "--timeout", "0.1"),
+        ("estimates", "--address", "127.0.0.1:1", "--timeout", "0.1"),
+        ("estimates", "browser", "--window", "1h", "--last", "24h", "--address", "127.0.0.1:1", "--timeout", "0.1"),
+    ):
         out = veil_without_the_aggregator(*args)
         assert out.returncode == 2, out.stderr
         assert out.stderr.startswith(f"veil {args[0]}: 127.0.0.1:1: UNAVAILABLE"), out.stderr
@@ -68,11 +82,11 @@ def test_the_remote_subcommands_and_privacy_load_no_server_code():
 
 
 def test_a_bad_duration_is_one_line_in_an_sdk_only_install():
-    out = veil_without_the_aggregator("estimates", "browser", "--window", "1h", "--last", "soon",
-                                      "--address", "127.0.0.1:1")
+    out = veil_without_the_aggregator(
+        "estimates", "browser", "--window", "1h", "--last", "soon", "--address", "127.0.0.1:1"
+    )
     assert out.returncode == 2
-    assert out.stderr == ("veil estimates: --last: expected a duration such as \"15m\", \"1h\" or \"1d\", "
-                          "got 'soon'.\n")
+    assert out.stderr == ('veil estimates: --last: expected a duration such as "15m", "1h" or "1d", got \'soon\'.\n')
 
 
 def test_the_cli_knows_each_extra_by_the_packages_pyproject_gives_it():
@@ -84,10 +98,14 @@ def test_the_cli_knows_each_extra_by_the_packages_pyproject_gives_it():
     from veil.cli import EXTRA_MODULES
 
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+        "optional-dependencies"
+    ]
     # A distribution's name -> the module it installs, where the two differ.
-    module_of = {"grpcio-health-checking": "grpc_health", "grpcio-reflection": "grpc_reflection",
-                 "prometheus-client": "prometheus_client"}
+    module_of = {
+        "grpcio-health-checking": "grpc_health",
+        "grpcio-reflection": "grpc_reflection",
+        "prometheus-client": "prometheus_client",
+    }
 
     def modules(extra: str) -> set[str]:
         found = set()

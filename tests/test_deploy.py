@@ -26,7 +26,6 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
 from veil_testing.pki import Pki
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,14 +60,17 @@ def veil_config(path: Path):
     from veil.aggregator.config import parse_config
 
     data = tomllib.loads(path.read_text())
-    return parse_config({k: v for k, v in data.items() if k not in ("tls", "auth")}, source=str(path),
-                        base=path.parent)
+    return parse_config({k: v for k, v in data.items() if k not in ("tls", "auth")}, source=str(path), base=path.parent)
 
 
 # What make-secrets.sh makes, and which of those files each key of a veil.toml names.
 SECRET_FILES = {"ca.crt", "ca.key", "server.crt", "server.key", "tokens.toml", "prometheus.token"}
-ROLE_FILES = {"tls.cert_file": "server.crt", "tls.key_file": "server.key", "tls.client_ca_file": "ca.crt",
-              "auth.tokens_file": "tokens.toml"}
+ROLE_FILES = {
+    "tls.cert_file": "server.crt",
+    "tls.key_file": "server.key",
+    "tls.client_ca_file": "ca.crt",
+    "auth.tokens_file": "tokens.toml",
+}
 
 
 def secret_paths(path: Path) -> dict[str, str]:
@@ -121,8 +123,13 @@ def stand_ins(tmp_path_factory) -> Path:
 def check_config(path: Path) -> subprocess.CompletedProcess:
     # The file's own [store] url, not one from the environment of whoever runs the tests.
     env = {k: v for k, v in os.environ.items() if k not in ("VEIL_STORE_URL", "VEIL_CONFIG")}
-    return subprocess.run([sys.executable, "-m", "veil.cli", "serve", "--config", str(path),
-                           "--check-config"], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "veil.cli", "serve", "--config", str(path), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def veil_argv(argv: list[str]):
@@ -135,14 +142,33 @@ def veil_argv(argv: list[str]):
 
 # --- every file parses ----------------------------------------------------------------------
 
+
 def test_deploy_has_the_expected_files():
-    for name in ("README.md", ".gitignore", "make-secrets.sh", "compose.yaml", "docker/Dockerfile",
-                 "docker/Dockerfile.dockerignore", "docker/veil.toml", "docker/constraints.txt",
-                 "prometheus/prometheus.yml", "grafana/veil-dashboard.json", "kubernetes/kustomization.yaml", "kubernetes/aggregator.yaml",
-                 "kubernetes/redis.yaml", "kubernetes/veil.toml", "kubernetes/secret.env.example",
-                 "kubernetes-cluster/kustomization.yaml", "kubernetes-cluster/redis-cluster.yaml",
-                 "kubernetes-cluster/hpa.yaml", "kubernetes-cluster/veil.toml", "kubernetes-cluster/secret.env.example",
-                 "systemd/veil-aggregator.service", "systemd/veil.toml", "systemd/veil.env.example"):
+    for name in (
+        "README.md",
+        ".gitignore",
+        "make-secrets.sh",
+        "compose.yaml",
+        "docker/Dockerfile",
+        "docker/Dockerfile.dockerignore",
+        "docker/veil.toml",
+        "docker/constraints.txt",
+        "prometheus/prometheus.yml",
+        "grafana/veil-dashboard.json",
+        "kubernetes/kustomization.yaml",
+        "kubernetes/aggregator.yaml",
+        "kubernetes/redis.yaml",
+        "kubernetes/veil.toml",
+        "kubernetes/secret.env.example",
+        "kubernetes-cluster/kustomization.yaml",
+        "kubernetes-cluster/redis-cluster.yaml",
+        "kubernetes-cluster/hpa.yaml",
+        "kubernetes-cluster/veil.toml",
+        "kubernetes-cluster/secret.env.example",
+        "systemd/veil-aggregator.service",
+        "systemd/veil.toml",
+        "systemd/veil.env.example",
+    ):
         assert (DEPLOY / name).is_file(), name
     assert len(YAML_FILES) >= 5 and len(TOML_FILES) == 4
 
@@ -192,6 +218,7 @@ def test_the_sample_configs_listen_where_the_deploy_files_expect():
 
 
 # --- the Dockerfile ---------------------------------------------------------------------------
+
 
 def dockerfile_stages() -> list[list[tuple[str, str]]]:
     """(INSTRUCTION, arguments) per stage; continuation lines joined, comments dropped."""
@@ -313,9 +340,15 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_not_the_rest():
     for source, _ in build_copies():
         assert (ROOT / source).exists(), source
         assert not ignored(source, patterns), f"{source} is copied but .dockerignore leaves it out"
-    for left_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "bench/bench_randomize.py",
-                     "aggregator/src/veil/aggregator/__pycache__/daemon.cpython-311.pyc", "deploy/secrets/server.key",
-                     "deploy/kubernetes/secrets/tokens.toml"):
+    for left_out in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/test_deploy.py",
+        "bench/bench_randomize.py",
+        "aggregator/src/veil/aggregator/__pycache__/daemon.cpython-311.pyc",
+        "deploy/secrets/server.key",
+        "deploy/kubernetes/secrets/tokens.toml",
+    ):
         assert ignored(left_out, patterns), left_out
 
 
@@ -335,12 +368,31 @@ def test_the_wheel_builds_from_what_the_dockerfile_copies(tmp_path):
                 target = src / dest / (file.name if origin.is_file() else file.relative_to(origin))
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(file, target)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(src)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        check=True,
+    )
     (wheel,) = tmp_path.glob("veil-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("veil/mechanism/__init__.py", "veil/client/__init__.py", "veil/aggregator/daemon.py",
-                   "veil/cli/_serve.py", "veil/cli/_health.py", "veil/wire/v1/veil_pb2.py"):
+    for module in (
+        "veil/mechanism/__init__.py",
+        "veil/client/__init__.py",
+        "veil/aggregator/daemon.py",
+        "veil/cli/_serve.py",
+        "veil/cli/_health.py",
+        "veil/wire/v1/veil_pb2.py",
+    ):
         assert module in names
     assert not any("__pycache__" in n for n in names)
 
@@ -367,6 +419,7 @@ def test_the_constraints_pin_every_dependency_within_pyproject():
 
 
 # --- compose and Prometheus ------------------------------------------------------------------------
+
 
 def compose() -> dict:
     (doc,) = load_yaml(DEPLOY / "compose.yaml")
@@ -399,7 +452,9 @@ def test_compose_starts_the_aggregator_after_a_healthy_redis_and_stops_it_after_
     aggregator = compose()["services"]["aggregator"]
     assert aggregator["depends_on"]["redis"]["condition"] == "service_healthy"
     assert compose()["services"]["prometheus"]["depends_on"]["aggregator"]["condition"] in (
-        "service_started", "service_healthy")
+        "service_started",
+        "service_healthy",
+    )
     assert seconds(aggregator["stop_grace_period"]) > veil_config(DOCKER / "veil.toml").grace_period
     build = aggregator["build"]
     assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == DOCKER / "Dockerfile"
@@ -465,6 +520,7 @@ def test_compose_and_kubernetes_run_the_image_of_this_version():
 
 # --- Kubernetes --------------------------------------------------------------------------------
 
+
 def kustomization() -> dict:
     (doc,) = load_yaml(KUBE / "kustomization.yaml")
     return doc
@@ -499,8 +555,9 @@ def test_kustomization_lists_every_manifest_and_generates_config_and_secrets_fro
 
 def secret_files() -> dict[str, dict[str, str]]:
     """Secret name -> {key: file under kubernetes/} for the Secrets generated from files."""
-    return {g["name"]: dict(f.split("=", 1) for f in g["files"]) for g in kustomization()["secretGenerator"]
-            if "files" in g}
+    return {
+        g["name"]: dict(f.split("=", 1) for f in g["files"]) for g in kustomization()["secretGenerator"] if "files" in g
+    }
 
 
 def secrets_volume() -> tuple[dict, dict]:
@@ -515,8 +572,11 @@ def mounted_secrets() -> dict[str, str]:
     """Path in the aggregator's container -> the file under kubernetes/ it comes from."""
     volume, mount = secrets_volume()
     files = secret_files()
-    return {f"{mount['mountPath']}/{key}": file for source in volume["projected"]["sources"]
-            for key, file in files[source["secret"]["name"]].items()}
+    return {
+        f"{mount['mountPath']}/{key}": file
+        for source in volume["projected"]["sources"]
+        for key, file in files[source["secret"]["name"]].items()
+    }
 
 
 def test_the_deployment_mounts_the_files_the_kubernetes_config_names_from_make_secrets_output():
@@ -576,8 +636,10 @@ def test_the_deployment_probes_health_over_tls_with_the_mounted_ca():
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
     selector = kube_object("Deployment", "veil-aggregator")["spec"]["selector"]["matchLabels"]
     assert service["spec"]["selector"] == selector
-    assert selector.items() <= kube_object("Deployment", "veil-aggregator")["spec"]["template"]["metadata"][
-        "labels"].items()
+    assert (
+        selector.items()
+        <= kube_object("Deployment", "veil-aggregator")["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_the_deployment_runs_the_image_user_read_only_and_outlasts_the_grace_period():
@@ -611,8 +673,11 @@ def secret_keys() -> set[str]:
 
 
 def secret_refs(container: dict) -> dict[str, tuple[str, str]]:
-    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
-            for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    return {
+        e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+        for e in container.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
 
 
 def test_the_store_url_and_redis_password_come_from_the_generated_secret():
@@ -622,8 +687,11 @@ def test_the_store_url_and_redis_password_come_from_the_generated_secret():
     assert set(secret_refs(redis).values()) == {(secret, "REDIS_PASSWORD")}
     assert secret_keys() == {"VEIL_STORE_URL", "REDIS_PASSWORD"}
     # The example's URL names the StatefulSet's pod through its headless Service, as veil.toml does.
-    example = dict(line.split("=", 1) for line in (KUBE / "secret.env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    example = dict(
+        line.split("=", 1)
+        for line in (KUBE / "secret.env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     url = urlsplit(example["VEIL_STORE_URL"])
     assert url.password == example["REDIS_PASSWORD"]
     assert (url.hostname, url.port) == (urlsplit(veil_config(KUBE / "veil.toml").store_url).hostname, 6379)
@@ -656,8 +724,13 @@ def test_the_redis_script_passes_the_password_on_stdin(tmp_path):
     fake = tmp_path / "redis-server"
     fake.write_text('#!/bin/sh\nprintf "arg %s\\n" "$@"\nsed "s/^/stdin /"\n')
     fake.chmod(0o755)
-    out = subprocess.run(["sh", "-c", redis["args"][0]], capture_output=True, text=True, check=True,
-                         env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "REDIS_PASSWORD": "0123abcd"})
+    out = subprocess.run(
+        ["sh", "-c", redis["args"][0]],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "REDIS_PASSWORD": "0123abcd"},
+    )
     lines = out.stdout.splitlines()
     assert lines[-2:] == ["arg -", 'stdin requirepass "0123abcd"']
     assert not any("0123abcd" in line for line in lines if line.startswith("arg"))
@@ -670,8 +743,13 @@ def test_kustomize_renders_and_the_rendered_configmap_passes_check_config(tmp_pa
     shutil.copy(copy / "secret.env.example", copy / "secret.env")
     shutil.copytree(stand_ins, copy / "secrets", ignore=shutil.ignore_patterns("pki"))
     rendered = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, check=True)
-    objects = {(o["kind"], o["metadata"]["name"].rsplit("-", 1)[0] if o["kind"] in ("ConfigMap", "Secret")
-                else o["metadata"]["name"]): o for o in yaml.safe_load_all(rendered.stdout)}
+    objects = {
+        (
+            o["kind"],
+            o["metadata"]["name"].rsplit("-", 1)[0] if o["kind"] in ("ConfigMap", "Secret") else o["metadata"]["name"],
+        ): o
+        for o in yaml.safe_load_all(rendered.stdout)
+    }
     config_map = objects["ConfigMap", "veil-config"]
     config = tmp_path / "veil.toml"
     config.write_text(config_map["data"]["veil.toml"])
@@ -688,10 +766,12 @@ def test_kustomize_renders_and_the_rendered_configmap_passes_check_config(tmp_pa
         assert {name for name, _ in secret_refs(container).values()} == {secret}
     (volume,) = [v for v in pod["volumes"] if "projected" in v]
     assert {s["secret"]["name"] for s in volume["projected"]["sources"]} == {
-        objects["Secret", name]["metadata"]["name"] for name in ("veil-tls", "veil-tokens")}
+        objects["Secret", name]["metadata"]["name"] for name in ("veil-tls", "veil-tokens")
+    }
 
 
 # --- systemd -------------------------------------------------------------------------------------
+
 
 def unit() -> configparser.ConfigParser:
     # strict=False: a unit may repeat a key (SystemCallFilter=); the last one read is enough here.
@@ -760,16 +840,22 @@ def test_systemd_analyze_verifies_the_unit(tmp_path):
     veil = Path(sys.executable).parent / "veil"
     text = (SYSTEMD / "veil-aggregator.service").read_text().replace("/opt/veil/bin/veil", str(veil))
     (tmp_path / "veil-aggregator.service").write_text(text)
-    out = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "veil-aggregator.service")],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "veil-aggregator.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
 # --- make-secrets.sh: what the deployments mount -------------------------------------------------
 
+
 def make_secrets(directory: Path, *names: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(MAKE_SECRETS), str(directory), *names], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        ["sh", str(MAKE_SECRETS), str(directory), *names], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_make_secrets_says_why_openssl_failed_and_leaves_nothing_behind(tmp_path):
@@ -829,26 +915,31 @@ def https_get(address: tuple[str, int], host: str, path: str, context: ssl.SSLCo
         return tls.makefile("rb").readline().strip()
 
 
-def test_the_docker_config_with_make_secrets_output_answers_the_health_check_and_prometheus(made, tmp_path,
-                                                                                            capsys):
+def test_the_docker_config_with_make_secrets_output_answers_the_health_check_and_prometheus(made, tmp_path, capsys):
     """docker/veil.toml's TLS and tokens, on free loopback ports and a memory store: the image's
     HEALTHCHECK and compose's Prometheus job, with the files compose mounts, both get in."""
-    from veil.cli import main
     from veil.aggregator.config import parse_config
     from veil.aggregator.daemon import Aggregator
+    from veil.cli import main
 
     data = tomllib.loads(with_secrets(DOCKER / "veil.toml", made, tmp_path).read_text())
     data["server"].update(grpc="127.0.0.1:0", http="127.0.0.1:0")
     aggregator = Aggregator(parse_config(data, store_url="memory"))
     aggregator.start()
     try:
+
         def host_file(service: str, path: str) -> str:
             return str(made / Path(compose_secrets(service)[path]).name)
 
         _, command = healthcheck()
         args = veil_argv(command)
-        argv = [*command[1:], "--ca-file", host_file("aggregator", args.ca_file),
-                "--address", f"{args.address.rpartition(':')[0]}:{aggregator.grpc_port}"]
+        argv = [
+            *command[1:],
+            "--ca-file",
+            host_file("aggregator", args.ca_file),
+            "--address",
+            f"{args.address.rpartition(':')[0]}:{aggregator.grpc_port}",
+        ]
         assert main(argv) == 0 and capsys.readouterr().out.strip() == "SERVING"
 
         job = prometheus_job()
@@ -865,14 +956,19 @@ def test_the_docker_config_with_make_secrets_output_answers_the_health_check_and
 
 # --- Kubernetes on a Redis Cluster (kubernetes-cluster/, an overlay of kubernetes/) -------------
 
+
 def cluster_kustomization() -> dict:
     (doc,) = load_yaml(KUBE_CLUSTER / "kustomization.yaml")
     return doc
 
 
 def cluster_object(kind: str, name: str) -> dict:
-    objects = [doc for name_ in cluster_kustomization()["resources"] if not name_.startswith("..")
-               for doc in load_yaml(KUBE_CLUSTER / name_)]
+    objects = [
+        doc
+        for name_ in cluster_kustomization()["resources"]
+        if not name_.startswith("..")
+        for doc in load_yaml(KUBE_CLUSTER / name_)
+    ]
     (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     return obj
 
@@ -888,8 +984,10 @@ def test_the_cluster_overlay_is_the_base_without_its_redis_plus_a_cluster_and_an
     deleted = {(p["kind"], p["metadata"]["name"]) for p in cluster_patches() if p.get("$patch") == "delete"}
     base = {(o["kind"], o["metadata"]["name"]) for o in load_yaml(KUBE / "redis.yaml")}
     assert deleted == base  # every object of the single Redis, and nothing else
-    generators = {g["name"]: g for g in [*cluster_kustomization()["configMapGenerator"],
-                                         *cluster_kustomization()["secretGenerator"]]}
+    generators = {
+        g["name"]: g
+        for g in [*cluster_kustomization()["configMapGenerator"], *cluster_kustomization()["secretGenerator"]]
+    }
     assert generators["veil-config"] == {"name": "veil-config", "behavior": "replace", "files": ["veil.toml"]}
     assert generators["veil"] == {"name": "veil", "behavior": "replace", "envs": ["secret.env"]}
     assert "secret.env" in (KUBE_CLUSTER / ".gitignore").read_text().split()
@@ -913,8 +1011,13 @@ def test_the_redis_cluster_is_six_fsyncing_nodes_formed_into_three_masters_with_
     assert nodes["replicas"] == 6 and nodes["serviceName"] == "redis-cluster"
     (redis,) = nodes["template"]["spec"]["containers"]
     command = " ".join(redis["args"])
-    for flag in ("--cluster-enabled yes", "--appendonly yes", "--appendfsync always",
-                 "--cluster-config-file /data/nodes.conf", "--cluster-preferred-endpoint-type hostname"):
+    for flag in (
+        "--cluster-enabled yes",
+        "--appendonly yes",
+        "--appendfsync always",
+        "--cluster-config-file /data/nodes.conf",
+        "--cluster-preferred-endpoint-type hostname",
+    ):
         assert flag in command, flag
     assert "requirepass" in command and "masterauth" in command and "$REDIS_PASSWORD" not in command.split("<<")[0]
     service = cluster_object("Service", "redis-cluster")["spec"]
@@ -929,8 +1032,11 @@ def test_the_cluster_config_and_secret_name_the_cluster_s_nodes_and_shards_over_
     from veil.aggregator.store._redis import MAX_SHARDS
 
     pods = {f"redis-cluster-{i}.redis-cluster:6379" for i in range(6)}
-    secret = dict(line.split("=", 1) for line in (KUBE_CLUSTER / "secret.env.example").read_text().splitlines()
-                  if line and not line.startswith("#"))
+    secret = dict(
+        line.split("=", 1)
+        for line in (KUBE_CLUSTER / "secret.env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     url = urlsplit(secret["VEIL_STORE_URL"])
     assert url.scheme == "redis+cluster" and url.password == secret["REDIS_PASSWORD"]
     assert set(url.netloc.rpartition("@")[2].split(",")) <= pods
@@ -973,17 +1079,23 @@ def test_the_grafana_dashboard_is_valid_promql_over_metrics_the_aggregator_serve
     assert board["uid"] and len({p["id"] for p in board["panels"]}) == len(board["panels"])
     queries = grafana_queries()
     # promtool parses each expression (as a recording rule) like Prometheus would.
-    rules = {"groups": [{"name": "grafana", "rules": [{"record": f"veil:q{i}", "expr": e}
-                                                         for i, e in enumerate(queries)]}]}
+    rules = {
+        "groups": [{"name": "grafana", "rules": [{"record": f"veil:q{i}", "expr": e} for i, e in enumerate(queries)]}]
+    }
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: `make promtool` installs Debian's prometheus package"
-    done = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     # Every series name it asks for is one the aggregator's /metrics has.
-    config = parse_config({"store": {"url": "memory"}, "metrics": [
-        {"name": "browser", "labels": ["chrome", "edge"], "mechanism": "subset", "epsilon": 1.0}]})
+    config = parse_config(
+        {
+            "store": {"url": "memory"},
+            "metrics": [{"name": "browser", "labels": ["chrome", "edge"], "mechanism": "subset", "epsilon": 1.0}],
+        }
+    )
     instruments = Instruments()
     instruments.uploads.labels("browser", "accepted").inc()  # labelled series appear once used
     instruments.upload_seconds.labels("browser").observe(0.001)

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "bench" / "README.md",
-               ROOT / "deploy" / "README.md"])
+DOCS = sorted(
+    [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "deploy" / "README.md"]
+)
 # Spelled in parts, so that this file does not mention what it forbids.
 OUTSIDE = ("../" + "shared/", "MATH" + ".md", "DESIGN" + ".md")
 
@@ -61,8 +62,9 @@ def test_no_tracked_file_refers_outside_the_repository():
             continue
         text = path.read_bytes().decode("utf-8", errors="ignore")
         found += [f"{path.relative_to(ROOT)}: {word}" for word in OUTSIDE if word in text]
-    assert not found, "references to documents outside the repository (use docs/design.md or docs/math.md):\n" + \
-        "\n".join(found)
+    assert not found, (
+        "references to documents outside the repository (use docs/design.md or docs/math.md):\n" + "\n".join(found)
+    )
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -83,7 +83,7 @@ def test_no_two_modules_of_a_package_import_each_other(package):
 
     def visit(name: str, path: list[str]) -> None:
         for target in sorted(graph[name]):
-            assert target not in path, f"import cycle: {' -> '.join(path[path.index(target):] + [target])}"
+            assert target not in path, f"import cycle: {' -> '.join(path[path.index(target) :] + [target])}"
             if target not in done:
                 visit(target, [*path, target])
         done.add(name)
@@ -103,6 +103,8 @@ def test_the_cycle_check_sees_a_cycle_hidden_in_a_function(monkeypatch, tmp_path
 
 def test_the_check_reads_imports_as_written(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("import veil.aggregator.store\nfrom veil.client import Reporter\nfrom . import x\n"
-                      "def f():\n    from veil.release import release_pram\n")
+    module.write_text(
+        "import veil.aggregator.store\nfrom veil.client import Reporter\nfrom . import x\n"
+        "def f():\n    from veil.release import release_pram\n"
+    )
     assert veil_imports(module) == {"veil.aggregator", "veil.client", "veil.release"}

@@ -10,13 +10,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["veil.mechanism", "veil.client", "veil.aggregator.store", "veil.release", "veil.aggregator", "veil.cli", "veil.wire.v1.veil_pb2",
-               "veil.wire.v1.veil_pb2_grpc"]
+SUBPACKAGES = [
+    "veil.mechanism",
+    "veil.client",
+    "veil.aggregator.store",
+    "veil.release",
+    "veil.aggregator",
+    "veil.cli",
+    "veil.wire.v1.veil_pb2",
+    "veil.wire.v1.veil_pb2_grpc",
+]
 SOURCE_DIRS = ["client/src", "cli/src", "aggregator/src", "release/src", "proto"]
 
 
 def test_the_editable_install_imports_every_subpackage_from_the_checkout():
-    code = "import importlib; print('\\n'.join(importlib.import_module(m).__file__ for m in %r))" % SUBPACKAGES
+    code = f"import importlib; print('\\n'.join(importlib.import_module(m).__file__ for m in {SUBPACKAGES!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     for path in out.stdout.split():
         assert Path(path).resolve().is_relative_to(ROOT)
@@ -25,8 +33,21 @@ def test_the_editable_install_imports_every_subpackage_from_the_checkout():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out_dir), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out_dir),
+            str(ROOT),
+        ],
+        check=True,
+    )
     (path,) = out_dir.glob("veil-*.whl")
     return path
 
@@ -34,20 +55,27 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_has_one_namespace_and_no_veil_init(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "veil/__init__.py" not in names
-    for module in ("veil/mechanism/__init__.py", "veil/aggregator/estimate.py", "veil/wire/v1/veil_pb2.py",
-                   "veil/wire/v1/veil.proto"):
+    for module in (
+        "veil/mechanism/__init__.py",
+        "veil/aggregator/estimate.py",
+        "veil/wire/v1/veil_pb2.py",
+        "veil/wire/v1/veil.proto",
+    ):
         assert module in names
-    assert not any(n.startswith(("client/", "cli/", "aggregator/", "release/", "proto/", "tests/", "testing/",
-                                 "veil_testing/")) for n in names)  # the test support is the checkout's only
+    assert not any(
+        n.startswith(("client/", "cli/", "aggregator/", "release/", "proto/", "tests/", "testing/", "veil_testing/"))
+        for n in names
+    )  # the test support is the checkout's only
 
 
 def test_the_wheel_imports_every_subpackage(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path)
     # Only the wheel's tree on the path (plus site-packages for the dependencies), not the checkout.
+    checkout = [str(ROOT / d) for d in SOURCE_DIRS]
     code = (
-        "import sys, importlib; sys.path = [p for p in sys.path if p not in %r]; sys.path.insert(0, %r); "
-        "import veil; assert set(veil.__path__) == {%r}, veil.__path__; "
-        "[importlib.import_module(m) for m in %r]"
-        % ([str(ROOT / d) for d in SOURCE_DIRS], str(tmp_path), str(tmp_path / "veil"), SUBPACKAGES)
+        f"import sys, importlib; sys.path = [p for p in sys.path if p not in {checkout!r}]; "
+        f"sys.path.insert(0, {str(tmp_path)!r}); "
+        f"import veil; assert set(veil.__path__) == {{{str(tmp_path / 'veil')!r}}}, veil.__path__; "
+        f"[importlib.import_module(m) for m in {SUBPACKAGES!r}]"
     )
     subprocess.run([sys.executable, "-S", "-c", "import site; site.main(); " + code], check=True, cwd="/")

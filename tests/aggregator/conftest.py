@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-
-from veil.aggregator.daemon import Aggregator
 from veil_testing.chromium import BrowserError, ensure_chromium
 from veil_testing.pki import Pki
 from veil_testing.processes import ServeProcess, making
 from veil_testing.running import InProcessAggregators, serve_config
+
+from veil.aggregator.daemon import Aggregator
 
 
 @pytest.fixture

@@ -13,13 +13,23 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from veil_testing.running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, SPEC_NAMES, TOKENS, UPLOAD_TOKEN, auth_section,
-                                  bearer, config_dict, counted, make_upload)
+from veil_testing.running import (
+    OTHER_UPLOAD_TOKEN,
+    READ_TOKEN,
+    SPEC_NAMES,
+    TOKENS,
+    UPLOAD_TOKEN,
+    auth_section,
+    bearer,
+    config_dict,
+    counted,
+    make_upload,
+)
 
-from veil.aggregator.errors import ConfigError
 from veil.aggregator._logging import JsonFormatter
-from veil.cli import main
 from veil.aggregator.config import load_config, parse_config
+from veil.aggregator.errors import ConfigError
+from veil.cli import main
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
@@ -66,17 +76,31 @@ NO_TOKEN = None
 WRONG_TOKEN = "not-a-token-of-this-aggregator-at-all"
 
 
-@pytest.mark.parametrize("metadata, code, reason", [
-    (NO_TOKEN, UNAUTHENTICATED, "No token"),
-    (bearer(WRONG_TOKEN), UNAUTHENTICATED, "Unknown token"),
-    (bearer(UPLOAD_TOKEN[:-1]), UNAUTHENTICATED, "Unknown token"),  # a prefix of a real one
-    ((("authorization", f"Basic {UPLOAD_TOKEN}"),), UNAUTHENTICATED, "not a bearer token"),
-    ((("authorization", f"Bearer {UPLOAD_TOKEN}"), ("authorization", f"Bearer {UPLOAD_TOKEN}")), UNAUTHENTICATED,
-     "More than one"),
-    (bearer(OTHER_UPLOAD_TOKEN), PERMISSION_DENIED, "Token 'app-b' may not report metric 'browser'"),
-    (bearer(READ_TOKEN), PERMISSION_DENIED, "Token 'dashboard' is a read token; this call needs an upload token"),
-], ids=["no token", "wrong token", "token prefix", "not bearer", "two tokens", "other app's token",
-        "read token used to upload"])
+@pytest.mark.parametrize(
+    "metadata, code, reason",
+    [
+        (NO_TOKEN, UNAUTHENTICATED, "No token"),
+        (bearer(WRONG_TOKEN), UNAUTHENTICATED, "Unknown token"),
+        (bearer(UPLOAD_TOKEN[:-1]), UNAUTHENTICATED, "Unknown token"),  # a prefix of a real one
+        ((("authorization", f"Basic {UPLOAD_TOKEN}"),), UNAUTHENTICATED, "not a bearer token"),
+        (
+            (("authorization", f"Bearer {UPLOAD_TOKEN}"), ("authorization", f"Bearer {UPLOAD_TOKEN}")),
+            UNAUTHENTICATED,
+            "More than one",
+        ),
+        (bearer(OTHER_UPLOAD_TOKEN), PERMISSION_DENIED, "Token 'app-b' may not report metric 'browser'"),
+        (bearer(READ_TOKEN), PERMISSION_DENIED, "Token 'dashboard' is a read token; this call needs an upload token"),
+    ],
+    ids=[
+        "no token",
+        "wrong token",
+        "token prefix",
+        "not bearer",
+        "two tokens",
+        "other app's token",
+        "read token used to upload",
+    ],
+)
 def test_refused_uploads_count_nothing(secured, metadata, code, reason):
     collector, _ = stubs(secured)
     error = refused(collector.Upload, make_upload("browser", 200), metadata=metadata, timeout=10)
@@ -92,8 +116,10 @@ def test_bytes_that_are_not_an_upload_are_refused_after_the_token_check(secured)
     garbage = b"\x0a\xff\xff\xff\xff\x0f"  # a length-delimited field running past the end
     assert refused(raw, garbage, timeout=10).code() == UNAUTHENTICATED  # never parsed without a token
     error = refused(raw, garbage, metadata=bearer(UPLOAD_TOKEN), timeout=10)
-    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                               "The upload is not a valid UploadRequest message.")
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "The upload is not a valid UploadRequest message.",
+    )
     assert counted(secured, "browser") == 0
 
 
@@ -115,8 +141,9 @@ def test_an_upload_token_reports_only_its_metrics_and_sees_only_their_specs(secu
     assert [counted(secured, m) for m in ("browser", "os", "crash_screen", "opted_in")] == [150, 150, 10, 0]
 
     def spec_names(token, *metrics):
-        response = collector.GetMetricSpecs(veil_pb2.GetMetricSpecsRequest(metrics=metrics),
-                                            metadata=bearer(token), timeout=10)
+        response = collector.GetMetricSpecs(
+            veil_pb2.GetMetricSpecsRequest(metrics=metrics), metadata=bearer(token), timeout=10
+        )
         return [s.name for s in response.specs]
 
     assert spec_names(UPLOAD_TOKEN) == ["browser", "os"]
@@ -137,8 +164,11 @@ def test_estimates_need_a_read_token_for_get_watch_and_series(secured):
     collector.Upload(make_upload("os", 300), metadata=bearer(UPLOAD_TOKEN), timeout=10)
     request, watch = veil_pb2.EstimatesRequest(metric="os"), veil_pb2.WatchRequest(metric="os")
     series = veil_pb2.SeriesRequest(metric="browser", window="1h")
-    for metadata, code in ((NO_TOKEN, UNAUTHENTICATED), (bearer(WRONG_TOKEN), UNAUTHENTICATED),
-                           (bearer(UPLOAD_TOKEN), PERMISSION_DENIED)):
+    for metadata, code in (
+        (NO_TOKEN, UNAUTHENTICATED),
+        (bearer(WRONG_TOKEN), UNAUTHENTICATED),
+        (bearer(UPLOAD_TOKEN), PERMISSION_DENIED),
+    ):
         assert refused(estimates.Get, request, metadata=metadata, timeout=10).code() == code
         assert refused(estimates.Watch, watch, metadata=metadata, timeout=10).code() == code
         assert refused(estimates.Series, series, metadata=metadata, timeout=10).code() == code
@@ -159,7 +189,8 @@ def test_health_and_reflection_stay_open(secured):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     answers = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+    )
     names = {s.name for s in next(answers).list_services_response.service}
     assert "veil.wire.v1.Collector" in names
 
@@ -175,8 +206,9 @@ def http_get(aggregator, path: str, token: str | None = None, scheme: str = "Bea
         return err.code, dict(err.headers), err.read()
 
 
-@pytest.mark.parametrize("path", ["/v1/estimates", "/v1/estimates/os?window=total", "/v1/series/browser?window=1h",
-                                  "/metrics"])
+@pytest.mark.parametrize(
+    "path", ["/v1/estimates", "/v1/estimates/os?window=total", "/v1/series/browser?window=1h", "/metrics"]
+)
 def test_http_estimates_and_metrics_need_a_read_token(secured, path):
     stubs(secured)[0].Upload(make_upload("os", 300), metadata=bearer(UPLOAD_TOKEN), timeout=10)
     for token, scheme in ((None, "Bearer"), (WRONG_TOKEN, "Bearer"), (READ_TOKEN, "Basic")):
@@ -204,9 +236,11 @@ def test_http_health_and_the_dashboard_page_stay_open(secured):
 def test_tokens_never_show_in_logs(secured, veil_log, capfd):
     collector, estimates = stubs(secured)
     for token in (*TOKENS, WRONG_TOKEN, None):
-        for call, request in ((collector.Upload, make_upload("browser", 20)),
-                              (collector.GetMetricSpecs, veil_pb2.GetMetricSpecsRequest()),
-                              (estimates.Get, veil_pb2.EstimatesRequest())):
+        for call, request in (
+            (collector.Upload, make_upload("browser", 20)),
+            (collector.GetMetricSpecs, veil_pb2.GetMetricSpecsRequest()),
+            (estimates.Get, veil_pb2.EstimatesRequest()),
+        ):
             try:
                 call(request, metadata=bearer(token), timeout=10)
             except grpc.RpcError:
@@ -228,16 +262,19 @@ def test_authentication_off_says_so_loudly(start_aggregator, veil_log):
 
 def test_a_served_aggregator_reads_tokens_from_its_secrets_file(tmp_path, serve_process):
     secrets = tmp_path / "tokens.toml"
-    secrets.write_text(f'[[upload_tokens]]\nname = "app-a"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = ["browser"]\n'
-                       f'[[read_tokens]]\nname = "dashboard"\ntoken = "{READ_TOKEN}"\n')
+    secrets.write_text(
+        f'[[upload_tokens]]\nname = "app-a"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = ["browser"]\n'
+        f'[[read_tokens]]\nname = "dashboard"\ntoken = "{READ_TOKEN}"\n'
+    )
     secrets.chmod(0o600)
     process = serve_process("memory", sections={"auth": {"tokens_file": "tokens.toml"}}).start()  # relative
     channel = grpc.insecure_channel(process.endpoint)
     collector = veil_pb2_grpc.CollectorStub(channel)
     assert refused(collector.Upload, make_upload("browser", 20), timeout=10).code() == UNAUTHENTICATED
     assert collector.Upload(make_upload("browser", 20), metadata=bearer(UPLOAD_TOKEN), timeout=10).accepted == 20
-    response = veil_pb2_grpc.EstimatesStub(channel).Get(veil_pb2.EstimatesRequest(metric="browser", window="total"),
-                                                        metadata=bearer(READ_TOKEN), timeout=10)
+    response = veil_pb2_grpc.EstimatesStub(channel).Get(
+        veil_pb2.EstimatesRequest(metric="browser", window="total"), metadata=bearer(READ_TOKEN), timeout=10
+    )
     assert response.estimates[0].n == 20
     import signal
 
@@ -252,12 +289,15 @@ def test_the_cli_sends_its_token_and_never_prints_it(secured, capsys, monkeypatc
     assert main(["simulate", "browser", "--address", address, "--reports", "1000", "--json"]) == 2
     out, err = capsys.readouterr()
     assert "UNAUTHENTICATED" in err
-    assert main(["simulate", "browser", "--address", address, "--reports", "1000", "--json",
-                 "--token", UPLOAD_TOKEN]) == 0
+    assert (
+        main(["simulate", "browser", "--address", address, "--reports", "1000", "--json", "--token", UPLOAD_TOKEN]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["acknowledged"] == 1000
     monkeypatch.setenv("VEIL_TOKEN", UPLOAD_TOKEN)
-    assert main(["simulate", "os", "--address", address, "--reports", "50", "--mode", "sdk", "--devices", "5",
-                 "--json"]) == 0
+    assert (
+        main(["simulate", "os", "--address", address, "--reports", "50", "--mode", "sdk", "--devices", "5", "--json"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["acknowledged"] == 50
     assert main(["simulate", "crash_screen", "--address", address, "--reports", "100"]) == 2  # app-a's scope
     out, err = capsys.readouterr()
@@ -272,6 +312,7 @@ def test_the_cli_sends_its_token_and_never_prints_it(secured, capsys, monkeypatc
 
 # -- the config -----------------------------------------------------------------------------------
 
+
 def config(auth: dict, **server) -> dict:
     return {**config_dict("memory", **server), "auth": auth}
 
@@ -280,27 +321,42 @@ def upload_token(**fields) -> dict:
     return {"name": "app-a", "token": UPLOAD_TOKEN, "metrics": ["browser"], **fields}
 
 
-@pytest.mark.parametrize("auth, key", [
-    ({"upload_tokens": [upload_token(metrics=["browser", "nope"])]}, "auth.upload_tokens[0].metrics[1]: 'nope' is not"),
-    ({"upload_tokens": [upload_token(metrics=[])]}, "auth.upload_tokens[0].metrics: expected a non-empty list"),
-    ({"upload_tokens": [upload_token(metrics="browser")]}, "auth.upload_tokens[0].metrics:"),
-    ({"upload_tokens": [upload_token(token="short-secret")]}, "auth.upload_tokens[0].token: expected 16"),
-    ({"upload_tokens": [upload_token(token=UPLOAD_TOKEN + " x")]}, "auth.upload_tokens[0].token: expected 16"),
-    ({"upload_tokens": [upload_token(token=12345)]}, "auth.upload_tokens[0].token: expected a string"),
-    ({"upload_tokens": [upload_token(name="app a")]}, "auth.upload_tokens[0].name: expected up to 64"),
-    ({"upload_tokens": [upload_token(colour="red")]}, "auth.upload_tokens[0].colour: unknown key"),
-    ({"read_tokens": [{"name": "r", "token": READ_TOKEN, "metrics": ["browser"]}]}, "auth.read_tokens[0].metrics: unknown"),
-    ({"upload_tokens": [upload_token()], "read_tokens": [{"name": "app-a", "token": READ_TOKEN}]},
-     "auth.read_tokens[0].name: 'app-a' is also the name of auth.upload_tokens[0]"),
-    ({"upload_tokens": [upload_token()], "read_tokens": [{"name": "r", "token": UPLOAD_TOKEN}]},
-     "auth.read_tokens[0].token: the same token value is given twice"),
-    ({"upload_tokens": {"name": "x"}}, "auth.upload_tokens: expected an array of tables ([[auth.upload_tokens]])"),
-    ({"rate_limit": -1}, "auth.rate_limit: expected reports per second"),
-    ({"rate_limit": 100, "rate_burst": 50}, "auth.rate_burst: expected at least server.max_batch (10000)"),
-    ({"upload_tokens": [upload_token(rate_limit=10, rate_burst=9999)]},
-     "auth.upload_tokens[0].rate_burst: expected at least server.max_batch"),
-    ({"tokens": []}, "auth.tokens: unknown key"),
-])
+@pytest.mark.parametrize(
+    "auth, key",
+    [
+        (
+            {"upload_tokens": [upload_token(metrics=["browser", "nope"])]},
+            "auth.upload_tokens[0].metrics[1]: 'nope' is not",
+        ),
+        ({"upload_tokens": [upload_token(metrics=[])]}, "auth.upload_tokens[0].metrics: expected a non-empty list"),
+        ({"upload_tokens": [upload_token(metrics="browser")]}, "auth.upload_tokens[0].metrics:"),
+        ({"upload_tokens": [upload_token(token="short-secret")]}, "auth.upload_tokens[0].token: expected 16"),
+        ({"upload_tokens": [upload_token(token=UPLOAD_TOKEN + " x")]}, "auth.upload_tokens[0].token: expected 16"),
+        ({"upload_tokens": [upload_token(token=12345)]}, "auth.upload_tokens[0].token: expected a string"),
+        ({"upload_tokens": [upload_token(name="app a")]}, "auth.upload_tokens[0].name: expected up to 64"),
+        ({"upload_tokens": [upload_token(colour="red")]}, "auth.upload_tokens[0].colour: unknown key"),
+        (
+            {"read_tokens": [{"name": "r", "token": READ_TOKEN, "metrics": ["browser"]}]},
+            "auth.read_tokens[0].metrics: unknown",
+        ),
+        (
+            {"upload_tokens": [upload_token()], "read_tokens": [{"name": "app-a", "token": READ_TOKEN}]},
+            "auth.read_tokens[0].name: 'app-a' is also the name of auth.upload_tokens[0]",
+        ),
+        (
+            {"upload_tokens": [upload_token()], "read_tokens": [{"name": "r", "token": UPLOAD_TOKEN}]},
+            "auth.read_tokens[0].token: the same token value is given twice",
+        ),
+        ({"upload_tokens": {"name": "x"}}, "auth.upload_tokens: expected an array of tables ([[auth.upload_tokens]])"),
+        ({"rate_limit": -1}, "auth.rate_limit: expected reports per second"),
+        ({"rate_limit": 100, "rate_burst": 50}, "auth.rate_burst: expected at least server.max_batch (10000)"),
+        (
+            {"upload_tokens": [upload_token(rate_limit=10, rate_burst=9999)]},
+            "auth.upload_tokens[0].rate_burst: expected at least server.max_batch",
+        ),
+        ({"tokens": []}, "auth.tokens: unknown key"),
+    ],
+)
 def test_auth_config_errors_name_the_key_and_never_the_token(auth, key):
     with pytest.raises(ConfigError) as err:
         parse_config(config(auth))
@@ -329,12 +385,23 @@ def write_secrets(path, text: str, mode: int):
     return path
 
 
-@pytest.mark.parametrize("owner, mode, good", [
-    ("user", 0o600, True), ("user", 0o400, True), ("user", 0o640, False), ("user", 0o604, False),
-    ("user", 0o660, False), ("user", 0o644, False),
-    ("root", 0o600, True), ("root", 0o640, True), ("root", 0o440, True),  # a Kubernetes secret with an fsGroup
-    ("root", 0o660, False), ("root", 0o644, False), ("root", 0o604, False),
-])
+@pytest.mark.parametrize(
+    "owner, mode, good",
+    [
+        ("user", 0o600, True),
+        ("user", 0o400, True),
+        ("user", 0o640, False),
+        ("user", 0o604, False),
+        ("user", 0o660, False),
+        ("user", 0o644, False),
+        ("root", 0o600, True),
+        ("root", 0o640, True),
+        ("root", 0o440, True),  # a Kubernetes secret with an fsGroup
+        ("root", 0o660, False),
+        ("root", 0o644, False),
+        ("root", 0o604, False),
+    ],
+)
 def test_the_secrets_file_must_be_owner_only(tmp_path, owner, mode, good):
     path = write_secrets(tmp_path / "tokens.toml", f'[[read_tokens]]\nname = "r"\ntoken = "{READ_TOKEN}"\n', mode)
     if os.geteuid() == 0:
@@ -354,12 +421,16 @@ def test_the_secrets_file_must_be_owner_only(tmp_path, owner, mode, good):
 def test_secrets_file_errors_name_the_file_and_key_never_the_content(tmp_path):
     path = tmp_path / "tokens.toml"
     cases = [
-        (f'[[upload_tokens]]\nname = "a"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = ["nope"]\n',
-         f"{path}: upload_tokens[0].metrics[0]: 'nope' is not a declared metric"),
+        (
+            f'[[upload_tokens]]\nname = "a"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = ["nope"]\n',
+            f"{path}: upload_tokens[0].metrics[0]: 'nope' is not a declared metric",
+        ),
         (f'[[upload_tokens]]\nname = "a"\ntoken = "{UPLOAD_TOKEN}\n', f"auth.tokens_file: {path} is not valid TOML"),
         (f'token = "{UPLOAD_TOKEN}"\n', f"{path}: token: unknown key"),
-        (f'[[read_tokens]]\nname = "dashboard"\ntoken = "{READ_TOKEN}"\n',
-         f"{path}: read_tokens[0].name: 'dashboard' is also the name of auth.read_tokens[0]"),
+        (
+            f'[[read_tokens]]\nname = "dashboard"\ntoken = "{READ_TOKEN}"\n',
+            f"{path}: read_tokens[0].name: 'dashboard' is also the name of auth.read_tokens[0]",
+        ),
     ]
     for text, message in cases:
         write_secrets(path, text, 0o600)
@@ -373,8 +444,9 @@ def test_secrets_file_errors_name_the_file_and_key_never_the_content(tmp_path):
 
 def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     write_secrets(tmp_path / "tokens.toml", f'[[read_tokens]]\nname = "r"\ntoken = "{READ_TOKEN}"\n', 0o600)
-    (tmp_path / "veil.toml").write_text('[auth]\ntokens_file = "tokens.toml"\n'
-                                        '[[metrics]]\nname = "m"\nlabels = ["x", "y"]\nepsilon = 1\n')
+    (tmp_path / "veil.toml").write_text(
+        '[auth]\ntokens_file = "tokens.toml"\n[[metrics]]\nname = "m"\nlabels = ["x", "y"]\nepsilon = 1\n'
+    )
     monkeypatch.chdir("/")
     loaded = load_config(tmp_path / "veil.toml")
     assert loaded.auth.tokens_file == tmp_path / "tokens.toml" and loaded.auth.tokens[0].name == "r"

@@ -10,9 +10,26 @@ from pathlib import Path
 
 def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_intervals():
     out = subprocess.run(
-        [sys.executable, "-m", "veil.cli", "demo", "--duration", "20", "--interval", "2", "--seed", "3",
-         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "veil.cli",
+            "demo",
+            "--duration",
+            "20",
+            "--interval",
+            "2",
+            "--seed",
+            "3",
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
     )
     assert out.returncode == 0, out.stderr
     assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/", out.stdout)
@@ -39,11 +56,24 @@ def test_demo_refuses_bad_arguments(capsys):
     assert "--period: expected a duration" in capsys.readouterr().err
 
 
-
 def test_demo_at_an_unreachable_redis_is_one_sentence_at_once(capsys):
     from veil.cli import main
 
-    assert main(["demo", "--redis", "redis://127.0.0.1:1/0", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
-                 "--duration", "5"]) == 2
+    assert (
+        main(
+            [
+                "demo",
+                "--redis",
+                "redis://127.0.0.1:1/0",
+                "--grpc",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+                "--duration",
+                "5",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("veil demo: --redis: Redis at 127.0.0.1:1 unavailable") and len(err.splitlines()) == 1, err

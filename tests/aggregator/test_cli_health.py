@@ -51,13 +51,16 @@ def test_a_stopped_aggregator_or_nothing_listening_is_unreachable(capsys, start_
         assert (code, out) == (1, "UNREACHABLE") and err.startswith(f"veil health: 127.0.0.1:{port}: UNAVAILABLE")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--address", "localhost"], "--address: expected HOST:PORT"),
-    (["--address", "localhost:http"], "--address: expected HOST:PORT"),
-    (["--address", "127.0.0.1:0"], "--address: expected HOST:PORT"),
-    (["--timeout", "0"], "--timeout: expected a number of seconds above 0"),
-    (["--timeout", "nan"], "--timeout: expected a number of seconds above 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--address", "localhost"], "--address: expected HOST:PORT"),
+        (["--address", "localhost:http"], "--address: expected HOST:PORT"),
+        (["--address", "127.0.0.1:0"], "--address: expected HOST:PORT"),
+        (["--timeout", "0"], "--timeout: expected a number of seconds above 0"),
+        (["--timeout", "nan"], "--timeout: expected a number of seconds above 0"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(capsys, args, message):
     code, out, err = health(capsys, *args)
     assert code == 2 and out == "" and err.startswith(f"veil health: {message}") and len(err.splitlines()) == 1

@@ -58,8 +58,25 @@ def test_simulate_fits_its_batches_to_the_server_and_says_why_reports_failed(sta
     # app-a may send 100 reports at once, then 1 a second: most uploads stay refused.
     aggregator = start_aggregator(max_batch=100, sections={"auth": auth_section(rate_limit=1, rate_burst=100)})
     address = f"127.0.0.1:{aggregator.grpc_port}"
-    assert main(["simulate", "browser", "--address", address, "--token", UPLOAD_TOKEN, "--reports", "300",
-                 "--batch-size", "1000", "--seed", "1"]) == 1
+    assert (
+        main(
+            [
+                "simulate",
+                "browser",
+                "--address",
+                address,
+                "--token",
+                UPLOAD_TOKEN,
+                "--reports",
+                "300",
+                "--batch-size",
+                "1000",
+                "--seed",
+                "1",
+            ]
+        )
+        == 1
+    )
     out, err = capsys.readouterr()
     assert "above the aggregator's max_batch; sending 100 reports per upload" in err
     assert "100 of 300 reports acknowledged (200 failed)" in out, out

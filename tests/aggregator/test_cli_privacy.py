@@ -51,15 +51,16 @@ def test_one_mechanism_and_the_table(capsys):
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["--k", "1", "--epsilon", "1"], "k must be a whole number of categories of at least 2"),
-     (["--k", "4", "--epsilon", "0"], "epsilon must be a number from 0.0001 to 20, not 0.0."),
-     (["--k", "4", "--epsilon", "1e-9"], "epsilon must be a number from 0.0001 to 20, not 1e-09."),
-     (["--k", "4", "--epsilon", "20.5"], "epsilon must be a number from 0.0001 to 20, not 20.5."),
-     (["--k", "4", "--epsilon", "1", "--mechanism", "warner"], "Warner's design is for two categories")],
+    [
+        (["--k", "1", "--epsilon", "1"], "k must be a whole number of categories of at least 2"),
+        (["--k", "4", "--epsilon", "0"], "epsilon must be a number from 0.0001 to 20, not 0.0."),
+        (["--k", "4", "--epsilon", "1e-9"], "epsilon must be a number from 0.0001 to 20, not 1e-09."),
+        (["--k", "4", "--epsilon", "20.5"], "epsilon must be a number from 0.0001 to 20, not 20.5."),
+        (["--k", "4", "--epsilon", "1", "--mechanism", "warner"], "Warner's design is for two categories"),
+    ],
 )
 def test_errors_are_one_line_and_exit_2(args, message):
-    out = subprocess.run([sys.executable, "-m", "veil.cli", "privacy", *args],
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "veil.cli", "privacy", *args], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().startswith("veil privacy: ") and message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1

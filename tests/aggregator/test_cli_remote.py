@@ -16,22 +16,38 @@ def run_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("mode, metric, reports", [("batch", "browser", 25_000), ("batch", "crash_screen", 5_000),
-                                                  ("sdk", "os", 3_000)])
+@pytest.mark.parametrize(
+    "mode, metric, reports", [("batch", "browser", 25_000), ("batch", "crash_screen", 5_000), ("sdk", "os", 3_000)]
+)
 def test_simulate_yields_the_expected_n(start_aggregator, capsys, mode, metric, reports):
     aggregator = start_aggregator()
     address = f"127.0.0.1:{aggregator.grpc_port}"
     # In sdk mode every device reports 10 times, all of which its metric's period allows.
     devices = ["--devices", str(reports // 10)] if mode == "sdk" else []
-    summary = run_json(capsys, "simulate", metric, "--address", address, "--reports", str(reports),
-                       "--mode", mode, "--seed", "4", "--batch-size", "500", *devices)
+    summary = run_json(
+        capsys,
+        "simulate",
+        metric,
+        "--address",
+        address,
+        "--reports",
+        str(reports),
+        "--mode",
+        mode,
+        "--seed",
+        "4",
+        "--batch-size",
+        "500",
+        *devices,
+    )
     assert summary["acknowledged"] == reports and summary["failed"] == 0
     estimates = run_json(capsys, "estimates", metric, "--address", address, "--window", "total")
     (window,) = estimates["estimates"]
     assert window["n"] == reports and not window["withheld"]
     truth = summary["truth"]
-    assert all(c["lower"] - 3 * c["stderr"] <= truth[c["label"]] <= c["upper"] + 3 * c["stderr"]
-               for c in window["categories"])
+    assert all(
+        c["lower"] - 3 * c["stderr"] <= truth[c["label"]] <= c["upper"] + 3 * c["stderr"] for c in window["categories"]
+    )
 
 
 def test_estimates_json_matches_the_http_json(start_aggregator, capsys):
@@ -62,6 +78,5 @@ def test_unreachable_aggregator_and_unknown_metric_are_one_line_errors(start_agg
     aggregator = start_aggregator()
     assert main(["simulate", "nope", "--address", f"127.0.0.1:{aggregator.grpc_port}"]) == 2
     assert "declares no metric 'nope'" in capsys.readouterr().err
-    assert main(["simulate", "os", "--address", f"127.0.0.1:{aggregator.grpc_port}",
-                 "--distribution", "1,2"]) == 2
+    assert main(["simulate", "os", "--address", f"127.0.0.1:{aggregator.grpc_port}", "--distribution", "1,2"]) == 2
     assert "--distribution: expected 6 non-negative weights" in capsys.readouterr().err

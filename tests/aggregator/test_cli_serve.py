@@ -10,8 +10,12 @@ from veil_testing.running import config_dict
 
 
 def check(path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "veil.cli", "serve", "--config", str(path),
-                           "--check-config", *extra], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "veil.cli", "serve", "--config", str(path), "--check-config", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_good_config_passes_and_reaches_its_store(tmp_path, redis_server):
@@ -34,7 +38,8 @@ def test_bad_configs_fail_with_one_line(tmp_path):
     path.write_text(config_toml(data))
     out = check(path)
     assert out.returncode == 2 and out.stderr.strip() == (
-        "veil serve: metrics[3]: epsilon must be a number from 0.0001 to 20, not 1e-09.")
+        "veil serve: metrics[3]: epsilon must be a number from 0.0001 to 20, not 1e-09."
+    )
     path.write_text(config_toml(config_dict()))
     out = check(path, "--store", "redis://127.0.0.1:1/0")  # a good config whose store is down here
     assert out.returncode == 0 and "not reachable from here" in out.stdout
@@ -60,9 +65,9 @@ def test_the_default_sqlite_store_is_checked_never_created(tmp_path):
 
 
 def test_veil_store_check_finds_the_default_store_in_the_data_directory(tmp_path, capsys, monkeypatch):
-    from veil.cli import main
     from veil.aggregator.counts import Counts
     from veil.aggregator.store import BatchWrite, CountsKey, SqliteStore
+    from veil.cli import main
 
     monkeypatch.delenv("VEIL_STORE_URL", raising=False)
     monkeypatch.delenv("VEIL_CONFIG", raising=False)
@@ -76,4 +81,6 @@ def test_veil_store_check_finds_the_default_store_in_the_data_directory(tmp_path
     assert main(["store", "check"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{tmp_path}/veil.db: OK" and out[2:] == [
-        "  batch ids: 1 remembered, 0 expired and not yet purged", "  browser [total]: 1 bucket, 7 reports"]
+        "  batch ids: 1 remembered, 0 expired and not yet purged",
+        "  browser [total]: 1 bucket, 7 reports",
+    ]

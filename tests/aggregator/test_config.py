@@ -6,8 +6,16 @@ import threading
 
 import pytest
 
-from veil.aggregator.config import (ENV_CONFIG, ENV_DATA_DIR, ENV_STORE_URL, Window, default_data_dir,
-                                    load_config, parse_config, parse_duration)
+from veil.aggregator.config import (
+    ENV_CONFIG,
+    ENV_DATA_DIR,
+    ENV_STORE_URL,
+    Window,
+    default_data_dir,
+    load_config,
+    parse_config,
+    parse_duration,
+)
 from veil.aggregator.errors import ConfigError
 from veil.client._config import is_loopback
 
@@ -22,8 +30,9 @@ def test_defaults_and_a_full_metric(monkeypatch):
     assert config.dedupe_ttl == 48 * 3600
     metric = config.metrics[0]
     assert metric.spec.mechanism.name == "subset" and [w.name for w in metric.windows] == ["total"]
-    config = parse_config({"metrics": [{**METRIC, "mechanism": "rappor", "windows": [
-        "total", "1h", {"span": "1d", "retention": "30d"}]}]})
+    config = parse_config(
+        {"metrics": [{**METRIC, "mechanism": "rappor", "windows": ["total", "1h", {"span": "1d", "retention": "30d"}]}]}
+    )
     total, hour, day = config.metrics[0].windows
     assert (total.span, hour.span, hour.retention, day.span, day.retention) == (None, 3600, 7 * 3600, 86400, 30 * 86400)
 
@@ -55,47 +64,72 @@ def test_window_buckets_are_aligned():
     assert Window("total", None, None).bucket(123.0) == (0, 0) and Window("total", None, None).expiry(1.0) is None
 
 
-@pytest.mark.parametrize("data, key", [
-    ({}, "metrics:"),
-    ({"metrics": [{**METRIC, "epsilon": -1}]}, "metrics[0]: epsilon must be a number from 0.0001 to 20, not -1."),
-    # Outside the range where the numerics hold (veil.mechanism._epsilon): refused, not served broken.
-    ({"metrics": [{**METRIC, "mechanism": "rappor", "epsilon": 1e-9}]},
-     "metrics[0]: epsilon must be a number from 0.0001 to 20, not 1e-09."),
-    ({"metrics": [{**METRIC, "epsilon": 50}]}, "metrics[0]: epsilon must be a number from 0.0001 to 20, not 50."),
-    ({"metrics": [{**METRIC, "epsilon": "1"}]}, "metrics[0].epsilon: expected a number from 0.0001 to 20, got '1'."),
-    ({"metrics": [{**METRIC, "mechanism": "oue"}]}, "metrics[0].mechanism:"),
-    ({"metrics": [{**METRIC, "labels": ["a"]}]}, "metrics[0]: k must be"),
-    ({"metrics": [{**METRIC, "labels": "abc"}]}, "metrics[0].labels:"),
-    ({"metrics": [METRIC, METRIC]}, "metrics[1].name: 'browser' is declared twice"),
-    ({"metrics": [{**METRIC, "windows": ["total", "2x"]}]}, "metrics[0].windows[1]:"),
-    ({"metrics": [{**METRIC, "windows": ["1h", "1h"]}]}, "metrics[0].windows: a window is declared twice"),
-    ({"metrics": [{**METRIC, "colour": "red"}]}, "metrics[0].colour: unknown key"),
-    ({"metrics": [METRIC], "server": {"grpc": "nowhere"}}, "server.grpc:"),
-    ({"metrics": [METRIC], "server": {"min_n": -1}}, "server.min_n:"),
-    ({"metrics": [METRIC], "server": {"dedupe_ttl": "0h"}}, "server.dedupe_ttl:"),
-    ({"metrics": [METRIC], "server": {"dedupe_ttl": "23h"}}, "server.dedupe_ttl: expected at least 24h, the SDK's"),
-    ({"metrics": [METRIC], "server": {"workers": 0}}, "server.workers:"),
-    ({"metrics": [METRIC], "server": {"port": 1}}, "server.port: unknown key"),
-    ({"metrics": [METRIC], "store": {"url": ""}}, "store.url:"),
-    ({"metrics": [METRIC], "store": {"url": "memory", "wait_replicas": 1}},
-     "store.wait_replicas: not a setting of the 'memory' store"),
-    ({"metrics": [METRIC], "store": {"url": "sqlite:///x/veil.db", "shards": 2}},
-     "store.shards: not a setting of the 'sqlite' store"),
-    ({"metrics": [METRIC], "store": {"url": "redis://h/0", "color": 1}},
-     "store.color: not a setting of the 'redis' store (its settings: timeout, wait_replicas"),
-    ({"metrics": [METRIC], "store": {"url": "redis://h/0", "timeout": -1}}, "store.timeout:"),
-    ({"metrics": [METRIC], "server": {"max_health_streams": 0}}, "server.max_health_streams:"),
-    ({"metrics": [METRIC], "server": {"max_inflight_bytes": 0}}, "server.max_inflight_bytes:"),
-    ({"metrics": [METRIC], "server": {"http_max_connections": 0}}, "server.http_max_connections:"),
-    ({"metrics": [METRIC], "server": {"http_request_timeout": 0}}, "server.http_request_timeout:"),
-    ({"metrics": [METRIC], "server": {"workers": 4, "max_streams": 4, "max_concurrent_rpcs": 9}},
-     "server.max_concurrent_rpcs: expected at least server.workers + max_streams + max_health_streams (4 + 4 + 2)"),
-    ({"metrics": [METRIC], "auth": {"upload_rate_limit": -1}}, "auth.upload_rate_limit: expected uploads per second"),
-    ({"metrics": [METRIC], "auth": {"upload_rate_limit": 10, "upload_rate_burst": 0.5}},
-     "auth.upload_rate_burst: expected at least 1 upload"),
-    ({"metrics": [METRIC], "store": {"url": "redis://h/0", "shards": 3}}, "store.shards: applies to a Redis Cluster"),
-    ({"metrics": [METRIC], "store": {"url": "redis+cluster://h:1,h:2", "shards": 0}}, "store.shards:"),
-])
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({}, "metrics:"),
+        ({"metrics": [{**METRIC, "epsilon": -1}]}, "metrics[0]: epsilon must be a number from 0.0001 to 20, not -1."),
+        # Outside the range where the numerics hold (veil.mechanism._epsilon): refused, not served broken.
+        (
+            {"metrics": [{**METRIC, "mechanism": "rappor", "epsilon": 1e-9}]},
+            "metrics[0]: epsilon must be a number from 0.0001 to 20, not 1e-09.",
+        ),
+        ({"metrics": [{**METRIC, "epsilon": 50}]}, "metrics[0]: epsilon must be a number from 0.0001 to 20, not 50."),
+        (
+            {"metrics": [{**METRIC, "epsilon": "1"}]},
+            "metrics[0].epsilon: expected a number from 0.0001 to 20, got '1'.",
+        ),
+        ({"metrics": [{**METRIC, "mechanism": "oue"}]}, "metrics[0].mechanism:"),
+        ({"metrics": [{**METRIC, "labels": ["a"]}]}, "metrics[0]: k must be"),
+        ({"metrics": [{**METRIC, "labels": "abc"}]}, "metrics[0].labels:"),
+        ({"metrics": [METRIC, METRIC]}, "metrics[1].name: 'browser' is declared twice"),
+        ({"metrics": [{**METRIC, "windows": ["total", "2x"]}]}, "metrics[0].windows[1]:"),
+        ({"metrics": [{**METRIC, "windows": ["1h", "1h"]}]}, "metrics[0].windows: a window is declared twice"),
+        ({"metrics": [{**METRIC, "colour": "red"}]}, "metrics[0].colour: unknown key"),
+        ({"metrics": [METRIC], "server": {"grpc": "nowhere"}}, "server.grpc:"),
+        ({"metrics": [METRIC], "server": {"min_n": -1}}, "server.min_n:"),
+        ({"metrics": [METRIC], "server": {"dedupe_ttl": "0h"}}, "server.dedupe_ttl:"),
+        ({"metrics": [METRIC], "server": {"dedupe_ttl": "23h"}}, "server.dedupe_ttl: expected at least 24h, the SDK's"),
+        ({"metrics": [METRIC], "server": {"workers": 0}}, "server.workers:"),
+        ({"metrics": [METRIC], "server": {"port": 1}}, "server.port: unknown key"),
+        ({"metrics": [METRIC], "store": {"url": ""}}, "store.url:"),
+        (
+            {"metrics": [METRIC], "store": {"url": "memory", "wait_replicas": 1}},
+            "store.wait_replicas: not a setting of the 'memory' store",
+        ),
+        (
+            {"metrics": [METRIC], "store": {"url": "sqlite:///x/veil.db", "shards": 2}},
+            "store.shards: not a setting of the 'sqlite' store",
+        ),
+        (
+            {"metrics": [METRIC], "store": {"url": "redis://h/0", "color": 1}},
+            "store.color: not a setting of the 'redis' store (its settings: timeout, wait_replicas",
+        ),
+        ({"metrics": [METRIC], "store": {"url": "redis://h/0", "timeout": -1}}, "store.timeout:"),
+        ({"metrics": [METRIC], "server": {"max_health_streams": 0}}, "server.max_health_streams:"),
+        ({"metrics": [METRIC], "server": {"max_inflight_bytes": 0}}, "server.max_inflight_bytes:"),
+        ({"metrics": [METRIC], "server": {"http_max_connections": 0}}, "server.http_max_connections:"),
+        ({"metrics": [METRIC], "server": {"http_request_timeout": 0}}, "server.http_request_timeout:"),
+        (
+            {"metrics": [METRIC], "server": {"workers": 4, "max_streams": 4, "max_concurrent_rpcs": 9}},
+            "server.max_concurrent_rpcs: expected at least server.workers + max_streams + "
+            "max_health_streams (4 + 4 + 2)",
+        ),
+        (
+            {"metrics": [METRIC], "auth": {"upload_rate_limit": -1}},
+            "auth.upload_rate_limit: expected uploads per second",
+        ),
+        (
+            {"metrics": [METRIC], "auth": {"upload_rate_limit": 10, "upload_rate_burst": 0.5}},
+            "auth.upload_rate_burst: expected at least 1 upload",
+        ),
+        (
+            {"metrics": [METRIC], "store": {"url": "redis://h/0", "shards": 3}},
+            "store.shards: applies to a Redis Cluster",
+        ),
+        ({"metrics": [METRIC], "store": {"url": "redis+cluster://h:1,h:2", "shards": 0}}, "store.shards:"),
+    ],
+)
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as err:
         parse_config(data)
@@ -104,7 +138,9 @@ def test_errors_name_the_key(data, key):
 
 def test_files_and_environment(tmp_path, monkeypatch):
     path = tmp_path / "veil.toml"
-    path.write_text('[store]\nurl = "redis://example:6379/0"\n[[metrics]]\nname = "m"\nlabels = ["x", "y"]\nepsilon = 2\n')
+    path.write_text(
+        '[store]\nurl = "redis://example:6379/0"\n[[metrics]]\nname = "m"\nlabels = ["x", "y"]\nepsilon = 2\n'
+    )
     monkeypatch.delenv(ENV_STORE_URL, raising=False)
     assert load_config(path).store_url == "redis://example:6379/0"
     monkeypatch.setenv(ENV_STORE_URL, "memory")
@@ -133,16 +169,27 @@ def test_store_options_reach_the_redis_store(monkeypatch):
     monkeypatch.delenv(ENV_STORE_URL, raising=False)
     config = parse_config({"metrics": [METRIC], "store": {"url": "redis://h:1/0", "timeout": 0.5, "wait_replicas": 1}})
     assert config.store_options == {"socket_timeout": 0.5, "socket_connect_timeout": 0.5, "wait_replicas": 1}
-    cluster = parse_config({"metrics": [METRIC], "store": {"url": "rediss+cluster://h:1,h:2", "shards": 6,
-                                                           "wait_replicas": 1}})
+    cluster = parse_config(
+        {"metrics": [METRIC], "store": {"url": "rediss+cluster://h:1,h:2", "shards": 6, "wait_replicas": 1}}
+    )
     assert cluster.store_options == {"shards": 6, "wait_replicas": 1}
 
 
-@pytest.mark.parametrize("address, local", [
-    ("127.0.0.1:50051", True), ("[::1]:50051", True), ("localhost:8080", True), ("localhost", True),
-    ("127.0.0.2", True), ("0.0.0.0:50051", False), (":50051", False), ("[::]:50051", False),
-    ("10.0.0.7:50051", False), ("aggregator.example:443", False),
-])
+@pytest.mark.parametrize(
+    "address, local",
+    [
+        ("127.0.0.1:50051", True),
+        ("[::1]:50051", True),
+        ("localhost:8080", True),
+        ("localhost", True),
+        ("127.0.0.2", True),
+        ("0.0.0.0:50051", False),
+        (":50051", False),
+        ("[::]:50051", False),
+        ("10.0.0.7:50051", False),
+        ("aggregator.example:443", False),
+    ],
+)
 def test_loopback_addresses_are_told_from_reachable_ones(address, local):
     assert is_loopback(address) is local
 
@@ -154,7 +201,10 @@ def test_limits_and_their_defaults():
     assert (config.http_max_connections, config.http_request_timeout) == (256, 10.0)
     auth = config.auth  # no tokens: an explicit limit applies to all uploads together
     assert (auth.anonymous_rate_limit, auth.anonymous_upload_rate_limit, auth.anonymous_upload_rate_burst) == (
-        100_000, 50, 100)
+        100_000,
+        50,
+        100,
+    )
 
 
 def test_the_inflight_budget_must_hold_one_upload():
@@ -162,8 +212,9 @@ def test_the_inflight_budget_must_hold_one_upload():
 
     config = parse_config({"metrics": [METRIC]})
     assert inflight_bytes(config) == 64 << 20
-    wide = parse_config({"metrics": [{**METRIC, "labels": [str(i) for i in range(4096)]}],
-                         "server": {"max_batch": 20_000}})
+    wide = parse_config(
+        {"metrics": [{**METRIC, "labels": [str(i) for i in range(4096)]}], "server": {"max_batch": 20_000}}
+    )
     assert inflight_bytes(wide) == max_message_bytes(wide) > 64 << 20
     with pytest.raises(ConfigError, match="server.max_inflight_bytes: expected at least the largest valid upload"):
         inflight_bytes(parse_config({"metrics": [METRIC], "server": {"max_inflight_bytes": 100}}))

@@ -60,8 +60,14 @@ def test_sdk_reports_become_estimates_within_four_standard_errors(start_aggregat
     rng = random.Random(7)
     values = rng.choices(range(spec.k), weights=truth, k=n)
     # 2*10^5 simulated devices: memoization off, so each report is a fresh device's response.
-    with Reporter(endpoint, tls=False, memoize=False, random_source=SeededRandomSource(11),
-                  max_queue_size=n + 1, max_batch_size=2000) as reporter:
+    with Reporter(
+        endpoint,
+        tls=False,
+        memoize=False,
+        random_source=SeededRandomSource(11),
+        max_queue_size=n + 1,
+        max_batch_size=2000,
+    ) as reporter:
         assert reporter.wait_for_specs(10)
         for value in values:
             reporter.report(metric, value)
@@ -82,10 +88,13 @@ def test_sdk_reports_become_estimates_within_four_standard_errors(start_aggregat
         assert category.lower < category.estimate < category.upper
     assert sum(c.projected for c in window.categories) == pytest.approx(1.0)
 
-    body = json.load(urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/v1/estimates/{metric}?window=total"))
+    body = json.load(
+        urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/v1/estimates/{metric}?window=total")
+    )
     (as_json,) = body["estimates"]
     assert as_json["n"] == n and [c["estimate"] for c in as_json["categories"]] == pytest.approx(
-        [c.estimate for c in window.categories], rel=1e-12)
+        [c.estimate for c in window.categories], rel=1e-12
+    )
     assert "biased" in body["projection"]
 
 
@@ -115,9 +124,14 @@ def _bad_uploads() -> list[tuple[str, veil_pb2.UploadRequest, grpc.StatusCode, s
     reports = [spec.mechanism.randomize(i % 8, SeededRandomSource(i)) for i in range(20)]
     # Index sets (the SDK would send this small k as bitmaps; the aggregator takes both).
     good = veil_pb2.UploadRequest(
-        batch_id=bytes(16), metric="browser", spec_fingerprint=spec.fingerprint, count=len(reports),
-        index_sets=veil_pb2.IndexSets(set_size=spec.mechanism.q,
-                                      indices=b"".join(j.to_bytes(4, "little") for r in reports for j in r)))
+        batch_id=bytes(16),
+        metric="browser",
+        spec_fingerprint=spec.fingerprint,
+        count=len(reports),
+        index_sets=veil_pb2.IndexSets(
+            set_size=spec.mechanism.q, indices=b"".join(j.to_bytes(4, "little") for r in reports for j in r)
+        ),
+    )
 
     def changed(**fields) -> veil_pb2.UploadRequest:
         request = veil_pb2.UploadRequest()
@@ -133,23 +147,26 @@ def _bad_uploads() -> list[tuple[str, veil_pb2.UploadRequest, grpc.StatusCode, s
 
     q = spec.mechanism.q
     raw = bytearray(good.index_sets.indices)
-    raw[4 * q * 3: 4 * q * 3 + 4] = (99).to_bytes(4, "little")  # report 3: index 99 >= k
+    raw[4 * q * 3 : 4 * q * 3 + 4] = (99).to_bytes(4, "little")  # report 3: index 99 >= k
     dup = bytearray(good.index_sets.indices)
-    dup[4 * q * 5 + 4: 4 * q * 5 + 8] = dup[4 * q * 5: 4 * q * 5 + 4]  # report 5: a repeated index
+    dup[4 * q * 5 + 4 : 4 * q * 5 + 8] = dup[4 * q * 5 : 4 * q * 5 + 4]  # report 5: a repeated index
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     return [
         ("unknown metric", changed(metric="nope"), grpc.StatusCode.FAILED_PRECONDITION, "not declared"),
         ("stale spec", changed(spec_fingerprint="0" * 32), grpc.StatusCode.FAILED_PRECONDITION, "another spec"),
         ("index out of range", changed(indices=bytes(raw)), invalid, "report 3: category index 99 is out of range"),
         ("duplicate indices", changed(indices=bytes(dup)), invalid, "report 5: indices are not strictly increasing"),
-        ("wrong set size", changed(set_size=q + 1),
-         invalid, f"set_size {q + 1} is not q = {q}"),
+        ("wrong set size", changed(set_size=q + 1), invalid, f"set_size {q + 1} is not q = {q}"),
         ("truncated", changed(indices=bytes(raw[:-4])), invalid, "bytes, expected"),
         ("empty batch", changed(count=0), invalid, "empty batch"),
         ("oversize batch", changed(count=10_001), invalid, "oversize batch"),
         ("short batch id", changed(batch_id=b"\x01" * 15), invalid, "batch_id must be 16 bytes"),
-        ("no payload", veil_pb2.UploadRequest(batch_id=bytes(16), metric="browser",
-                                              spec_fingerprint=spec.fingerprint, count=1), invalid, "no reports"),
+        (
+            "no payload",
+            veil_pb2.UploadRequest(batch_id=bytes(16), metric="browser", spec_fingerprint=spec.fingerprint, count=1),
+            invalid,
+            "no reports",
+        ),
     ]
 
 
@@ -174,16 +191,29 @@ def test_http_estimates_are_the_json_of_the_live_estimates_byte_for_byte(start_a
 
     aggregator = start_aggregator(store_url, min_n=10)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"
-    shapes = [("/v1/estimates", None, None), ("/v1/estimates/browser", "browser", None),
-              ("/v1/estimates/browser?window=1h", "browser", "1h"), ("/v1/estimates/os?window=total", "os", "total")]
+    shapes = [
+        ("/v1/estimates", None, None),
+        ("/v1/estimates/browser", "browser", None),
+        ("/v1/estimates/browser?window=1h", "browser", "1h"),
+        ("/v1/estimates/os?window=total", "os", "total"),
+    ]
     for seed in (1, 2):
         upload(endpoint, "browser", list(range(8)) * 10, seed=seed)
         for path, metric, window in shapes:
             body = urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}{path}").read()
             generated_at = json.loads(body)["generated_at"]
             current = aggregator.live.current(metric, window)
-            assert body == json.dumps({"generated_at": generated_at, "projection": PROJECTION_NOTE,
-                                       "estimates": [e.to_json() for e in current]}, allow_nan=False).encode()
+            assert (
+                body
+                == json.dumps(
+                    {
+                        "generated_at": generated_at,
+                        "projection": PROJECTION_NOTE,
+                        "estimates": [e.to_json() for e in current],
+                    },
+                    allow_nan=False,
+                ).encode()
+            )
 
 
 def test_estimates_are_withheld_below_the_minimum(start_aggregator):
@@ -225,11 +255,17 @@ def test_metrics_parse_with_prometheus_own_parser(start_aggregator):
         upload(endpoint, "browser", [], batch_id=bytes(16))
     text = urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/metrics").read().decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    uploads = {(s.labels["metric"], s.labels["outcome"]): s.value for s in families["veil_uploads"].samples
-               if s.name == "veil_uploads_total"}
+    uploads = {
+        (s.labels["metric"], s.labels["outcome"]): s.value
+        for s in families["veil_uploads"].samples
+        if s.name == "veil_uploads_total"
+    }
     assert uploads[("browser", "accepted")] == 1 and uploads[("browser", "invalid")] == 1
-    assert {s.labels["category"] for s in families["veil_estimate"].samples
-            if s.labels["metric"] == "browser" and s.labels["window"] == "total"} == set(SPECS["browser"].labels)
+    assert {
+        s.labels["category"]
+        for s in families["veil_estimate"].samples
+        if s.labels["metric"] == "browser" and s.labels["window"] == "total"
+    } == set(SPECS["browser"].labels)
     reports = {(s.labels["metric"], s.labels["window"]): s.value for s in families["veil_window_reports"].samples}
     assert reports[("browser", "total")] == 80 and reports[("browser", "1h")] == 80
     assert "veil_upload_seconds" in families

@@ -20,11 +20,19 @@ REPORTS_EACH = 6000
 def test_sigkill_mid_load_with_sdk_retries_ends_with_exact_counts(make_redis_server, serve_process):
     redis = make_redis_server()
     serve = serve_process(redis.url).start()
-    done = threading.Event()
     reporters = [
-        Reporter(serve.endpoint, tls=False, memoize=False, random_source=SeededRandomSource(seed),
-                 max_queue_size=REPORTS_EACH + 1, max_batch_size=200, schedule_delay_ms=20,
-                 export_timeout_ms=1000, retry_initial_backoff_ms=20, retry_max_backoff_ms=200)
+        Reporter(
+            serve.endpoint,
+            tls=False,
+            memoize=False,
+            random_source=SeededRandomSource(seed),
+            max_queue_size=REPORTS_EACH + 1,
+            max_batch_size=200,
+            schedule_delay_ms=20,
+            export_timeout_ms=1000,
+            retry_initial_backoff_ms=20,
+            retry_max_backoff_ms=200,
+        )
         for seed in range(REPORTERS)
     ]
 

@@ -8,12 +8,20 @@ import re
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from veil_testing.chromium import Browser
-from veil_testing.running import (METRICS, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, collector, config_dict,
-                                  make_upload, specs_of)
+from veil_testing.running import (
+    METRICS,
+    READ_TOKEN,
+    UPLOAD_TOKEN,
+    auth_section,
+    bearer,
+    collector,
+    config_dict,
+    make_upload,
+    specs_of,
+)
 
 from veil.aggregator import dashboard
 from veil.aggregator.config import parse_config
@@ -25,9 +33,17 @@ from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2
 
 # Labels are configured strings: the page must show them as text, never run them as markup.
-HOSTILE = {"name": "<b>labels</b> & names", "mechanism": "krr", "epsilon": 3.0, "labels": [
-    '<img src=x onerror="document.body.dataset.pwned=1">', "a & b", "\"quoted\" 'single'",
-    "a-rather-long-category-label-that-the-chart-shortens"]}
+HOSTILE = {
+    "name": "<b>labels</b> & names",
+    "mechanism": "krr",
+    "epsilon": 3.0,
+    "labels": [
+        '<img src=x onerror="document.body.dataset.pwned=1">',
+        "a & b",
+        "\"quoted\" 'single'",
+        "a-rather-long-category-label-that-the-chart-shortens",
+    ],
+}
 ALL_METRICS = [*METRICS, HOSTILE]
 SPECS = specs_of(ALL_METRICS)
 PANELS = [(m["name"], w) for m in ALL_METRICS for w in m.get("windows", ["total"])]
@@ -56,8 +72,9 @@ def aggregator() -> Iterator[Aggregator]:
     config = config_dict()
     config["metrics"] = ALL_METRICS
     now = time.time()  # a frozen clock: the 1h bucket cannot roll over during the test
-    started = Aggregator(parse_config(config), store=SwitchableStore(clock=lambda: now), pages=dashboard.pages(),
-                         clock=lambda: now)
+    started = Aggregator(
+        parse_config(config), store=SwitchableStore(clock=lambda: now), pages=dashboard.pages(), clock=lambda: now
+    )
     started.start()
     yield started
     started.stop(grace=0)
@@ -153,13 +170,16 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
 
     with Browser(chromium_binary, tmp_path) as browser:
         page = browser.open(url)
-        page.wait_for(f"document.querySelectorAll('section.panel').length === {len(PANELS)} "
-                      "&& document.body.dataset.state === 'ok'", timeout=15)
+        page.wait_for(
+            f"document.querySelectorAll('section.panel').length === {len(PANELS)} "
+            "&& document.body.dataset.state === 'ok'",
+            timeout=15,
+        )
         first = page.evaluate(STATE)
         panels = panels_by_key(first)
         assert list(panels) == PANELS  # one panel per metric and window, in config order
         assert first["status"].startswith("Updated ") and all(p["name"] == p["metric"] for p in first["panels"])
-        for (name, window), panel in panels.items():
+        for (name, _window), panel in panels.items():
             if name == "feature":
                 assert panel["withheld"] and panel["n"] == 40 and panel["bars"] == []
                 assert "40 reports so far" in panel["reason"]
@@ -168,7 +188,9 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
             assert not panel["withheld"] and panel["n"] == 400 and panel["zeros"] == 1
             # Every category (fewer than the default top 10), largest estimate first.
             assert sorted(b["label"] for b in panel["bars"]) == sorted(spec.labels)
-            assert [b["estimate"] for b in panel["bars"]] == sorted((b["estimate"] for b in panel["bars"]), reverse=True)
+            assert [b["estimate"] for b in panel["bars"]] == sorted(
+                (b["estimate"] for b in panel["bars"]), reverse=True
+            )
             assert panel["estimand"].startswith("Estimates the share of ") and "period" in panel["estimand"]
             for bar in panel["bars"]:
                 # Score intervals are clipped to [0, 1]: an estimate below 0 has its interval from 0.
@@ -189,8 +211,11 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
         # More reports: the page's next poll shows them, without a reload.
         for i, m in enumerate(ALL_METRICS):
             upload(aggregator, m["name"], 600, seed=100 + i)
-        page.wait_for("[...document.querySelectorAll('section.panel')].every((s) => s.dataset.n === '"
-                      "' + (s.dataset.metric === 'feature' ? 640 : 1000))", timeout=10)
+        page.wait_for(
+            "[...document.querySelectorAll('section.panel')].every((s) => s.dataset.n === '"
+            "' + (s.dataset.metric === 'feature' ? 640 : 1000))",
+            timeout=10,
+        )
         second = page.evaluate(STATE)
         assert second["updates"] > first["updates"] and second["state"] == "ok"
         for key, panel in panels_by_key(second).items():
@@ -206,8 +231,10 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
         page.wait_for("document.querySelectorAll('.projected').length > 0")
         bars = page.evaluate("document.querySelectorAll('section.panel g.bar').length")
         assert page.evaluate("document.querySelectorAll('g.bar .projected').length") == bars
-        note = page.evaluate("(() => { const n = document.getElementById('projection-note'); "
-                             "return n.hidden ? null : n.textContent; })()")
+        note = page.evaluate(
+            "(() => { const n = document.getElementById('projection-note'); "
+            "return n.hidden ? null : n.textContent; })()"
+        )
         assert "biased" in note
         assert "biased" in page.evaluate("document.querySelector('g.bar title').textContent")
         page.screenshot(tmp_path / "dashboard-projection.png")
@@ -252,8 +279,9 @@ def secured() -> Iterator[Aggregator]:
     """An aggregator with tokens (running.auth_section) and 400 reports of browser."""
     started = Aggregator(parse_config({**config_dict(), "auth": auth_section()}), pages=dashboard.pages())
     started.start()
-    collector(f"127.0.0.1:{started.grpc_port}").Upload(make_upload("browser", 400), metadata=bearer(UPLOAD_TOKEN),
-                                                          timeout=10)
+    collector(f"127.0.0.1:{started.grpc_port}").Upload(
+        make_upload("browser", 400), metadata=bearer(UPLOAD_TOKEN), timeout=10
+    )
     yield started
     started.stop(grace=0)
 
@@ -266,13 +294,17 @@ def browser(chromium_binary, tmp_path_factory) -> Iterator[Browser]:
 
 
 def submit(page, token: str) -> None:
-    page.evaluate(f"(() => {{ document.getElementById('token-input').value = {json.dumps(token)}; "
-                  "document.getElementById('token-form').requestSubmit(); })()")
+    page.evaluate(
+        f"(() => {{ document.getElementById('token-input').value = {json.dumps(token)}; "
+        "document.getElementById('token-form').requestSubmit(); })()"
+    )
 
 
 def refused_with(page, reason: str) -> dict:
-    page.wait_for(f"document.body.dataset.state === 'token' && "
-                  f"document.getElementById('token-reason').textContent === {json.dumps(reason)}")
+    page.wait_for(
+        f"document.body.dataset.state === 'token' && "
+        f"document.getElementById('token-reason').textContent === {json.dumps(reason)}"
+    )
     state = page.evaluate(TOKEN_STATE)
     assert state["form"] and state["input"] == "password" and state["status"] == "Waiting for a read token"
     assert state["panels"] == 0 and state["session"] is None and not state["forget"]
@@ -298,8 +330,10 @@ def test_the_page_asks_for_a_read_token_and_shows_estimates_with_it(secured, bro
     refused_with(page, "This aggregator needs a read token.")
 
     submit(page, READ_TOKEN)
-    page.wait_for(f"document.body.dataset.state === 'ok' && "
-                  f"document.querySelectorAll('section.panel').length === {BROWSER_PANELS}")
+    page.wait_for(
+        f"document.body.dataset.state === 'ok' && "
+        f"document.querySelectorAll('section.panel').length === {BROWSER_PANELS}"
+    )
     state = page.evaluate(TOKEN_STATE)
     assert not state["form"] and state["forget"] and state["session"] == READ_TOKEN and state["bars"] > 0
     assert_token_kept_out_of_sight(page, state, READ_TOKEN)
@@ -338,8 +372,13 @@ def test_only_a_read_token_opens_the_page(secured, browser):
 
 # ---- k = 1024, trends over past buckets, a phone -------------------------------------------------
 
-BIG = {"name": "country", "labels": [f"country-{j:04d}" for j in range(1024)], "mechanism": "subset",
-       "epsilon": 2.0, "windows": ["total", {"span": "1h", "retention": "3d"}]}
+BIG = {
+    "name": "country",
+    "labels": [f"country-{j:04d}" for j in range(1024)],
+    "mechanism": "subset",
+    "epsilon": 2.0,
+    "windows": ["total", {"span": "1h", "retention": "3d"}],
+}
 
 TREND_STATE = """(() => ({
   trends: [...document.querySelectorAll("section.trend")].map((s) => ({
@@ -365,8 +404,9 @@ def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_
     config = config_dict()
     config["metrics"] = [BIG]
     config["server"]["min_n"] = 100
-    aggregator = Aggregator(parse_config(config), store=MemoryStore(), pages=dashboard.pages(),
-                            clock=lambda: clock["now"])
+    aggregator = Aggregator(
+        parse_config(config), store=MemoryStore(), pages=dashboard.pages(), clock=lambda: clock["now"]
+    )
     aggregator.start()
     spec = specs_of([BIG])["country"]
     rng = random.Random(5)
@@ -384,14 +424,19 @@ def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_
         url = f"http://127.0.0.1:{aggregator.http_port}/"
         with Browser(chromium_binary, tmp_path) as browser:
             page = browser.open(url)
-            page.wait_for("document.querySelectorAll('section.trend g.series').length === 5 "
-                          "&& document.querySelectorAll('g.bar.rest').length === 2", timeout=20)
+            page.wait_for(
+                "document.querySelectorAll('section.trend g.series').length === 5 "
+                "&& document.querySelectorAll('g.bar.rest').length === 2",
+                timeout=20,
+            )
             state = page.evaluate(TREND_STATE)
             (trend,) = state["trends"]
             # The default range, 48 buckets: 7 before the first report, 3 without any, 1 under min_n.
             assert (trend["metric"], trend["window"], trend["buckets"]) == ("country", "1h", 48)
             assert trend["withheld"] == trend["gaps"] == 11 and trend["lines"] == 5 and trend["bands"] == 5
-            assert trend["series"][0] == "country-0000" and trend["estimand"].startswith("Each bucket estimates the share of ")
+            assert trend["series"][0] == "country-0000" and trend["estimand"].startswith(
+                "Each bucket estimates the share of "
+            )
             for panel in state["panels"]:
                 assert len(panel["labels"]) == 11 and panel["labels"][-1] == "other" and panel["rest"] == "1014"
                 assert panel["estimates"][:10] == sorted(panel["estimates"][:10], reverse=True)
@@ -399,10 +444,15 @@ def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_
             assert state["height"] < 2500  # was 18,261 px with every category drawn
             page.screenshot(tmp_path / "dashboard-k1024.png")
             # Search by label: the matches, no "other".
-            page.evaluate("(() => { const s = document.getElementById('search'); s.value = '-000';"
-                          " s.dispatchEvent(new Event('input')); })()")
-            page.wait_for("[...document.querySelectorAll('section.panel g.bar, section.trend g.series')].every("
-                          "(g) => g.dataset.label.includes('-000'))", timeout=10)
+            page.evaluate(
+                "(() => { const s = document.getElementById('search'); s.value = '-000';"
+                " s.dispatchEvent(new Event('input')); })()"
+            )
+            page.wait_for(
+                "[...document.querySelectorAll('section.panel g.bar, section.trend g.series')].every("
+                "(g) => g.dataset.label.includes('-000'))",
+                timeout=10,
+            )
             found = page.evaluate(TREND_STATE)
             assert all(len(p["labels"]) == 10 and p["rest"] is None for p in found["panels"])  # 0000..0009
             lines = found["trends"][0]["series"]

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from veil.aggregator.errors import InvalidBatch
 from veil.aggregator.counts import Counts
 from veil.aggregator.decode import BATCH_ID_BYTES, decode_bitmaps, decode_index_sets, decode_upload
+from veil.aggregator.errors import InvalidBatch
 from veil.aggregator.simulate import FastKeystream, count_reports, simulate_reports
 from veil.mechanism import AdmissibleRapporSpec, KrrSpec, MechanismSpec, MetricSpec, RapporSpec, SubsetSpec, WarnerSpec
 from veil.wire.v1 import veil_pb2
@@ -32,8 +32,9 @@ SPECS = [
     AdmissibleRapporSpec(16, 2.0),
 ]
 # Every encoding a design accepts: q-subset designs send index sets or bitmaps, RAPPOR bitmaps.
-ENCODINGS = [(spec, kind) for spec in SPECS for kind in ("index_sets", "bitmaps")
-             if kind == "bitmaps" or spec.q is not None]
+ENCODINGS = [
+    (spec, kind) for spec in SPECS for kind in ("index_sets", "bitmaps") if kind == "bitmaps" or spec.q is not None
+]
 
 
 def encoding_id(spec: MechanismSpec, kind: str) -> str:
@@ -114,8 +115,11 @@ def test_the_decoded_reports_are_read_only_views_of_the_request(kind):
     spec = SubsetSpec(13, 0.5)
     reports = valid_reports(spec, kind)
     request = upload(kind, reports)
-    decoded = (decode_index_sets(spec, N, request.index_sets) if kind == "index_sets"
-               else decode_bitmaps(spec, N, request.bitmaps))
+    decoded = (
+        decode_index_sets(spec, N, request.index_sets)
+        if kind == "index_sets"
+        else decode_bitmaps(spec, N, request.bitmaps)
+    )
     assert np.array_equal(decoded, reports) and not decoded.flags.writeable
 
 
@@ -180,28 +184,59 @@ PADDING = "padding bits past k are set"
 ADMISSIBLE = "a RAPPOR-admissible report may not be all zeros or all ones"
 
 FAULTS = [
-    Fault("index-k", "index_sets", lambda s: True, _set_last_to_k,
-          lambda s: f"category index {s.k} is out of range (k = {s.k})"),
+    Fault(
+        "index-k",
+        "index_sets",
+        lambda s: True,
+        _set_last_to_k,
+        lambda s: f"category index {s.k} is out of range (k = {s.k})",
+    ),
     # Out of range and (for q > 1) unsorted at once: range is checked first.
-    Fault("index-max", "index_sets", lambda s: True, _set_first_to_max,
-          lambda s: f"category index 4294967295 is out of range (k = {s.k})"),
+    Fault(
+        "index-max",
+        "index_sets",
+        lambda s: True,
+        _set_first_to_max,
+        lambda s: f"category index 4294967295 is out of range (k = {s.k})",
+    ),
     Fault("duplicate", "index_sets", lambda s: s.q > 1, _repeat_first, lambda s: UNSORTED),
     Fault("unsorted", "index_sets", lambda s: s.q > 1, _swap_first_two, lambda s: UNSORTED),
     # For a q-subset design these also raise the weight to q + 1: padding is checked first.
     Fault("padding-first", "bitmaps", lambda s: s.k % 8 != 0, _set_first_padding_bit, lambda s: PADDING),
     Fault("padding-last", "bitmaps", lambda s: s.k % 8 != 0, _set_last_padding_bit, lambda s: PADDING),
-    Fault("extra-bit", "bitmaps", lambda s: s.q is not None, lambda r, s: _flip_first_bit(r, s.k, 0),
-          lambda s: f"weight {s.q + 1} is not q = {s.q}"),
-    Fault("missing-bit", "bitmaps", lambda s: s.q is not None, lambda r, s: _flip_first_bit(r, s.k, 1),
-          lambda s: f"weight {s.q - 1} is not q = {s.q}"),
-    Fault("all-zeros", "bitmaps", lambda s: isinstance(s, AdmissibleRapporSpec), lambda r, s: _fill(r, s.k, 0),
-          lambda s: ADMISSIBLE),
-    Fault("all-ones", "bitmaps", lambda s: isinstance(s, AdmissibleRapporSpec), lambda r, s: _fill(r, s.k, 1),
-          lambda s: ADMISSIBLE),
+    Fault(
+        "extra-bit",
+        "bitmaps",
+        lambda s: s.q is not None,
+        lambda r, s: _flip_first_bit(r, s.k, 0),
+        lambda s: f"weight {s.q + 1} is not q = {s.q}",
+    ),
+    Fault(
+        "missing-bit",
+        "bitmaps",
+        lambda s: s.q is not None,
+        lambda r, s: _flip_first_bit(r, s.k, 1),
+        lambda s: f"weight {s.q - 1} is not q = {s.q}",
+    ),
+    Fault(
+        "all-zeros",
+        "bitmaps",
+        lambda s: isinstance(s, AdmissibleRapporSpec),
+        lambda r, s: _fill(r, s.k, 0),
+        lambda s: ADMISSIBLE,
+    ),
+    Fault(
+        "all-ones",
+        "bitmaps",
+        lambda s: isinstance(s, AdmissibleRapporSpec),
+        lambda r, s: _fill(r, s.k, 1),
+        lambda s: ADMISSIBLE,
+    ),
 ]
 FAULT = {fault.name: fault for fault in FAULTS}
-FAULT_CASES = [(spec, kind, fault) for spec, kind in ENCODINGS for fault in FAULTS
-               if fault.kind == kind and fault.applies(spec)]
+FAULT_CASES = [
+    (spec, kind, fault) for spec, kind in ENCODINGS for fault in FAULTS if fault.kind == kind and fault.applies(spec)
+]
 
 
 def fault_id(spec: MechanismSpec, kind: str, fault: Fault) -> str:
@@ -224,13 +259,19 @@ def test_one_bad_report_rejects_the_batch_naming_it(spec, kind, fault, index):
     assert str(error) == f"report {index}: {fault.reason(spec)}"
 
 
-PAIR_CASES = [(spec, kind, first, second) for spec, kind in ENCODINGS
-              for first, second in itertools.permutations(FAULTS, 2)
-              if first.kind == second.kind == kind and first.applies(spec) and second.applies(spec)]
+PAIR_CASES = [
+    (spec, kind, first, second)
+    for spec, kind in ENCODINGS
+    for first, second in itertools.permutations(FAULTS, 2)
+    if first.kind == second.kind == kind and first.applies(spec) and second.applies(spec)
+]
 
 
-@pytest.mark.parametrize(("spec", "kind", "earlier", "later"), PAIR_CASES,
-                         ids=[f"{encoding_id(s, k)}-{a.name}-before-{b.name}" for s, k, a, b in PAIR_CASES])
+@pytest.mark.parametrize(
+    ("spec", "kind", "earlier", "later"),
+    PAIR_CASES,
+    ids=[f"{encoding_id(s, k)}-{a.name}-before-{b.name}" for s, k, a, b in PAIR_CASES],
+)
 def test_the_smallest_bad_report_is_named_whatever_its_fault(spec, kind, earlier, later):
     error = rejection(spec, spoiled(spec, kind, {23: later, 5: earlier, 31: later}))
     assert (error.report, error.reason) == (5, earlier.reason(spec))
@@ -243,6 +284,7 @@ def _set(**fields) -> Callable[[veil_pb2.UploadRequest], None]:
     def mutate(request: veil_pb2.UploadRequest) -> None:
         for name, value in fields.items():
             setattr(request, name, value)
+
     return mutate
 
 
@@ -253,6 +295,7 @@ def _clear_payload(request: veil_pb2.UploadRequest) -> None:
 def _set_size(size: int) -> Callable[[veil_pb2.UploadRequest], None]:
     def mutate(request: veil_pb2.UploadRequest) -> None:
         request.index_sets.set_size = size
+
     return mutate
 
 
@@ -267,6 +310,7 @@ def _resize_payload(change: int) -> Callable[[veil_pb2.UploadRequest], None]:
     def mutate(request: veil_pb2.UploadRequest) -> None:
         data = payload_of(request)
         _replace_payload(request, data[:change] if change < 0 else data + b"\xff" * change)
+
     return mutate
 
 
@@ -278,27 +322,51 @@ BITMAP_BYTES = f"bitmaps.bits has {{}} bytes, expected {N * 2} ({N} reports of 2
 BATCH_CASES = {
     "batch-id-short": (SUBSET, "index_sets", [_set(batch_id=bytes(15))], "batch_id must be 16 bytes, not 15"),
     "batch-id-long": (SUBSET, "bitmaps", [_set(batch_id=bytes(17))], "batch_id must be 16 bytes, not 17"),
-    "batch-id-missing-and-empty": (SUBSET, "index_sets", [_set(batch_id=b"", count=0)],
-                                   "batch_id must be 16 bytes, not 0"),
+    "batch-id-missing-and-empty": (
+        SUBSET,
+        "index_sets",
+        [_set(batch_id=b"", count=0)],
+        "batch_id must be 16 bytes, not 0",
+    ),
     "empty": (SUBSET, "index_sets", [_set(count=0)], "empty batch"),
     "empty-without-payload": (SUBSET, "bitmaps", [_set(count=0), _clear_payload], "empty batch"),
-    "oversize": (SUBSET, "bitmaps", [_set(count=MAX_REPORTS + 1)],
-                 f"oversize batch: {MAX_REPORTS + 1} reports, at most {MAX_REPORTS}"),
-    "oversize-without-payload": (SUBSET, "index_sets", [_set(count=MAX_REPORTS + 1), _clear_payload],
-                                 f"oversize batch: {MAX_REPORTS + 1} reports, at most {MAX_REPORTS}"),
+    "oversize": (
+        SUBSET,
+        "bitmaps",
+        [_set(count=MAX_REPORTS + 1)],
+        f"oversize batch: {MAX_REPORTS + 1} reports, at most {MAX_REPORTS}",
+    ),
+    "oversize-without-payload": (
+        SUBSET,
+        "index_sets",
+        [_set(count=MAX_REPORTS + 1), _clear_payload],
+        f"oversize batch: {MAX_REPORTS + 1} reports, at most {MAX_REPORTS}",
+    ),
     "no-payload": (SUBSET, "index_sets", [_clear_payload], "no reports payload: set index_sets or bitmaps"),
-    "rappor-index-sets": (RapporSpec(13, 1.0), "index_sets", [],
-                          "rappor reports must be sent as bitmaps, not index sets"),
-    "admissible-index-sets-of-wrong-length": (AdmissibleRapporSpec(13, 1.0), "index_sets", [_resize_payload(-1)],
-                                              "rappor-admissible reports must be sent as bitmaps, not index sets"),
+    "rappor-index-sets": (
+        RapporSpec(13, 1.0),
+        "index_sets",
+        [],
+        "rappor reports must be sent as bitmaps, not index sets",
+    ),
+    "admissible-index-sets-of-wrong-length": (
+        AdmissibleRapporSpec(13, 1.0),
+        "index_sets",
+        [_resize_payload(-1)],
+        "rappor-admissible reports must be sent as bitmaps, not index sets",
+    ),
     "set-size": (SUBSET, "index_sets", [_set_size(4)], "set_size 4 is not q = 5"),
     "set-size-zero": (SUBSET, "index_sets", [_set_size(0)], "set_size 0 is not q = 5"),
     "indices-truncated": (SUBSET, "index_sets", [_resize_payload(-1)], INDEX_BYTES.format(N * 20 - 1)),
     "indices-extended": (SUBSET, "index_sets", [_resize_payload(4)], INDEX_BYTES.format(N * 20 + 4)),
     "bits-truncated": (SUBSET, "bitmaps", [_resize_payload(-2)], BITMAP_BYTES.format(N * 2 - 2)),
     "bits-extended": (SUBSET, "bitmaps", [_resize_payload(1)], BITMAP_BYTES.format(N * 2 + 1)),
-    "count-below-payload": (SUBSET, "bitmaps", [_set(count=N - 1)],
-                            f"bitmaps.bits has {N * 2} bytes, expected {(N - 1) * 2} ({N - 1} reports of 2 bytes)"),
+    "count-below-payload": (
+        SUBSET,
+        "bitmaps",
+        [_set(count=N - 1)],
+        f"bitmaps.bits has {N * 2} bytes, expected {(N - 1) * 2} ({N - 1} reports of 2 bytes)",
+    ),
 }
 
 
@@ -322,8 +390,9 @@ LENGTH_CASES = [(SUBSET, "index_sets"), (SUBSET, "bitmaps"), (AdmissibleRapporSp
 @pytest.mark.parametrize(("spec", "kind"), LENGTH_CASES, ids=[encoding_id(*e) for e in LENGTH_CASES])
 def test_every_truncation_and_extension_of_the_payload_is_a_length_error(spec, kind):
     data = payload_of(upload(kind, valid_reports(spec, kind, n=3)))
-    for changed in [data[:cut] for cut in range(len(data))] + [data + bytes([b]) * extra
-                                                               for extra in range(1, 9) for b in (0, 0xFF)]:
+    for changed in [data[:cut] for cut in range(len(data))] + [
+        data + bytes([b]) * extra for extra in range(1, 9) for b in (0, 0xFF)
+    ]:
         request = upload(kind, valid_reports(spec, kind, n=3))
         _replace_payload(request, changed)
         error = rejection(spec, request)
@@ -381,11 +450,13 @@ def test_random_and_corrupted_payloads_raise_only_invalid_batch():
 
 # Widths around the kernels' 64-bit words and byte lanes: k a multiple of 8 and of 64 or not,
 # more than 255 reports (a byte lane is spilled every 255) and more than 2 * 255.
-WIDE_SPECS = [SubsetSpec(k, eps) for k, eps in ((8, 1.0), (13, 0.5), (64, 1.0), (65, 2.0), (127, 1.0),
-                                                (1024, 1.0), (1031, 4.0))]
+WIDE_SPECS = [
+    SubsetSpec(k, eps) for k, eps in ((8, 1.0), (13, 0.5), (64, 1.0), (65, 2.0), (127, 1.0), (1024, 1.0), (1031, 4.0))
+]
 WIDE_SPECS += [RapporSpec(65, 1.0), AdmissibleRapporSpec(72, 2.0), KrrSpec(300, 1.0)]
-WIDE = [(spec, kind) for spec in WIDE_SPECS for kind in ("index_sets", "bitmaps")
-        if kind == "bitmaps" or spec.q is not None]
+WIDE = [
+    (spec, kind) for spec in WIDE_SPECS for kind in ("index_sets", "bitmaps") if kind == "bitmaps" or spec.q is not None
+]
 
 
 @pytest.mark.parametrize("n", [1, 255, 256, 777])

@@ -49,13 +49,23 @@ def run_population(seed: int) -> tuple[list[float], list[bool], list[bool]]:
     window and category after every period."""
     rng = random.Random(seed)
     clock = Clock(1_800_000_000 // (2 * HOUR) * (2 * HOUR) + 60)  # a minute into a 2-hour bucket
-    config = parse_config({
-        # A thousand devices fetch their specs at once: room for all their calls.
-        "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 100, "max_concurrent_rpcs": 4096},
-        "store": {"url": "memory"},
-        "metrics": [{"name": "browser", "labels": [f"b{j}" for j in range(K)], "mechanism": "subset",
-                     "epsilon": 1.0, "period": "1h", "windows": list(WINDOWS)}],
-    })
+    config = parse_config(
+        {
+            # A thousand devices fetch their specs at once: room for all their calls.
+            "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 100, "max_concurrent_rpcs": 4096},
+            "store": {"url": "memory"},
+            "metrics": [
+                {
+                    "name": "browser",
+                    "labels": [f"b{j}" for j in range(K)],
+                    "mechanism": "subset",
+                    "epsilon": 1.0,
+                    "period": "1h",
+                    "windows": list(WINDOWS),
+                }
+            ],
+        }
+    )
     aggregator = Aggregator(config, clock=clock)
     aggregator.start()
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"
@@ -63,9 +73,14 @@ def run_population(seed: int) -> tuple[list[float], list[bool], list[bool]]:
     z, covered, covered_finite = [], [], []
     try:
         with ThreadPoolExecutor(16) as pool:
-            reporters = list(pool.map(
-                lambda d: Reporter(endpoint, tls=False, clock=clock,
-                                   random_source=SeededRandomSource(seed * 1_000_003 + d)), range(DEVICES)))
+            reporters = list(
+                pool.map(
+                    lambda d: Reporter(
+                        endpoint, tls=False, clock=clock, random_source=SeededRandomSource(seed * 1_000_003 + d)
+                    ),
+                    range(DEVICES),
+                )
+            )
             assert all(pool.map(lambda r: r.wait_for_specs(30), reporters))
             values = [rng.choices(range(K), LAW)[0] for _ in range(DEVICES)]
             firsts: list[list[int]] = []  # each period's first value of every device
@@ -78,7 +93,7 @@ def run_population(seed: int) -> tuple[list[float], list[bool], list[bool]]:
                     for _ in range(rng.randint(1, 6)):  # an app reporting its value again and again
                         device.report("browser", value)
                 assert all(pool.map(lambda r: r.force_flush(60), reporters))
-                finite = {"1h": [firsts[-1]], "2h": firsts[(period // 2) * 2:], "total": firsts}
+                finite = {"1h": [firsts[-1]], "2h": firsts[(period // 2) * 2 :], "total": firsts}
                 for window in aggregator.live.current("browser"):
                     assert not window.withheld, window.reason
                     est = window.estimate
@@ -116,18 +131,26 @@ def test_one_device_reporting_5000_times_counts_once_and_the_all_time_window_say
     # gave safari 2.002 [1.951, 2.054]. Now one report leaves the device per period, and the
     # all-time window, later, allows for its reports in every period being the same.
     clock = Clock(1_800_000_000.0)
-    config = parse_config({
-        "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 1},
-        "store": {"url": "memory"},
-        "metrics": [{"name": "browser", "labels": ["chrome", "safari", "edge", "firefox"], "epsilon": 1.0,
-                     "windows": ["total"]}],
-    })
+    config = parse_config(
+        {
+            "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 1},
+            "store": {"url": "memory"},
+            "metrics": [
+                {
+                    "name": "browser",
+                    "labels": ["chrome", "safari", "edge", "firefox"],
+                    "epsilon": 1.0,
+                    "windows": ["total"],
+                }
+            ],
+        }
+    )
     aggregator = Aggregator(config, clock=clock)
     aggregator.start()
     try:
         with Reporter(f"127.0.0.1:{aggregator.grpc_port}", tls=False, clock=clock) as reporter:
             assert reporter.wait_for_specs(10)
-            for day in range(3):
+            for _day in range(3):
                 for _ in range(5_000):
                     reporter.report("browser", "safari")
                 assert reporter.force_flush(10)

@@ -156,8 +156,9 @@ def test_estimate_is_the_per_report_mean_with_the_design_error_and_score_interva
     assert result.estimator == estimator
     assert result.projection is None
     np.testing.assert_allclose(result.estimate, y.mean(axis=0), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(result.stderr, design_stderr(spec, estimator, np.clip(y.mean(axis=0), 0, 1), n, c),
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        result.stderr, design_stderr(spec, estimator, np.clip(y.mean(axis=0), 0, 1), n, c), rtol=1e-9
+    )
     grid = np.linspace(0.0, 1.0, 20001)
     for j in range(spec.k):
         inside = grid[in_score_set(spec, estimator, result.estimate[j], grid, n, c)]

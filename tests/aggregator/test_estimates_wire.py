@@ -12,9 +12,8 @@ import pytest
 from veil.aggregator.config import MetricConfig, Window
 from veil.aggregator.estimate import Estimate
 from veil.aggregator.live import WindowEstimate, estimates_json
-from veil.mechanism import PROJECTION_NOTE
 from veil.aggregator.service import ResponseCache, encode_window
-from veil.mechanism import MetricSpec
+from veil.mechanism import PROJECTION_NOTE, MetricSpec
 from veil.wire.v1 import veil_pb2
 
 TOTAL = Window("total", None, None)
@@ -26,13 +25,22 @@ def reference_window(e: WindowEstimate) -> veil_pb2.WindowEstimate:
     body = e.to_json()
     nan = float("nan")
     return veil_pb2.WindowEstimate(
-        metric=body["metric"], window=body["window"], start_unix=e.start, end_unix=e.end, n=e.n,
+        metric=body["metric"],
+        window=body["window"],
+        start_unix=e.start,
+        end_unix=e.end,
+        n=e.n,
         mechanism=veil_pb2.Mechanism.Value(e.metric.spec.mechanism.name.upper().replace("-", "_")),
-        epsilon=e.metric.spec.mechanism.epsilon, spec_fingerprint=e.metric.spec.fingerprint,
-        withheld=e.withheld, reason=e.reason,
-        categories=[veil_pb2.CategoryEstimate(**{k: nan if v is None else v for k, v in c.items()})
-                    for c in body["categories"]],
-        estimand=body["estimand"], reports_per_device=body["reports_per_device"], period_seconds=body["period"],
+        epsilon=e.metric.spec.mechanism.epsilon,
+        spec_fingerprint=e.metric.spec.fingerprint,
+        withheld=e.withheld,
+        reason=e.reason,
+        categories=[
+            veil_pb2.CategoryEstimate(**{k: nan if v is None else v for k, v in c.items()}) for c in body["categories"]
+        ],
+        estimand=body["estimand"],
+        reports_per_device=body["reports_per_device"],
+        period_seconds=body["period"],
     )
 
 
@@ -44,24 +52,44 @@ def reference_json(e: WindowEstimate) -> dict:
         value = float(x)
         return value if np.isfinite(value) else None
 
-    body = {"metric": spec.name, "window": e.window.name, "start": e.start, "end": e.end, "n": e.n,
-            "mechanism": spec.mechanism.name, "epsilon": spec.mechanism.epsilon,
-            "spec_fingerprint": spec.fingerprint, "withheld": e.withheld, "reason": e.reason,
-            "estimand": e.estimand, "period": spec.period, "reports_per_device": e.reports_per_device,
-            "categories": []}
+    body = {
+        "metric": spec.name,
+        "window": e.window.name,
+        "start": e.start,
+        "end": e.end,
+        "n": e.n,
+        "mechanism": spec.mechanism.name,
+        "epsilon": spec.mechanism.epsilon,
+        "spec_fingerprint": spec.fingerprint,
+        "withheld": e.withheld,
+        "reason": e.reason,
+        "estimand": e.estimand,
+        "period": spec.period,
+        "reports_per_device": e.reports_per_device,
+        "categories": [],
+    }
     if e.estimate is not None:
         est = e.estimate
-        body["categories"] = [{"label": label, "estimate": finite(est.estimate[j]), "stderr": finite(est.stderr[j]),
-                               "lower": finite(est.lower[j]), "upper": finite(est.upper[j]),
-                               "projected": finite(est.projection[j])} for j, label in enumerate(spec.labels)]
+        body["categories"] = [
+            {
+                "label": label,
+                "estimate": finite(est.estimate[j]),
+                "stderr": finite(est.stderr[j]),
+                "lower": finite(est.lower[j]),
+                "upper": finite(est.upper[j]),
+                "projected": finite(est.projection[j]),
+            }
+            for j, label in enumerate(spec.labels)
+        ]
     return body
 
 
 SPECIAL = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-300, -1.5, 5e-324, 1.0])
 
 
-def window_estimate(labels, mechanism="subset", epsilon=1.0, *, seed=0, special=0.3, window=HOUR, version=7,
-                    withheld=False, n=12345) -> WindowEstimate:
+def window_estimate(
+    labels, mechanism="subset", epsilon=1.0, *, seed=0, special=0.3, window=HOUR, version=7, withheld=False, n=12345
+) -> WindowEstimate:
     """A WindowEstimate with random numbers, a share `special` of them replaced by zeros (both
     signs), NaNs (both signs), infinities and other edge values."""
     spec = MetricSpec.create("metric-é", labels, mechanism, epsilon)
@@ -129,8 +157,10 @@ def test_estimates_json_is_the_whole_body_byte_for_byte():
     estimates = [window_estimate(**CASES[case], seed=6) for case in ("k8-zeros", "withheld", "long-labels")]
     for current in (estimates, estimates[:1], []):
         generated_at = 1_700_000_000.123456
-        expected = json.dumps({"generated_at": generated_at, "projection": PROJECTION_NOTE,
-                               "estimates": [e.to_json() for e in current]}, allow_nan=False).encode()
+        expected = json.dumps(
+            {"generated_at": generated_at, "projection": PROJECTION_NOTE, "estimates": [e.to_json() for e in current]},
+            allow_nan=False,
+        ).encode()
         assert estimates_json(current, generated_at) == expected
 
 
@@ -153,12 +183,30 @@ def test_the_response_cache_serves_the_same_bytes_until_a_version_or_bucket_chan
     changed = cache.response(("", ""), newer)
     assert changed is not response and changed == reference_response(newer)
     # A new bucket of the same version (the hour turned): new again.
-    moved = WindowEstimate(newer[0].metric, newer[0].window, newer[0].start + 3600, newer[0].end + 3600, 4,
-                           newer[0].n, newer[0].estimate, "")
+    moved = WindowEstimate(
+        newer[0].metric,
+        newer[0].window,
+        newer[0].start + 3600,
+        newer[0].end + 3600,
+        4,
+        newer[0].n,
+        newer[0].estimate,
+        "",
+    )
     later = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [moved, first[1]]))
     assert later.estimates[0].start_unix == newer[0].start + 3600
     # The same counts once a reporting period began: one device may have sent more, so new bytes.
-    wider = WindowEstimate(moved.metric, moved.window, moved.start, moved.end, 4, moved.n, moved.estimate, "",
-                           moved.reports_per_device + 1, moved.estimand)
+    wider = WindowEstimate(
+        moved.metric,
+        moved.window,
+        moved.start,
+        moved.end,
+        4,
+        moved.n,
+        moved.estimate,
+        "",
+        moved.reports_per_device + 1,
+        moved.estimand,
+    )
     again = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [wider, first[1]]))
     assert again.estimates[0].reports_per_device == moved.reports_per_device + 1

@@ -20,11 +20,11 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
+from veil_testing.data import zipf_shares
 
 from veil.aggregator.estimate import estimate
 from veil.aggregator.simulate import FastKeystream, simulate_counts
 from veil.mechanism import MechanismSpec, spec_for
-from veil_testing.data import zipf_shares
 
 # One two-sided 4-sigma test: the false-alarm rate every assertion below is held to.
 FALSE_ALARM = 2 * (1 - NormalDist().cdf(4.0))
@@ -122,9 +122,7 @@ def draw_values(rng: np.random.Generator, pi: np.ndarray, n: int) -> np.ndarray:
 def simulate_runs(case: Case) -> dict[str, Runs]:
     """Every estimator of the case's design on the same R simulated runs."""
     rng, keystream = case.streams("runs")
-    runs = {
-        name: Runs(*(np.empty((case.runs, case.k)) for _ in range(3))) for name in case.spec.estimators()
-    }
+    runs = {name: Runs(*(np.empty((case.runs, case.k)) for _ in range(3))) for name in case.spec.estimators()}
     for run in range(case.runs):
         counts = simulate_counts(case.spec, draw_values(rng, case.pi, case.n), keystream=keystream)
         for name, arrays in runs.items():
@@ -220,9 +218,7 @@ def test_rappor_minimax_risk_is_below_empirical_in_theory(k, epsilon):
         assert spec.risk(pi, estimators["minimax"]) < spec.risk(pi, estimators["empirical"])
 
 
-RAPPOR_CASES = [
-    pytest.param(case, marks=marks(case), id=str(case)) for case in CASES if case.mechanism == "rappor"
-]
+RAPPOR_CASES = [pytest.param(case, marks=marks(case), id=str(case)) for case in CASES if case.mechanism == "rappor"]
 
 
 @pytest.mark.parametrize("case", RAPPOR_CASES)
@@ -293,9 +289,16 @@ def test_reported_stderr_matches_theory_at_large_n(case, estimator):
 # Where the sample spread of the per-report contributions gave zero-width or too-narrow
 # intervals: k-RR at k = 1024 and n = 1000 (62% coverage), rare categories at epsilon = 8 and
 # k >= 100 (28-73%), k-RR at k = 100 (90.5-92.9%). bench/coverage_grid.py covers the whole grid.
-SMALL_N_CELLS = [("krr", 1024, 1.0, 1000), ("krr", 1024, 8.0, 200), ("subset", 1024, 8.0, 200),
-                 ("rappor", 1024, 8.0, 200), ("krr", 128, 8.0, 1000), ("krr", 128, 1.0, 200),
-                 ("subset", 128, 8.0, 200), ("rappor-admissible", 128, 8.0, 1000)]
+SMALL_N_CELLS = [
+    ("krr", 1024, 1.0, 1000),
+    ("krr", 1024, 8.0, 200),
+    ("subset", 1024, 8.0, 200),
+    ("rappor", 1024, 8.0, 200),
+    ("krr", 128, 8.0, 1000),
+    ("krr", 128, 1.0, 200),
+    ("subset", 128, 8.0, 200),
+    ("rappor-admissible", 128, 8.0, 1000),
+]
 
 
 @pytest.mark.slow

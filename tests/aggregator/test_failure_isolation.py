@@ -47,7 +47,8 @@ def config_with(mechanism, **server: object):
     config = parse_config(config_dict(**server))
     metrics = tuple(
         MetricConfig(dataclasses.replace(m.spec, mechanism=mechanism), m.windows) if m.name == BROKEN else m
-        for m in config.metrics)
+        for m in config.metrics
+    )
     return dataclasses.replace(config, metrics=metrics)
 
 
@@ -66,14 +67,18 @@ def failures() -> Iterator[list[logging.LogRecord]]:
 def add(store: MemoryStore, metric: MetricConfig, reports: int, now: float) -> None:
     """`reports` randomized reports of the metric, counted into every window's current bucket."""
     spec = metric.spec.mechanism
-    targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None)
-                    for w in metric.windows)
+    targets = tuple(
+        (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None) for w in metric.windows
+    )
     counts = simulate_counts(spec, np.arange(reports) % spec.k)
     assert store.add(BatchWrite(metric.name, metric.name.encode().ljust(16, b"."), counts, targets, 3600))
 
 
-@pytest.mark.parametrize("mechanism", [BrokenEstimatorRappor(8, 2.0), unchecked_rappor(8, 1e-9)],
-                         ids=["estimator-raises", "weight-law-raises"])
+@pytest.mark.parametrize(
+    "mechanism",
+    [BrokenEstimatorRappor(8, 2.0), unchecked_rappor(8, 1e-9)],
+    ids=["estimator-raises", "weight-law-raises"],
+)
 def test_live_estimates_withhold_the_failed_metric_alone(mechanism, failures):
     config = config_with(mechanism, min_n=10)
     now = 1_700_000_000.0
@@ -86,7 +91,8 @@ def test_live_estimates_withhold_the_failed_metric_alone(mechanism, failures):
     for _ in range(3):
         current = live.current()
         assert [(e.metric.name, e.window.name) for e in current] == [
-            (m.name, w.name) for m in config.metrics for w in m.windows]
+            (m.name, w.name) for m in config.metrics for w in m.windows
+        ]
         for e in current:
             if e.metric.name == BROKEN:
                 assert e.withheld and "could not be computed" in e.reason

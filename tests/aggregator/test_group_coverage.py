@@ -27,8 +27,12 @@ pytestmark = pytest.mark.slow
 
 RUNS, N, TOP = 400, 2000, 5
 CELLS = [("warner", 2, e) for e in (0.5, 1.0, 4.0)] + [
-    (m, k, e) for m in ("subset", "krr", "rappor", "rappor-admissible") for k in (16, 128, 1024) for e in (0.5, 1.0, 4.0)
-    if not (m == "rappor-admissible" and k == 1024)]  # (RAPPOR's own cells cover k = 1024)
+    (m, k, e)
+    for m in ("subset", "krr", "rappor", "rappor-admissible")
+    for k in (16, 128, 1024)
+    for e in (0.5, 1.0, 4.0)
+    if not (m == "rappor-admissible" and k == 1024)
+]  # (RAPPOR's own cells cover k = 1024)
 BAND = 4 * math.sqrt(0.95 * 0.05 / RUNS)
 
 
@@ -41,8 +45,11 @@ def coverage(mechanism: str, k: int, epsilon: float, seed: int) -> dict[str, flo
     """The share of RUNS intervals of each kind of group that hold the group's true share."""
     spec, pi = spec_for(mechanism, k, epsilon), zipf(k)
     rng = np.random.default_rng(seed)
-    groups = {"one": [1]} if k == 2 else {"pair": [0, k - 1], "quarter": list(range(1, 1 + k // 4)),
-                                          "rest of the true top": list(range(TOP, k))}
+    groups = (
+        {"one": [1]}
+        if k == 2
+        else {"pair": [0, k - 1], "quarter": list(range(1, 1 + k // 4)), "rest of the true top": list(range(TOP, k))}
+    )
     covered = dict.fromkeys([*groups, *(["rest of the top estimates"] if k > TOP + 1 else [])], 0)
     for _ in range(RUNS):
         values = np.repeat(np.arange(k), rng.multinomial(N, pi))

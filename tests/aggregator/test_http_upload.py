@@ -11,8 +11,16 @@ import urllib.request
 
 import pytest
 from google.protobuf import json_format
-from veil_testing.running import (METRICS, OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, counted,
-                                  make_upload, specs_of)
+from veil_testing.running import (
+    METRICS,
+    OTHER_UPLOAD_TOKEN,
+    READ_TOKEN,
+    UPLOAD_TOKEN,
+    auth_section,
+    counted,
+    make_upload,
+    specs_of,
+)
 
 from veil.wire.v1 import veil_pb2
 
@@ -21,8 +29,12 @@ PROTOBUF = "application/x-protobuf"
 
 def post(aggregator, body: bytes, content_type: str = PROTOBUF, headers: dict | None = None):
     """(status, headers, body) of POST /v1/upload."""
-    request = urllib.request.Request(f"http://127.0.0.1:{aggregator.http_port}/v1/upload", data=body, method="POST",
-                                     headers={"Content-Type": content_type, **(headers or {})})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{aggregator.http_port}/v1/upload",
+        data=body,
+        method="POST",
+        headers={"Content-Type": content_type, **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.headers, response.read()
@@ -66,14 +78,18 @@ def test_uploads_in_both_formats_count_exactly_once(start_aggregator):
 NO_TOKEN: dict = {}
 
 
-@pytest.mark.parametrize("headers, status, reason", [
-    (NO_TOKEN, 401, "No token"),
-    (bearer("not-a-token-of-this-aggregator-at-all"), 401, "Unknown token"),
-    (bearer(UPLOAD_TOKEN[:-1]), 401, "Unknown token"),
-    ({"Authorization": f"Basic {UPLOAD_TOKEN}"}, 401, "not a bearer token"),
-    (bearer(OTHER_UPLOAD_TOKEN), 403, "Token 'app-b' may not report metric 'browser'"),
-    (bearer(READ_TOKEN), 403, "Token 'dashboard' is a read token; this call needs an upload token"),
-], ids=["no token", "wrong token", "token prefix", "not bearer", "other app's token", "read token"])
+@pytest.mark.parametrize(
+    "headers, status, reason",
+    [
+        (NO_TOKEN, 401, "No token"),
+        (bearer("not-a-token-of-this-aggregator-at-all"), 401, "Unknown token"),
+        (bearer(UPLOAD_TOKEN[:-1]), 401, "Unknown token"),
+        ({"Authorization": f"Basic {UPLOAD_TOKEN}"}, 401, "not a bearer token"),
+        (bearer(OTHER_UPLOAD_TOKEN), 403, "Token 'app-b' may not report metric 'browser'"),
+        (bearer(READ_TOKEN), 403, "Token 'dashboard' is a read token; this call needs an upload token"),
+    ],
+    ids=["no token", "wrong token", "token prefix", "not bearer", "other app's token", "read token"],
+)
 def test_refused_uploads_count_nothing(start_aggregator, headers, status, reason):
     aggregator = start_aggregator(sections={"auth": auth_section()})
     answer, got, body = post(aggregator, make_upload("browser", 200).SerializeToString(), headers=headers)
@@ -91,8 +107,11 @@ def test_bad_bodies_stale_specs_and_unknown_metrics_are_refused_with_their_statu
     token = bearer(UPLOAD_TOKEN)
     garbage = b"\x0a\xff\xff\xff\xff\x0f"
     assert post(aggregator, garbage)[0] == 401  # never parsed without a token
-    for body, content_type in ((garbage, PROTOBUF), (b"{not json", "application/json"),
-                               (b'{"count": "many"}', "application/json")):
+    for body, content_type in (
+        (garbage, PROTOBUF),
+        (b"{not json", "application/json"),
+        (b'{"count": "many"}', "application/json"),
+    ):
         status, _, answer = post(aggregator, body, content_type, token)
         assert (status, json.loads(answer)["code"]) == (400, "INVALID_ARGUMENT")
     stale = make_upload("browser", 10)
@@ -141,7 +160,7 @@ def test_fuzzed_uploads_count_exactly_what_was_accepted(start_aggregator):
             if kind == 0:
                 body[rng.randrange(len(body))] = rng.randrange(256)
             elif kind == 1:
-                del body[rng.randrange(len(body)):]
+                del body[rng.randrange(len(body)) :]
             else:
                 body += rng.randbytes(rng.randrange(1, 8))
         status, _, answer = post(aggregator, bytes(body))
@@ -157,9 +176,15 @@ def test_cors_admits_the_configured_origins_only(start_aggregator):
     aggregator = start_aggregator(cors_origins=["https://app.example.com"])
     url = f"http://127.0.0.1:{aggregator.http_port}/v1/upload"
     for origin, allowed in (("https://app.example.com", True), ("https://evil.example.com", False)):
-        preflight = urllib.request.Request(url, method="OPTIONS", headers={
-            "Origin": origin, "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type"})
+        preflight = urllib.request.Request(
+            url,
+            method="OPTIONS",
+            headers={
+                "Origin": origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
         with urllib.request.urlopen(preflight, timeout=10) as response:
             assert response.status == 204
             assert response.headers.get("Access-Control-Allow-Origin") == (origin if allowed else None)
@@ -175,9 +200,10 @@ def test_cors_admits_the_configured_origins_only(start_aggregator):
 
 @pytest.mark.parametrize("origins", ["https://a.example", ["https://a.example/"], ["a.example"], [3]])
 def test_cors_origins_must_be_origins(origins):
-    from veil.aggregator.errors import ConfigError
-    from veil.aggregator.config import parse_config
     from veil_testing.running import config_dict
+
+    from veil.aggregator.config import parse_config
+    from veil.aggregator.errors import ConfigError
 
     with pytest.raises(ConfigError, match="server.cors_origins"):
         parse_config(config_dict(cors_origins=origins))

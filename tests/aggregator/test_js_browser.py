@@ -12,7 +12,6 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from veil_testing.chromium import Browser
 from veil_testing.running import counted
 from veil_testing.waiting import wait_until
@@ -77,7 +76,8 @@ def _site(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("storage", ["IndexedDB", "localStorage"])
 def test_a_browser_page_reports_and_flushes_counted_exactly_and_its_ledger_survives_a_reload(
-        start_aggregator, chromium_binary, tmp_path, storage):
+    start_aggregator, chromium_binary, tmp_path, storage
+):
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(_site(tmp_path))))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -92,8 +92,16 @@ def test_a_browser_page_reports_and_flushes_counted_exactly_and_its_ledger_survi
         server.server_close()
     assert "error" not in first, first
     assert first["store"] == storage and first["ok"] is True
-    assert first["counters"] == {"accepted": 600, "dropped": 0, "sent": 600, "retried": 0, "failed": 0,
-                                 "queued": 0, "limited": 0, "overBudget": 0}
+    assert first["counters"] == {
+        "accepted": 600,
+        "dropped": 0,
+        "sent": 600,
+        "retried": 0,
+        "failed": 0,
+        "queued": 0,
+        "limited": 0,
+        "overBudget": 0,
+    }
     assert all(first["before"][name]["reports"] == 0 for name in NAMES)
     # Two values per metric: two fresh responses, each spending the metric's epsilon once.
     epsilon = {"browser": 1.0, "os": 2.0, "opted_in": 1.0, "crash_screen": 2.0, "feature": 2.0}

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from veil_testing.processes import free_port
 from veil_testing.running import UPLOAD_TOKEN, auth_section, counted
 
@@ -27,9 +26,16 @@ class NodeReporter:
         node = shutil.which("node")
         assert node, "node is missing: `make test` installs it (Debian's nodejs)"
         script = JS / "dist" / "test" / "drive.js"
-        assert script.exists(), "the TypeScript SDK is not built: `make test` runs npm ci and npm run build in client/js"
-        self.process = subprocess.Popen([node, str(script), json.dumps(options)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert script.exists(), (
+            "the TypeScript SDK is not built: `make test` runs npm ci and npm run build in client/js"
+        )
+        self.process = subprocess.Popen(
+            [node, str(script), json.dumps(options)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def send(self, **command: object) -> None:
         assert self.process.stdin is not None
@@ -90,8 +96,16 @@ def test_every_mechanism_counted_exactly(start_aggregator, node_reporter, wire):
     reporter.report("nosuch", 1)  # a metric the aggregator does not declare: dropped, counted
     answer = reporter.ask(do="flush", timeoutMs=60_000)
     sent = sum(WANTED.values()) + 10
-    assert answer["counters"] | {"retried": 0} == {"accepted": sent, "dropped": 1, "sent": sent, "retried": 0,
-                                                  "failed": 0, "queued": 0, "limited": 0, "overBudget": 0}
+    assert answer["counters"] | {"retried": 0} == {
+        "accepted": sent,
+        "dropped": 1,
+        "sent": sent,
+        "retried": 0,
+        "failed": 0,
+        "queued": 0,
+        "limited": 0,
+        "overBudget": 0,
+    }
     assert answer["ok"] is False  # one report was dropped since the start
     assert {m: counted(aggregator, m) for m in WANTED} == WANTED | {"browser": 260}
     assert reporter.ask(do="shutdown", timeoutMs=5000)["ok"] is True
@@ -131,7 +145,11 @@ def test_the_ledger_and_memo_in_a_directory_survive_a_restart(start_aggregator, 
     assert first.ask(do="shutdown", timeoutMs=5000)["ok"] is True
     first.close()
     assert {p.name: p.stat().st_mode & 0o777 for p in store.iterdir()} == {
-        "device-key": 0o600, "memo": 0o600, "ledger": 0o600, "specs": 0o600}
+        "device-key": 0o600,
+        "memo": 0o600,
+        "ledger": 0o600,
+        "specs": 0o600,
+    }
     second = node_reporter(aggregator, wire, store=str(store))
     second.report("browser", "chrome", 5)  # memoized before the restart: nothing new spent
     second.report("browser", "edge", 1)  # a new value: a new response, epsilon spent
@@ -160,8 +178,9 @@ def test_retries_through_a_rate_limit_honour_the_hint_and_count_once(start_aggre
     answer = reporter.ask(do="flush", timeoutMs=60_000)
     assert answer["ok"] is True and answer["counters"]["sent"] == 600 and answer["counters"]["retried"] > 0
     assert counted(aggregator, "browser") == 600
-    limited = aggregator.instruments.registry.get_sample_value("veil_token_reports_rate_limited_total",
-                                                               {"token": "app-a"})
+    limited = aggregator.instruments.registry.get_sample_value(
+        "veil_token_reports_rate_limited_total", {"token": "app-a"}
+    )
     assert limited and limited > 0  # batches were refused with a hint, then sent again
 
 
@@ -182,8 +201,16 @@ def test_batches_wait_out_an_aggregator_that_is_down_and_count_once(start_aggreg
     aggregator = start_aggregator(store, **ports)
     up = reporter.ask(do="flush", timeoutMs=60_000)
     assert up["ok"] is True
-    assert up["counters"] | {"retried": 0} == {"accepted": 500, "dropped": 0, "sent": 500, "retried": 0, "failed": 0,
-                                               "queued": 0, "limited": 0, "overBudget": 0}
+    assert up["counters"] | {"retried": 0} == {
+        "accepted": 500,
+        "dropped": 0,
+        "sent": 500,
+        "retried": 0,
+        "failed": 0,
+        "queued": 0,
+        "limited": 0,
+        "overBudget": 0,
+    }
     assert counted(aggregator, "browser") == 500
 
 
@@ -197,10 +224,17 @@ def test_the_memo_is_keyed_as_the_python_sdk_keys_it(tmp_path):
     (tmp_path / MemoStore.SECRET_FILE).chmod(0o600)
     python = MemoStore(tmp_path, LogOnce())
     cases = [("browser", "0123456789abcdef0123456789abcdef", 3), ("écran", "f" * 32, 0), ("m" * 300, "", 2**31)]
-    script = ("import { Memo } from './dist/src/memo.js';"
-              f"const memo = new Memo(Uint8Array.from({list(secret)}));"
-              f"console.log(JSON.stringify({json.dumps(cases)}.map(([m, f, i]) => memo.key(m, f, i))));")
-    out = subprocess.run([shutil.which("node") or "node", "--input-type=module", "-e", script], cwd=JS,
-                         capture_output=True, text=True, timeout=60)
+    script = (
+        "import { Memo } from './dist/src/memo.js';"
+        f"const memo = new Memo(Uint8Array.from({list(secret)}));"
+        f"console.log(JSON.stringify({json.dumps(cases)}.map(([m, f, i]) => memo.key(m, f, i))));"
+    )
+    out = subprocess.run(
+        [shutil.which("node") or "node", "--input-type=module", "-e", script],
+        cwd=JS,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [python.key(*case).hex() for case in cases]

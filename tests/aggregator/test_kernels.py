@@ -27,7 +27,12 @@ from veil.mechanism import (
 EPSILONS = (0.5, 1.0, 4.0)
 SIZES = (2, 3, 5, 16, 64)
 SPECS = [
-    *(cls(k, eps) for cls in (SubsetSpec, KrrSpec, RapporSpec, AdmissibleRapporSpec) for k in SIZES for eps in EPSILONS),
+    *(
+        cls(k, eps)
+        for cls in (SubsetSpec, KrrSpec, RapporSpec, AdmissibleRapporSpec)
+        for k in SIZES
+        for eps in EPSILONS
+    ),
     *(WarnerSpec(2, eps) for eps in EPSILONS),
 ]
 KEY = bytes.fromhex("5eed" * 16)
@@ -98,7 +103,13 @@ def test_reports_are_randomize_on_the_same_words(spec, kind):
     assert np.array_equal(reports, reference_reports(spec, values, recording.words))
 
 
-REFILL_SPECS = [SubsetSpec(64, 0.5), SubsetSpec(16, 1.0), KrrSpec(5, 1.0), RapporSpec(16, 1.0), AdmissibleRapporSpec(2, 0.5)]
+REFILL_SPECS = [
+    SubsetSpec(64, 0.5),
+    SubsetSpec(16, 1.0),
+    KrrSpec(5, 1.0),
+    RapporSpec(16, 1.0),
+    AdmissibleRapporSpec(2, 0.5),
+]
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
@@ -267,5 +278,7 @@ def test_subset_kernels_stop_at_the_last_complete_report_at_every_cut(spec):
         assert np.array_equal(out[:done], np.array(expected[:done], np.uint32).reshape(done, spec.q))
         counts = Counts.zeros(spec)
         assert _kernels.subset_counts(words[:cut], values, *args, counts.row_of_weight(), counts.n, counts.v) == (
-            done, ends[done])
+            done,
+            ends[done],
+        )
         assert counts == reference_counts(spec, out[:done])

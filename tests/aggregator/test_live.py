@@ -15,18 +15,28 @@ import numpy as np
 import pytest
 
 from veil.aggregator.config import parse_config
+from veil.aggregator.errors import StoreUnavailable
 from veil.aggregator.estimate import estimate
 from veil.aggregator.live import LiveEstimates
 from veil.aggregator.simulate import simulate_counts
-from veil.aggregator.errors import StoreUnavailable
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore
 from veil.aggregator.store._redis import counts_key
 
 METRICS = [
-    {"name": "big", "labels": [f"c{j}" for j in range(1024)], "mechanism": "subset", "epsilon": 1.0,
-     "windows": ["total", "1h", "1d"]},
-    {"name": "flags", "labels": [f"f{j}" for j in range(12)], "mechanism": "rappor", "epsilon": 2.0,
-     "windows": ["total", "1h"]},
+    {
+        "name": "big",
+        "labels": [f"c{j}" for j in range(1024)],
+        "mechanism": "subset",
+        "epsilon": 1.0,
+        "windows": ["total", "1h", "1d"],
+    },
+    {
+        "name": "flags",
+        "labels": [f"f{j}" for j in range(12)],
+        "mechanism": "rappor",
+        "epsilon": 2.0,
+        "windows": ["total", "1h"],
+    },
     {"name": "os", "labels": ["a", "b", "c", "d"], "mechanism": "krr", "epsilon": 1.0},
 ]
 START = 1_700_000_000.0
@@ -59,8 +69,9 @@ def batch(metric, reports, now, seed, batch_id=None):
     """A batch of `reports` randomized reports of `metric` into every window's current bucket."""
     spec = metric.spec.mechanism
     values = np.random.default_rng(seed).integers(0, spec.k, reports)
-    targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None)
-                    for w in metric.windows)
+    targets = tuple(
+        (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None) for w in metric.windows
+    )
     return BatchWrite(metric.name, batch_id or os.urandom(16), simulate_counts(spec, values), targets, 3600)
 
 
@@ -92,9 +103,9 @@ def test_served_estimates_are_exactly_those_of_the_stored_counts(store):
     assert all(e.withheld and e.n == 0 for e in live.current())
     steps = [
         [(big, 1000), (flags, 300), (os_metric, 80)],
-        [(big, 10)],                      # big was changing: read along with the versions
-        [],                               # nothing changed: all cached
-        [(flags, 40), (os_metric, 5)],    # changed unexpectedly: read after the versions
+        [(big, 10)],  # big was changing: read along with the versions
+        [],  # nothing changed: all cached
+        [(flags, 40), (os_metric, 5)],  # changed unexpectedly: read after the versions
         [(big, 10), (flags, 10)],
         [(big, 7)],
     ]
@@ -259,18 +270,41 @@ def test_two_writers_on_one_redis_serve_exactly_the_stored_counts(make_redis_ser
     def check():
         for live in (live_one, live_two, plain):
             assert_exact(one, config, live.current())
-        served = [[(e.version, e.n, None if e.withheld else e.estimate.estimate.tobytes()) for e in live.current()]
-                  for live in (live_one, live_two, plain)]
+        served = [
+            [(e.version, e.n, None if e.withheld else e.estimate.estimate.tobytes()) for e in live.current()]
+            for live in (live_one, live_two, plain)
+        ]
         assert served[0] == served[1] == served[2]
 
     check()
     steps = [
-        (one, big, 1000), (one, big, 10), (two, big, 20), (one, big, 30), (one, flags, 200),
-        (two, flags, 5), (two, big, 7), (one, big, 8), ("dup", big, 0), (one, big, 9), ("wait", big, 40),
-        (one, big, 11), ("wait", flags, 60), ("dup", flags, 0), (two, os_metric, 100), (one, os_metric, 3),
-        (one, big, 12), (two, big, 13, "quiet"), (one, big, 14), ("wait", big, 15, "quiet"), (one, big, 16),
-        (one, flags, 17, "quiet"), (two, flags, 18, "quiet"), (one, flags, 19), (two, big, 20, "quiet"),
-        ("dup", big, 0, "quiet"), (one, big, 21),
+        (one, big, 1000),
+        (one, big, 10),
+        (two, big, 20),
+        (one, big, 30),
+        (one, flags, 200),
+        (two, flags, 5),
+        (two, big, 7),
+        (one, big, 8),
+        ("dup", big, 0),
+        (one, big, 9),
+        ("wait", big, 40),
+        (one, big, 11),
+        ("wait", flags, 60),
+        ("dup", flags, 0),
+        (two, os_metric, 100),
+        (one, os_metric, 3),
+        (one, big, 12),
+        (two, big, 13, "quiet"),
+        (one, big, 14),
+        ("wait", big, 15, "quiet"),
+        (one, big, 16),
+        (one, flags, 17, "quiet"),
+        (two, flags, 18, "quiet"),
+        (one, flags, 19),
+        (two, big, 20, "quiet"),
+        ("dup", big, 0, "quiet"),
+        (one, big, 21),
     ]
     missed = set()  # metrics written since live_one last read them, unseen by it
     for step, (writer, metric, reports, *quiet) in enumerate(steps):
@@ -321,8 +355,7 @@ def test_counts_rolled_back_and_grown_again_are_read_again(make_redis_server):
     big = config.metrics[0]
     raw = one._redis
     add(one, big, 300, clock.now, seed=1)
-    names = [counts_key(CountsKey(big.name, big.spec.fingerprint, w.name, w.bucket(clock.now)[0]))
-             for w in big.windows]
+    names = [counts_key(CountsKey(big.name, big.spec.fingerprint, w.name, w.bucket(clock.now)[0])) for w in big.windows]
     saved = [raw.dump(name) for name in names]  # what a replica had received
     add(one, big, 200, clock.now, seed=2)
     assert_exact(one, config, live.current())

@@ -24,9 +24,16 @@ from veil.aggregator.simulate import FastKeystream, simulate_counts
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore
 from veil.wire.v1 import veil_pb2_grpc
 
-METRICS = [{"name": "big", "labels": [f"c{j}" for j in range(1024)], "mechanism": "subset", "epsilon": 1.0,
-            "windows": ["total", "1h", "1d"]},
-           {"name": "small", "labels": ["a", "b", "c"], "mechanism": "krr", "epsilon": 2.0}]
+METRICS = [
+    {
+        "name": "big",
+        "labels": [f"c{j}" for j in range(1024)],
+        "mechanism": "subset",
+        "epsilon": 1.0,
+        "windows": ["total", "1h", "1d"],
+    },
+    {"name": "small", "labels": ["a", "b", "c"], "mechanism": "krr", "epsilon": 2.0},
+]
 
 
 def promtool_lint(text: str) -> str:
@@ -38,8 +45,7 @@ def promtool_lint(text: str) -> str:
 
 
 def scrape(store, top: int = 50) -> tuple[str, dict]:
-    config = parse_config({"server": {"min_n": 10, "metrics_top": top}, "store": {"url": "memory"},
-                           "metrics": METRICS})
+    config = parse_config({"server": {"min_n": 10, "metrics_top": top}, "store": {"url": "memory"}, "metrics": METRICS})
     live = LiveEstimates(config, store)
     registry = CollectorRegistry()
     registry.register(EstimatesCollector(live, config.metrics_top))
@@ -53,10 +59,12 @@ def fill(store) -> LiveEstimates:
     spec = metric.spec.mechanism
     values = np.random.default_rng(3).zipf(1.3, 20_000) % spec.k
     now = time.time()
-    targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None)
-                    for w in metric.windows)
-    assert store.add(BatchWrite(metric.name, b"x" * 16, simulate_counts(spec, values, keystream=FastKeystream(3)),
-                                targets, 3600))
+    targets = tuple(
+        (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None) for w in metric.windows
+    )
+    assert store.add(
+        BatchWrite(metric.name, b"x" * 16, simulate_counts(spec, values, keystream=FastKeystream(3)), targets, 3600)
+    )
     return LiveEstimates(config, store)
 
 
@@ -73,8 +81,9 @@ def test_estimates_are_bounded_to_the_top_n_and_the_rest_as_a_group():
     rest = {s.labels["window"]: s.value for s in families["veil_estimate_rest"].samples}
     want = group_estimate(total.metric.spec.mechanism, total.estimate, sorted(set(range(1024)) - top))
     assert rest["total"] == pytest.approx(want.estimate, rel=1e-12)
-    assert {s.labels["window"]: s.value for s in families["veil_estimate_rest_stderr"].samples}["total"] == \
-        pytest.approx(want.stderr, rel=1e-12)
+    assert {s.labels["window"]: s.value for s in families["veil_estimate_rest_stderr"].samples}[
+        "total"
+    ] == pytest.approx(want.stderr, rel=1e-12)
     # k = 3 is below the bound: every category, no rest. (Withheld: n = 0.)
     assert not [s for s in families["veil_estimate_rest"].samples if s.labels["metric"] == "small"]
     info = {s.labels["metric"]: s.labels for s in families["veil_metric_info"].samples}
@@ -118,8 +127,9 @@ def test_metrics_of_a_running_aggregator_have_process_and_platform_and_lint_clea
     assert {s.labels["metric"] for s in families["veil_metric_info"].samples} >= {"browser", "os"}
     assert promtool_lint(text) == ""
     # Prometheus asks for gzip (Accept-Encoding): the same exposition, compressed.
-    request = urllib.request.Request(f"http://127.0.0.1:{aggregator.http_port}/metrics",
-                                     headers={"Accept-Encoding": "gzip"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{aggregator.http_port}/metrics", headers={"Accept-Encoding": "gzip"}
+    )
     with urllib.request.urlopen(request) as response:
         assert response.headers["Content-Encoding"] == "gzip"
         unzipped = gzip.decompress(response.read()).decode()

@@ -10,10 +10,18 @@ import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 import redis
-from veil_testing.running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict,
-                                  counted, make_upload)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from veil_testing.running import (
+    OTHER_UPLOAD_TOKEN,
+    READ_TOKEN,
+    UPLOAD_TOKEN,
+    auth_section,
+    bearer,
+    config_dict,
+    counted,
+    make_upload,
+)
 
 from veil.aggregator._ratelimit import RateLimiter
 from veil.aggregator.config import parse_config
@@ -75,9 +83,17 @@ def test_a_burst_over_the_limit_is_refused_with_a_retry_hint_and_counts_what_was
 def test_the_sdk_backs_off_and_delivers_everything_through_a_rate_limit(start_aggregator):
     aggregator = start_aggregator(max_batch=500, sections={"auth": auth_section(rate_limit=2000, rate_burst=1000)})
     n = 5000
-    with Reporter(f"127.0.0.1:{aggregator.grpc_port}", tls=False, token=UPLOAD_TOKEN, memoize=False,
-                  random_source=SeededRandomSource(5), max_queue_size=n + 1, max_batch_size=500,
-                  retry_initial_backoff_ms=100, retry_max_backoff_ms=500) as reporter:
+    with Reporter(
+        f"127.0.0.1:{aggregator.grpc_port}",
+        tls=False,
+        token=UPLOAD_TOKEN,
+        memoize=False,
+        random_source=SeededRandomSource(5),
+        max_queue_size=n + 1,
+        max_batch_size=500,
+        retry_initial_backoff_ms=100,
+        retry_max_backoff_ms=500,
+    ) as reporter:
         assert reporter.wait_for_specs(10)
         for i in range(n):
             reporter.report("os", i % 6)
@@ -109,8 +125,14 @@ def widest_batch(config, metric: str) -> veil_pb2.UploadRequest:
     source = SeededRandomSource(9)
     reports = [sorted(spec.mechanism.randomize(i % spec.k, source)) for i in range(config.max_batch)]
     return veil_pb2.UploadRequest(
-        batch_id=os.urandom(16), metric=metric, spec_fingerprint=spec.fingerprint, count=len(reports),
-        index_sets=veil_pb2.IndexSets(set_size=q, indices=b"".join(j.to_bytes(4, "little") for r in reports for j in r)))
+        batch_id=os.urandom(16),
+        metric=metric,
+        spec_fingerprint=spec.fingerprint,
+        count=len(reports),
+        index_sets=veil_pb2.IndexSets(
+            set_size=q, indices=b"".join(j.to_bytes(4, "little") for r in reports for j in r)
+        ),
+    )
 
 
 def test_the_message_limit_is_the_largest_valid_batch(start_aggregator):
@@ -121,8 +143,10 @@ def test_the_message_limit_is_the_largest_valid_batch(start_aggregator):
     assert size <= limit < size + 512  # the limit leaves room for the fields, and little more
     assert collector(aggregator).Upload(largest, timeout=10).accepted == 2000
     raw = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}").unary_unary(
-        "/veil.wire.v1.Collector/Upload", request_serializer=None,
-        response_deserializer=veil_pb2.UploadResponse.FromString)
+        "/veil.wire.v1.Collector/Upload",
+        request_serializer=None,
+        response_deserializer=veil_pb2.UploadResponse.FromString,
+    )
     with pytest.raises(grpc.RpcError) as err:
         raw(largest.SerializeToString() + b"\x00" * (limit - size + 1), timeout=10)  # one byte over, unread
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -162,8 +186,14 @@ def test_streams_are_bounded_and_their_slots_come_back(start_aggregator):
 
 
 def test_calls_beyond_max_concurrent_rpcs_are_refused_at_once(start_aggregator, redis_server):
-    aggregator = start_aggregator(redis_server.url, workers=1, max_streams=1, max_health_streams=1,
-                                  max_concurrent_rpcs=3, sections={"store": {"url": redis_server.url, "timeout": 10.0}})
+    aggregator = start_aggregator(
+        redis_server.url,
+        workers=1,
+        max_streams=1,
+        max_health_streams=1,
+        max_concurrent_rpcs=3,
+        sections={"store": {"url": redis_server.url, "timeout": 10.0}},
+    )
     channel = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}")
     estimates = veil_pb2_grpc.EstimatesStub(channel)
     stream = estimates.Watch(veil_pb2.WatchRequest(metric="os"), timeout=30)
@@ -209,8 +239,9 @@ def test_a_write_that_outlives_its_deadline_counts_once_with_its_retry(start_agg
 
 
 def test_a_call_that_expires_while_queued_writes_nothing_and_its_retry_counts_once(start_aggregator, redis_server):
-    aggregator = start_aggregator(redis_server.url, workers=1,
-                                  sections={"store": {"url": redis_server.url, "timeout": 10.0}})
+    aggregator = start_aggregator(
+        redis_server.url, workers=1, sections={"store": {"url": redis_server.url, "timeout": 10.0}}
+    )
     stub = collector(aggregator)
     first, late = make_upload("browser", 300, seed=1), make_upload("browser", 200, seed=2)
     sleeper = stall(redis_server.url, 1.5)
@@ -274,6 +305,10 @@ def test_an_upload_whose_caller_is_gone_when_its_handler_runs_writes_nothing(sta
         wrapped.stream_unary(iter([make_upload("browser", 100)]), context)  # reads its request when it asks
     assert context.code == grpc.StatusCode.CANCELLED and counted(aggregator, "browser") == 0
     registry = aggregator.instruments.registry
-    assert registry.get_sample_value("veil_calls_refused_total",
-                                     {"method": "/veil.wire.v1.Collector/Upload", "code": "CANCELLED"}) == 1
+    assert (
+        registry.get_sample_value(
+            "veil_calls_refused_total", {"method": "/veil.wire.v1.Collector/Upload", "code": "CANCELLED"}
+        )
+        == 1
+    )
     assert registry.get_sample_value("veil_token_reports_rate_limited_total", {"token": "app-a"}) is None

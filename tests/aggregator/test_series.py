@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import time
 
@@ -19,22 +18,33 @@ import numpy as np
 import pytest
 from veil_testing.running import make_upload
 
-from veil.cli import main
 from veil.aggregator.config import parse_config
 from veil.aggregator.counts import Counts
-from veil.aggregator.estimate import Z95, _binomial_lower, estimate, group_estimate, rest_estimate
 from veil.aggregator.errors import InvalidRange, UnknownCategory
+from veil.aggregator.estimate import _binomial_lower, estimate, group_estimate, rest_estimate
 from veil.aggregator.live import LiveEstimates, with_group
 from veil.aggregator.simulate import FastKeystream, simulate_counts
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore
+from veil.cli import main
 from veil.mechanism import MECHANISMS, spec_for, transition_matrix
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 HOUR, DAY = 3600, 86400
 START = 1_700_006_400  # a day boundary
-METRICS = [{"name": "browser", "labels": ["chrome", "safari", "edge", "firefox", "other"], "mechanism": "subset",
-            "epsilon": 1.0, "windows": ["total", {"span": "1h", "retention": "30d"}, {"span": "1d", "retention": "30d"},
-                        {"span": "1m", "retention": "30d"}]}]
+METRICS = [
+    {
+        "name": "browser",
+        "labels": ["chrome", "safari", "edge", "firefox", "other"],
+        "mechanism": "subset",
+        "epsilon": 1.0,
+        "windows": [
+            "total",
+            {"span": "1h", "retention": "30d"},
+            {"span": "1d", "retention": "30d"},
+            {"span": "1m", "retention": "30d"},
+        ],
+    }
+]
 
 
 class Clock:
@@ -47,8 +57,11 @@ class Clock:
 
 @pytest.fixture(params=["memory", "redis"])
 def store(request):
-    made = MemoryStore(clock=lambda: START) if request.param == "memory" else RedisStore(
-        request.getfixturevalue("redis_server").url)
+    made = (
+        MemoryStore(clock=lambda: START)
+        if request.param == "memory"
+        else RedisStore(request.getfixturevalue("redis_server").url)
+    )
     yield made
     made.close()
 
@@ -62,8 +75,9 @@ def fill(store, hours: dict[int, int]) -> tuple[LiveEstimates, object, Clock]:
     for h, reports in hours.items():
         now = START + h * HOUR
         values = np.random.default_rng(h).integers(0, spec.k, reports)
-        targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None)
-                        for w in metric.windows)
+        targets = tuple(
+            (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), None) for w in metric.windows
+        )
         assert store.add(BatchWrite(metric.name, os.urandom(16), simulate_counts(spec, values), targets, 3600))
     clock = Clock(START + 71.5 * HOUR)  # in the third day
     return LiveEstimates(config, store, clock=clock), metric, clock
@@ -71,8 +85,7 @@ def fill(store, hours: dict[int, int]) -> tuple[LiveEstimates, object, Clock]:
 
 def read(store, metric, window, start):
     spec = metric.spec.mechanism
-    return store.read(CountsKey(metric.name, metric.spec.fingerprint, window, start), spec.weight_law().weights,
-                      spec.k)
+    return store.read(CountsKey(metric.name, metric.spec.fingerprint, window, start), spec.weight_law().weights, spec.k)
 
 
 def test_a_series_is_every_retained_bucket_estimated_as_the_current_one(store):
@@ -89,8 +102,10 @@ def test_a_series_is_every_retained_bucket_estimated_as_the_current_one(store):
             assert e.withheld and "30 reports" in e.reason
             continue
         want = estimate(metric.spec.mechanism, read(store, metric, "1h", e.start), project=True)
-        for a, b in zip((e.estimate.estimate, e.estimate.stderr, e.estimate.lower, e.estimate.upper),
-                        (want.estimate, want.stderr, want.lower, want.upper)):
+        for a, b in zip(
+            (e.estimate.estimate, e.estimate.stderr, e.estimate.lower, e.estimate.upper),
+            (want.estimate, want.stderr, want.lower, want.upper),
+        ):
             np.testing.assert_array_equal(a, b)
     assert all(e.n == 0 and e.withheld for e in series if (e.start - START) // HOUR not in (0, 5, 30, 71))
     # The current bucket is the one current() serves.
@@ -100,8 +115,9 @@ def test_a_series_is_every_retained_bucket_estimated_as_the_current_one(store):
     assert live.series("browser", "1h")[-72].n == 400
     spec = metric.spec.mechanism
     key = CountsKey(metric.name, metric.spec.fingerprint, "1h", START)
-    assert store.add(BatchWrite(metric.name, os.urandom(16), simulate_counts(spec, np.zeros(7, np.int64)),
-                                ((key, None),), 3600))
+    assert store.add(
+        BatchWrite(metric.name, os.urandom(16), simulate_counts(spec, np.zeros(7, np.int64)), ((key, None),), 3600)
+    )
     assert live.series("browser", "1h")[-72].n == 407
     # from/to pick the buckets overlapping [from, to).
     picked = live.series("browser", "1h", START + 4 * HOUR + 1, START + 31 * HOUR)
@@ -147,8 +163,13 @@ def test_ranges_refuse_the_total_window_nothing_and_too_many_buckets(store):
 
 # --- the group's variance -------------------------------------------------------------------
 
-ENUMERABLE = [spec_for(name, k, epsilon) for name in MECHANISMS for k in (2, 3, 4, 5) for epsilon in (0.5, 4.0)
-              if name != "warner" or k == 2]
+ENUMERABLE = [
+    spec_for(name, k, epsilon)
+    for name in MECHANISMS
+    for k in (2, 3, 4, 5)
+    for epsilon in (0.5, 4.0)
+    if name != "warner" or k == 2
+]
 
 
 @pytest.mark.parametrize("spec", ENUMERABLE, ids=lambda s: f"{s.name}-k{s.k}-eps{s.epsilon}")
@@ -158,17 +179,18 @@ def test_group_moments_agree_with_the_exact_transition_matrix(spec):
     pi = np.random.default_rng(spec.k).dirichlet(np.ones(spec.k))
     reports, rows = transition_matrix(spec)
     probability = np.asarray(rows) @ pi
-    for name, linear in spec.estimators().items():
+    for linear in spec.estimators().values():
         coefficients = dict(zip(linear.weights, zip(linear.alpha, linear.beta)))
         for size in range(1, spec.k + 1):
             group = set(range(spec.k - size, spec.k))  # not always the first: x = 0 is outside
-            s = np.array([coefficients[len(r)][0] * len(group & set(r)) + coefficients[len(r)][1] * size
-                          for r in reports])
+            s = np.array(
+                [coefficients[len(r)][0] * len(group & set(r)) + coefficients[len(r)][1] * size for r in reports]
+            )
             mean = probability @ s
             share = pi[list(group)].sum()
             assert mean == pytest.approx(share, abs=1e-12)
             a, b = linear.group_moments(spec.weight_law(), spec.k, size)
-            assert probability @ (s - mean) ** 2 == pytest.approx(share * a + (1 - share) * b - share ** 2, rel=1e-10)
+            assert probability @ (s - mean) ** 2 == pytest.approx(share * a + (1 - share) * b - share**2, rel=1e-10)
 
 
 def test_a_group_of_one_is_the_category_and_of_all_has_no_spread():
@@ -178,13 +200,15 @@ def test_a_group_of_one_is_the_category_and_of_all_has_no_spread():
     one = group_estimate(spec, e, [3])
     # The same numbers up to rounding (group_moments sums the hypergeometric terms its own way).
     assert (one.estimate, one.stderr, one.lower, one.upper) == pytest.approx(
-        (e.estimate[3], e.stderr[3], e.lower[3], e.upper[3]), rel=1e-12, abs=1e-15)
+        (e.estimate[3], e.stderr[3], e.lower[3], e.upper[3]), rel=1e-12, abs=1e-15
+    )
     everything = group_estimate(spec, e, range(16))
     assert everything.estimate == pytest.approx(1.0) and everything.stderr < 1e-6
 
 
-@pytest.mark.parametrize(("name", "k", "epsilon", "size"), [("subset", 64, 1.0, 5), ("krr", 8, 1.0, 3),
-                                                           ("rappor", 16, 2.0, 4)])
+@pytest.mark.parametrize(
+    ("name", "k", "epsilon", "size"), [("subset", 64, 1.0, 5), ("krr", 8, 1.0, 3), ("rappor", 16, 2.0, 4)]
+)
 def test_group_intervals_cover_at_their_rate_in_simulation(name, k, epsilon, size):
     # Seeded: 300 samples of n = 2000 reports; the group's interval covers pi_G about 95% of the
     # time (binomial sd 1.3%: >= 91% is a four-sd bound) and its stderr matches the spread.
@@ -232,8 +256,7 @@ def test_the_exact_binomial_bound_is_clopper_pearsons():
     from scipy.stats import beta
 
     for hits, trials, level in [(10, 2000, 2.4e-5), (1, 100, 0.01), (500, 2000, 1e-4), (3, 10, 0.05)]:
-        assert _binomial_lower(hits, trials, level) == pytest.approx(beta.ppf(level, hits, trials - hits + 1),
-                                                                      rel=1e-9)
+        assert _binomial_lower(hits, trials, level) == pytest.approx(beta.ppf(level, hits, trials - hits + 1), rel=1e-9)
     assert _binomial_lower(0, 50, 0.01) == 0.0
 
 
@@ -258,10 +281,12 @@ def hourly(start_aggregator):
 def test_series_over_grpc_is_what_live_serves(hourly):
     aggregator, address, base = hourly
     stub = veil_pb2_grpc.EstimatesStub(grpc.insecure_channel(address))
-    got = stub.Series(veil_pb2.SeriesRequest(metric="browser", window="1h", from_unix=base, group=["chrome", "edge"]),
-                      timeout=10)
+    got = stub.Series(
+        veil_pb2.SeriesRequest(metric="browser", window="1h", from_unix=base, group=["chrome", "edge"]), timeout=10
+    )
     assert [(w.start_unix, w.n, w.withheld) for w in got.estimates] == [
-        (base + h * HOUR, n, n < 10) for h, n in ((0, 600), (1, 5), (2, 0), (3, 900))]
+        (base + h * HOUR, n, n < 10) for h, n in ((0, 600), (1, 5), (2, 0), (3, 900))
+    ]
     live = aggregator.live.series("browser", "1h", base)
     for w, e in zip(got.estimates, live):
         assert w.estimand == e.estimand and w.reports_per_device == e.reports_per_device
@@ -271,18 +296,24 @@ def test_series_over_grpc_is_what_live_serves(hourly):
         assert [c.estimate for c in w.categories] == e.estimate.estimate.tolist()
         g = with_group(e, ["chrome", "edge"]).group
         assert (w.group.estimate, w.group.stderr, w.group.lower, w.group.upper) == (
-            g.estimate, g.stderr, g.lower, g.upper)
+            g.estimate,
+            g.stderr,
+            g.lower,
+            g.upper,
+        )
         assert list(w.group.labels) == ["chrome", "edge"]
-    merged = stub.Series(veil_pb2.SeriesRequest(metric="browser", window="1h", from_unix=base, merged=True),
-                         timeout=10).estimates
+    merged = stub.Series(
+        veil_pb2.SeriesRequest(metric="browser", window="1h", from_unix=base, merged=True), timeout=10
+    ).estimates
     assert [(w.start_unix, w.end_unix, w.n) for w in merged] == [(base, base + 4 * HOUR, 1505)]
     current = stub.Get(veil_pb2.EstimatesRequest(metric="browser", window="1h", group=["safari"]), timeout=10)
     (w,) = current.estimates
     assert w.n == 900 and w.group.estimate == w.categories[1].estimate and w.group.upper == w.categories[1].upper
-    for request, code in [(veil_pb2.SeriesRequest(metric="browser", window="total"), grpc.StatusCode.INVALID_ARGUMENT),
-                          (veil_pb2.SeriesRequest(metric="browser", window="9h"), grpc.StatusCode.NOT_FOUND),
-                          (veil_pb2.SeriesRequest(metric="browser", window="1h", group=["nope"]),
-                           grpc.StatusCode.NOT_FOUND)]:
+    for request, code in [
+        (veil_pb2.SeriesRequest(metric="browser", window="total"), grpc.StatusCode.INVALID_ARGUMENT),
+        (veil_pb2.SeriesRequest(metric="browser", window="9h"), grpc.StatusCode.NOT_FOUND),
+        (veil_pb2.SeriesRequest(metric="browser", window="1h", group=["nope"]), grpc.StatusCode.NOT_FOUND),
+    ]:
         with pytest.raises(grpc.RpcError) as raised:
             stub.Series(request, timeout=10)
         assert raised.value.code() == code
@@ -330,9 +361,14 @@ def test_series_and_groups_over_http(hourly):
     assert len(current["group"]["labels"]) == 5  # the 8 categories but the 3 largest
     top3 = sorted(current["categories"], key=lambda c: -c["estimate"])[:3]
     assert not {c["label"] for c in top3} & set(current["group"]["labels"])
-    for path, code in [("/v1/series/browser?window=total", 400), ("/v1/series/nope?window=1h", 404),
-                       ("/v1/series/browser?window=1h&from=nan", 400), ("/v1/series/browser?window=1h&last=x", 400),
-                       ("/v1/estimates/browser?group=nope", 404), ("/v1/estimates/browser?top=-1", 400)]:
+    for path, code in [
+        ("/v1/series/browser?window=total", 400),
+        ("/v1/series/nope?window=1h", 404),
+        ("/v1/series/browser?window=1h&from=nan", 400),
+        ("/v1/series/browser?window=1h&last=x", 400),
+        ("/v1/estimates/browser?group=nope", 404),
+        ("/v1/estimates/browser?top=-1", 400),
+    ]:
         with pytest.raises(urllib.error.HTTPError) as raised:
             urllib.request.urlopen(base + path)
         assert raised.value.code == code, path

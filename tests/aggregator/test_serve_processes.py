@@ -96,9 +96,11 @@ def test_two_workers_share_the_port_count_exactly_and_stop_together(redis_server
     assert os.path.isdir(shared) and metrics_dir(pids[0]) == shared
 
     # A local subchannel pool per channel: a connection each, rather than one shared by all.
-    channels = [grpc.insecure_channel(serve.endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(CHANNELS)]
+    channels = [
+        grpc.insecure_channel(serve.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(CHANNELS)
+    ]
     try:
+
         def send(channel: grpc.Channel, seed: int) -> None:
             stub = veil_pb2_grpc.CollectorStub(channel)
             for i in range(UPLOADS_EACH):
@@ -135,9 +137,21 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, ser
     serve, http_port = start_two(serve_process, make_redis_server().url)
     first = workers(serve)
     shared = metrics_dir(first[0])
-    reporters = [Reporter(serve.endpoint, tls=False, memoize=False, random_source=SeededRandomSource(seed),
-                          max_queue_size=4001, max_batch_size=100, schedule_delay_ms=20, export_timeout_ms=1000,
-                          retry_initial_backoff_ms=20, retry_max_backoff_ms=200) for seed in range(4)]
+    reporters = [
+        Reporter(
+            serve.endpoint,
+            tls=False,
+            memoize=False,
+            random_source=SeededRandomSource(seed),
+            max_queue_size=4001,
+            max_batch_size=100,
+            schedule_delay_ms=20,
+            export_timeout_ms=1000,
+            retry_initial_backoff_ms=20,
+            retry_max_backoff_ms=200,
+        )
+        for seed in range(4)
+    ]
 
     def load(reporter: Reporter, seed: int) -> None:
         assert reporter.wait_for_specs(30)
@@ -161,8 +175,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, ser
     (total,) = estimates(serve.endpoint, "os", "total").estimates
     assert total.n == 16000
     exits = [line for line in serve.log_lines() if line["msg"] == "worker exited unexpectedly; restarting it"]
-    assert [(e["worker"], e["pid"], e["signal"]) for e in exits] == [(1, first[1], "SIGKILL"),
-                                                                     (0, first[0], "SIGKILL")]
+    assert [(e["worker"], e["pid"], e["signal"]) for e in exits] == [(1, first[1], "SIGKILL"), (0, first[0], "SIGKILL")]
     assert metric_sum(http_port, "veil_window_reports", metric="os", window="total") == 16000
 
     # Workers die with their supervisor, even one killed outright (they get SIGTERM and drain).
@@ -175,8 +188,12 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(make_redis_server, ser
 def serve_once(tmp_path, data: dict, *args: str) -> subprocess.CompletedProcess:
     path = tmp_path / "veil.toml"
     path.write_text(config_toml(data))
-    return subprocess.run([sys.executable, "-m", "veil.aggregator", "--config", str(path), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "veil.aggregator", "--config", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_configs_that_cannot_run_several_processes_fail_in_one_line(tmp_path, redis_server):
@@ -187,8 +204,9 @@ def test_configs_that_cannot_run_several_processes_fail_in_one_line(tmp_path, re
     data = config_dict("", free_port())
     del data["store"]  # the default store: SQLite in the data directory
     out = serve_once(tmp_path, data, "--processes", "2")
-    assert out.returncode == 2 and out.stderr.startswith("veil serve: store.url: a SQLite store is written by one "
-                                                         "process"), out.stderr
+    assert out.returncode == 2 and out.stderr.startswith(
+        "veil serve: store.url: a SQLite store is written by one process"
+    ), out.stderr
     assert not (tmp_path / "veil.db").exists()
 
     out = serve_once(tmp_path, config_dict(redis_server.url, 0, processes=2))
@@ -223,8 +241,8 @@ def test_workers_failing_at_start_make_the_supervisor_give_up(redis_server, serv
 def test_each_worker_enforces_its_share_of_a_rate_limit():
     from veil_testing.running import auth_section
 
-    from veil.aggregator.config import parse_config
     from veil.aggregator._ratelimit import RateLimiter
+    from veil.aggregator.config import parse_config
     from veil.aggregator.daemon import _worker_limits
 
     data = config_dict("redis://127.0.0.1:1/0", 50051)
@@ -238,8 +256,9 @@ def test_each_worker_enforces_its_share_of_a_rate_limit():
 
 
 def test_help_documents_processes():
-    out = subprocess.run([sys.executable, "-m", "veil.cli", "serve", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "veil.cli", "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert "--processes N" in out.stdout and "--worker-index" not in out.stdout
 
 
@@ -273,9 +292,11 @@ def test_a_worker_killed_while_serving_is_restarted_however_soon_and_the_others_
     config.write_text(config_toml(config_dict("redis://127.0.0.1:1/0", free_port(), processes=2)))
     out = tmp_path / "out.log"
     with open(out, "wb") as sink:
-        supervisor = subprocess.Popen([sys.executable, "-c", _SUPERVISOR, str(config), _QUICK_WORKER],
-                                      stdout=sink, stderr=subprocess.STDOUT)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-c", _SUPERVISOR, str(config), _QUICK_WORKER], stdout=sink, stderr=subprocess.STDOUT
+        )
     try:
+
         def serving() -> dict[str, list[int]]:
             found: dict[str, list[int]] = {}
             for line in out.read_text().splitlines():
@@ -287,7 +308,7 @@ def test_a_worker_killed_while_serving_is_restarted_however_soon_and_the_others_
         first = serving()["0"][0]
         for round_ in range(3):
             os.kill(serving()["1"][-1], signal.SIGKILL)
-            assert wait_until(lambda: len(serving()["1"]) == round_ + 2, 30), out.read_text()
+            assert wait_until(lambda round_=round_: len(serving()["1"]) == round_ + 2, 30), out.read_text()
         time.sleep(0.5)
         assert supervisor.poll() is None, out.read_text()
         assert serving()["0"] == [first] and alive(first)
@@ -298,7 +319,8 @@ def test_a_worker_killed_while_serving_is_restarted_however_soon_and_the_others_
 
 
 def test_a_supervisor_started_right_after_its_own_sigkill_waits_for_the_draining_orphans(
-        make_redis_server, serve_process):
+    make_redis_server, serve_process
+):
     redis = make_redis_server()
     serve, _ = start_two(serve_process, redis.url)
     orphans = workers(serve)

@@ -10,20 +10,22 @@ import random
 import grpc
 import pytest
 from redis.crc import key_slot
+from veil_testing.redis_cluster import RedisClusterServers, TlsFiles
+from veil_testing.running import counted, make_upload
 
 from veil.aggregator.errors import StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import shard_of, shard_tags
 from veil.wire.v1 import veil_pb2_grpc
-from veil_testing.redis_cluster import RedisClusterServers, TlsFiles
-from veil_testing.running import counted, make_upload
 
 FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
 
 
 @pytest.fixture(scope="module")
 def tls_cluster(pki):
-    with RedisClusterServers(tls=TlsFiles(pki.ca, pki.server_cert, pki.server_key, pki.client_cert, pki.client_key)) as cluster:
+    with RedisClusterServers(
+        tls=TlsFiles(pki.ca, pki.server_cert, pki.server_key, pki.client_cert, pki.client_key)
+    ) as cluster:
         yield cluster
 
 
@@ -53,9 +55,11 @@ def test_an_aggregator_on_a_tls_cluster_counts_every_batch_once_on_every_master(
 
 def test_a_tls_cluster_the_client_cannot_verify_or_reaches_in_plaintext_is_unavailable(tls_cluster, pki):
     hosts = ",".join(f"127.0.0.1:{port}" for port in tls_cluster.tls_ports)
-    for url in (f"rediss+cluster://{hosts}?ssl_ca_certs={pki.other_ca}",  # a CA that did not issue the nodes'
-                f"rediss+cluster://{hosts}",  # the system's roots
-                f"redis+cluster://{hosts}"):  # plaintext to TLS ports
+    for url in (
+        f"rediss+cluster://{hosts}?ssl_ca_certs={pki.other_ca}",  # a CA that did not issue the nodes'
+        f"rediss+cluster://{hosts}",  # the system's roots
+        f"redis+cluster://{hosts}",
+    ):  # plaintext to TLS ports
         store = RedisStore(url, **FAST, retries=0)
         try:
             with pytest.raises(StoreUnavailable):

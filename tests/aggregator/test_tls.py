@@ -23,7 +23,7 @@ from veil.aggregator.errors import ConfigError
 from veil.cli import main
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
-from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+from veil.wire.v1 import veil_pb2_grpc
 
 
 def start(start_aggregator, pki: Pki, *, mutual: bool = False, auth: bool = True, **server):
@@ -38,8 +38,9 @@ def endpoint(aggregator) -> str:
 
 
 def upload_over(channel: grpc.Channel, n: int = 100, timeout: float = 5):
-    return veil_pb2_grpc.CollectorStub(channel).Upload(make_upload("browser", n), metadata=bearer(UPLOAD_TOKEN),
-                                                        timeout=timeout)
+    return veil_pb2_grpc.CollectorStub(channel).Upload(
+        make_upload("browser", n), metadata=bearer(UPLOAD_TOKEN), timeout=timeout
+    )
 
 
 def fails(channel: grpc.Channel) -> grpc.StatusCode:
@@ -79,8 +80,9 @@ def test_mutual_tls_needs_a_client_certificate_from_the_client_ca(start_aggregat
     assert upload_over(good).accepted == 100 and counted(aggregator, "browser") == 100
 
 
-def https_get(aggregator, path: str, context: ssl.SSLContext | None, token: str | None = READ_TOKEN,
-              host: str = "127.0.0.1"):
+def https_get(
+    aggregator, path: str, context: ssl.SSLContext | None, token: str | None = READ_TOKEN, host: str = "127.0.0.1"
+):
     request = urllib.request.Request(f"https://{host}:{aggregator.http_port}{path}")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -132,8 +134,14 @@ def test_a_slow_tls_client_holds_up_no_one(start_aggregator, pki):
 def test_the_sdk_reports_with_a_token_and_a_ca(start_aggregator, pki, mutual):
     aggregator = start(start_aggregator, pki, mutual=mutual)
     client = {"client_cert": str(pki.client_cert), "client_key": str(pki.client_key)} if mutual else {}
-    with Reporter(endpoint(aggregator), token=UPLOAD_TOKEN, ca_file=str(pki.ca), memoize=False,
-                  random_source=SeededRandomSource(3), **client) as reporter:
+    with Reporter(
+        endpoint(aggregator),
+        token=UPLOAD_TOKEN,
+        ca_file=str(pki.ca),
+        memoize=False,
+        random_source=SeededRandomSource(3),
+        **client,
+    ) as reporter:
         assert reporter.wait_for_specs(10)
         for i in range(1000):
             reporter.report("browser", i % 8)
@@ -165,8 +173,27 @@ def test_the_cli_over_tls(start_aggregator, pki, capsys):
     assert main(["health", "--address", address, "--timeout", "2", "--ca-file", str(pki.ca)]) == 1  # no client cert
     assert capsys.readouterr().out.strip() == "UNREACHABLE"
     for mode in ("batch", "sdk"):
-        assert main(["simulate", "os", "--address", address, *tls, "--token", UPLOAD_TOKEN, "--reports", "60",
-                     "--mode", mode, "--devices", "6", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "simulate",
+                    "os",
+                    "--address",
+                    address,
+                    *tls,
+                    "--token",
+                    UPLOAD_TOKEN,
+                    "--reports",
+                    "60",
+                    "--mode",
+                    mode,
+                    "--devices",
+                    "6",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         assert json.loads(capsys.readouterr().out)["acknowledged"] == 60
     assert counted(aggregator, "os") == 120
     assert main(["simulate", "os", "--address", address, "--client-cert", str(pki.client_cert)]) == 2
@@ -191,12 +218,30 @@ def test_a_served_aggregator_with_tls_and_tokens(tmp_path, pki, serve_process, c
     secrets = tmp_path / "tokens.toml"
     secrets.write_text(f'[[upload_tokens]]\nname = "app-a"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = ["os"]\n')
     secrets.chmod(0o600)
-    process = serve_process("memory", sections={"tls": pki.tls_section(), "auth": {"tokens_file": str(secrets)}}).start()
+    process = serve_process(
+        "memory", sections={"tls": pki.tls_section(), "auth": {"tokens_file": str(secrets)}}
+    ).start()
     assert main(["health", "--address", process.endpoint, "--tls", "--ca-file", str(pki.ca)]) == 0
-    assert main(["simulate", "os", "--address", process.endpoint, "--ca-file", str(pki.ca), "--token", UPLOAD_TOKEN,
-                 "--reports", "300", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "os",
+                "--address",
+                process.endpoint,
+                "--ca-file",
+                str(pki.ca),
+                "--token",
+                UPLOAD_TOKEN,
+                "--reports",
+                "300",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert out.startswith("SERVING\n") and json.loads(out[len("SERVING\n"):])["acknowledged"] == 300
+    assert out.startswith("SERVING\n") and json.loads(out[len("SERVING\n") :])["acknowledged"] == 300
     import signal
 
     assert process.signal(signal.SIGTERM) == 0
@@ -205,6 +250,7 @@ def test_a_served_aggregator_with_tls_and_tokens(tmp_path, pki, serve_process, c
 
 
 # -- the config -----------------------------------------------------------------------------------
+
 
 def tls_config(pki: Pki, **tls) -> dict:
     return {**config_dict("memory"), "tls": {**pki.tls_section(), **tls}}
@@ -244,6 +290,7 @@ def test_the_key_file_must_be_private(pki, tmp_path):
 
 # -- rotation -------------------------------------------------------------------------------------
 
+
 def served_certificate(port: int, pki: Pki) -> str:
     """The common name of the certificate a listener presents now (a fresh connection)."""
     context = ssl.create_default_context(cafile=str(pki.ca))
@@ -275,8 +322,8 @@ def test_a_rotated_certificate_is_served_without_a_restart(start_aggregator, tmp
 
 
 def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path):
-    from veil_testing.config_toml import config_toml
     from test_cli_serve import check  # a process of its own: `serve` sets up the process's logging
+    from veil_testing.config_toml import config_toml
 
     pki = Pki(tmp_path / "pki")
     pki.reissue_server("veil aggregator, expired", days=-1)
@@ -288,8 +335,7 @@ def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path
     assert out.returncode == 2 and "expired on" in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
 
 
-def test_a_rotation_to_an_expired_certificate_keeps_the_old_one_and_logs_an_error(start_aggregator, tmp_path,
-                                                                                   caplog):
+def test_a_rotation_to_an_expired_certificate_keeps_the_old_one_and_logs_an_error(start_aggregator, tmp_path, caplog):
     pki = Pki(tmp_path / "pki")
     aggregator = start(start_aggregator, pki, auth=False)
     time.sleep(1.1)  # files are looked at again at most once a second

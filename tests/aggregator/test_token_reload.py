@@ -11,13 +11,21 @@ import urllib.request
 
 import grpc
 import pytest
-from veil_testing.running import (OTHER_UPLOAD_TOKEN, READ_TOKEN, UPLOAD_TOKEN, auth_section, bearer, config_dict,
-                                  counted, make_upload)
+from veil_testing.running import (
+    OTHER_UPLOAD_TOKEN,
+    READ_TOKEN,
+    UPLOAD_TOKEN,
+    auth_section,
+    bearer,
+    config_dict,
+    counted,
+    make_upload,
+)
 from veil_testing.waiting import wait_until
 
-from veil.aggregator.errors import ConfigError
 from veil.aggregator._ratelimit import RateLimiter
 from veil.aggregator.config import parse_config
+from veil.aggregator.errors import ConfigError
 from veil.wire.v1 import veil_pb2_grpc
 
 NEW_UPLOAD_TOKEN = "upload-token-app-a-rotated-000000000000"
@@ -28,8 +36,10 @@ def rotated(**options: object) -> dict:
     """auth_section() with app-a's and the dashboard's tokens replaced, app-b now also allowed
     to report browser, and any options (e.g. rate limits)."""
     return {
-        "upload_tokens": [{"name": "app-a", "token": NEW_UPLOAD_TOKEN, "metrics": ["browser", "os"]},
-                          {"name": "app-b", "token": OTHER_UPLOAD_TOKEN, "metrics": ["crash_screen", "browser"]}],
+        "upload_tokens": [
+            {"name": "app-a", "token": NEW_UPLOAD_TOKEN, "metrics": ["browser", "os"]},
+            {"name": "app-b", "token": OTHER_UPLOAD_TOKEN, "metrics": ["crash_screen", "browser"]},
+        ],
         "read_tokens": [{"name": "dashboard", "token": NEW_READ_TOKEN}],
         **options,
     }
@@ -45,8 +55,9 @@ def upload_code(endpoint: str, token: str, metric: str = "browser", n: int = 10)
 
 
 def http_status(port: int, token: str) -> int:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/estimates",
-                                     headers={"Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/estimates", headers={"Authorization": f"Bearer {token}"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status
@@ -113,7 +124,10 @@ def test_a_reload_brings_new_rate_limits(start_aggregator):
     assert upload_code(endpoint, UPLOAD_TOKEN, n=100) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert aggregator.reload_tokens(lambda: parse_config(limited(200)))  # a new limit starts full
     assert [upload_code(endpoint, UPLOAD_TOKEN, n=100) for _ in range(3)] == [
-        grpc.StatusCode.OK, grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED]
+        grpc.StatusCode.OK,
+        grpc.StatusCode.OK,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ]
 
 
 def test_set_limits_keeps_unchanged_buckets():
@@ -174,8 +188,9 @@ def test_the_supervisor_passes_sighup_to_every_worker(serve_process, tmp_path, r
     assert wait_until(lambda: sum(line["msg"] == "aggregator started" for line in log_lines(serve)) == 2, 30)
     tokens_file(secrets, rotated())
     serve.process.send_signal(signal.SIGHUP)
-    assert wait_until(lambda: {line.get("worker") for line in log_lines(serve)
-                               if line["msg"] == "tokens reloaded"} == {0, 1}, 10), serve.log.read_text()
+    assert wait_until(
+        lambda: {line.get("worker") for line in log_lines(serve) if line["msg"] == "tokens reloaded"} == {0, 1}, 10
+    ), serve.log.read_text()
     assert not [line for line in log_lines(serve) if line["msg"].startswith("the config changed")]  # only tokens did
     # Each of 16 connections lands on one of the two workers: every one knows only the new token.
     for _ in range(16):
@@ -190,6 +205,8 @@ def test_other_changes_are_named_as_taking_a_restart(start_aggregator, caplog):
         assert aggregator.reload_tokens(lambda: parse_config({**config_dict(), "auth": rotated()}))
         assert aggregator.reload_tokens(lambda: parse_config({**config_dict(min_n=5), "auth": rotated()}))
     assert [r.getMessage() for r in caplog.records] == [
-        "tokens reloaded", "tokens reloaded",
-        "the config changed besides [auth]; only tokens are reloaded, the rest takes a restart"]
+        "tokens reloaded",
+        "tokens reloaded",
+        "the config changed besides [auth]; only tokens are reloaded, the rest takes a restart",
+    ]
     assert aggregator.config.min_n == 100  # what it serves with

@@ -48,8 +48,23 @@ def run_report(report, argv: list[str]) -> tuple[int, str]:
 def quick_run(report_module, tmp_path_factory):
     """bench/report.py --run --quick on k in {16, 1024}, epsilon 1, both stores (about 30 s)."""
     directory = tmp_path_factory.mktemp("bench-quick")
-    code, printed = run_report(report_module, ["--run", "--quick", "--results-dir", str(directory),
-                                               "--ks", "16", "1024", "--epsilons", "1", "--stores", "memory", "redis"])
+    code, printed = run_report(
+        report_module,
+        [
+            "--run",
+            "--quick",
+            "--results-dir",
+            str(directory),
+            "--ks",
+            "16",
+            "1024",
+            "--epsilons",
+            "1",
+            "--stores",
+            "memory",
+            "redis",
+        ],
+    )
     # As the run wrote it (a test below writes latest.json again from the same files).
     latest = json.loads((directory / "latest.json").read_text())
     return directory, code, printed, latest
@@ -105,9 +120,16 @@ def test_targets_list_names_the_exact_source_of_every_number(quick_run):
     _, _, _, latest = quick_run
     targets = latest["targets"]
     groups = {t["group"] for t in targets}
-    for wanted in ("multi-freq-ldpy SS", "q-subset encoding", "k=1024, 1000-report uploads, memory",
-                   "k=1024, 1000-report uploads, redis", "k<=128", "10-report uploads", "Estimates.Get p99",
-                   "report() median and p99"):
+    for wanted in (
+        "multi-freq-ldpy SS",
+        "q-subset encoding",
+        "k=1024, 1000-report uploads, memory",
+        "k=1024, 1000-report uploads, redis",
+        "k<=128",
+        "10-report uploads",
+        "Estimates.Get p99",
+        "report() median and p99",
+    ):
         assert any(wanted in group for group in groups), wanted
     by_name = {Path(s["file"]).name: name for name, s in latest["sources"].items()}
     measured = 0
@@ -150,8 +172,9 @@ def test_report_runs_alone_on_existing_results(quick_run, report_module):
     code, _ = run_report(report_module, ["--results-dir", str(directory)])
     assert code == 0
     again = json.loads((directory / "latest.json").read_text())
-    assert [(t["scope"], t["measured"], t["met"]) for t in again["targets"]] == \
-        [(t["scope"], t["measured"], t["met"]) for t in json.loads(before)["targets"]]
+    assert [(t["scope"], t["measured"], t["met"]) for t in again["targets"]] == [
+        (t["scope"], t["measured"], t["met"]) for t in json.loads(before)["targets"]
+    ]
     assert "run" not in again["sources"]["ingest"]  # nothing was run this time
 
 
@@ -160,11 +183,13 @@ def test_update_readme_replaces_only_the_marked_block(quick_run, report_module, 
     readme = tmp_path / "README.md"
     head, tail = "# Title\n\n## Performance\n\n", "\n## Layout\n\nunchanged\n"
     readme.write_text(f"{head}{report_module.README_BEGIN}\nold table\n{report_module.README_END}\n{tail}")
-    code, markdown = run_report(report_module, ["--results-dir", str(directory), "--no-write", "--markdown",
-                                                "--update-readme", str(readme)])
+    code, markdown = run_report(
+        report_module, ["--results-dir", str(directory), "--no-write", "--markdown", "--update-readme", str(readme)]
+    )
     assert code == 0
-    assert readme.read_text() == (f"{head}{report_module.README_BEGIN}\n{markdown.strip()}\n"
-                                  f"{report_module.README_END}\n{tail}")
+    assert readme.read_text() == (
+        f"{head}{report_module.README_BEGIN}\n{markdown.strip()}\n{report_module.README_END}\n{tail}"
+    )
 
 
 def test_failed_exact_count_check_fails_the_report(quick_run, report_module, tmp_path):
@@ -191,8 +216,10 @@ def test_run_never_reports_a_file_it_did_not_write(quick_run, report_module, tmp
     directory, _, _, _ = quick_run
     for name in ("randomize", "client", "ingest"):
         shutil.copy(directory / f"{name}.json", tmp_path / f"{name}.json")
-    runs = {name: {"command": name, "exit_status": 0, "fresh": True, "seconds": 0.0}
-            for name in ("randomize", "client", "ingest")}
+    runs = {
+        name: {"command": name, "exit_status": 0, "fresh": True, "seconds": 0.0}
+        for name in ("randomize", "client", "ingest")
+    }
     runs["ingest"] = {"command": "ingest", "exit_status": 1, "fresh": False, "seconds": 0.0}
     results, sources, problems = report_module.load(tmp_path, runs)
     assert set(results) == {"randomize", "client"} and sources["ingest"]["missing"] is True
@@ -204,8 +231,18 @@ def test_run_never_reports_a_file_it_did_not_write(quick_run, report_module, tmp
 
 
 def test_profiling_the_aggregator_writes_a_profile_and_counts_exactly(tmp_path):
-    command = [sys.executable, str(BENCH / "profile_ingest.py"), "--shapes", "small", "--ks", "16", "--seconds", "1",
-               "--output", str(tmp_path)]
+    command = [
+        sys.executable,
+        str(BENCH / "profile_ingest.py"),
+        "--shapes",
+        "small",
+        "--ks",
+        "16",
+        "--seconds",
+        "1",
+        "--output",
+        str(tmp_path),
+    ]
     assert subprocess.run(command, timeout=600).returncode == 0
     profile = json.loads((tmp_path / "small-k16.speedscope.json").read_text())
     assert any(p["samples"] for p in profile["profiles"])

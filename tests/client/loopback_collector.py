@@ -22,8 +22,9 @@ from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 # Fast settings for tests: small delays so retries and batching happen within milliseconds.
-FAST = dict(tls=False, schedule_delay_ms=20, retry_initial_backoff_ms=5, retry_max_backoff_ms=50,
-            export_timeout_ms=3000)
+FAST = dict(
+    tls=False, schedule_delay_ms=20, retry_initial_backoff_ms=5, retry_max_backoff_ms=50, export_timeout_ms=3000
+)
 
 _MECHANISM = {name.lower().replace("_", "-"): value for name, value in veil_pb2.Mechanism.items() if value}
 
@@ -47,10 +48,18 @@ def default_specs() -> list[MetricSpec]:
 
 def to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     # Written here from the proto's field comments, independently of the SDK's converter.
-    return veil_pb2.MetricSpec(name=spec.name, labels=list(spec.labels), mechanism=_MECHANISM[spec.mechanism.name],
-                               epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0, fingerprint=spec.fingerprint,
-                               period_seconds=spec.period, reports_per_period=spec.reports_per_period,
-                               period_budget=spec.period_budget or 0, lifetime_budget=spec.lifetime_budget or 0)
+    return veil_pb2.MetricSpec(
+        name=spec.name,
+        labels=list(spec.labels),
+        mechanism=_MECHANISM[spec.mechanism.name],
+        epsilon=spec.mechanism.epsilon,
+        q=spec.mechanism.q or 0,
+        fingerprint=spec.fingerprint,
+        period_seconds=spec.period,
+        reports_per_period=spec.reports_per_period,
+        period_budget=spec.period_budget or 0,
+        lifetime_budget=spec.lifetime_budget or 0,
+    )
 
 
 class Reject(Exception):
@@ -123,8 +132,7 @@ class CollectorState:
 
     def total(self, name: str | None = None) -> int:
         with self.lock:
-            return sum(c.total for fp, c in self.counts.items()
-                       if name is None or fp == self.by_name(name).fingerprint)
+            return sum(c.total for fp, c in self.counts.items() if name is None or fp == self.by_name(name).fingerprint)
 
     def distinct(self, name: str) -> collections.Counter:
         with self.lock:
@@ -196,8 +204,9 @@ class Servicer(veil_pb2_grpc.CollectorServicer):
         with self.state.lock:
             self.state.spec_calls += 1
             self.state.lock.notify_all()
-            return veil_pb2.GetMetricSpecsResponse(specs=[to_proto(s) for s in self.state.specs],
-                                                   max_batch=self.state.max_batch)
+            return veil_pb2.GetMetricSpecsResponse(
+                specs=[to_proto(s) for s in self.state.specs], max_batch=self.state.max_batch
+            )
 
     def Upload(self, request, context):
         self._authorize(context)
@@ -226,8 +235,9 @@ class CollectorServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         veil_pb2_grpc.add_CollectorServicer_to_server(Servicer(self.state), server)
         address = f"127.0.0.1:{self.port}"
-        port = (server.add_secure_port(address, self.credentials) if self.credentials
-                else server.add_insecure_port(address))
+        port = (
+            server.add_secure_port(address, self.credentials) if self.credentials else server.add_insecure_port(address)
+        )
         assert port, "cannot bind"
         self.port = port
         server.start()
@@ -242,5 +252,3 @@ class CollectorServer:
                 meanwhile()
             stopped.wait()
             self._server = None
-
-

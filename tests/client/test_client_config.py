@@ -15,30 +15,63 @@ def test_defaults():
     config = resolve_config({}, endpoint="host:1")
     assert (config.endpoint, config.token, config.tls, config.queue_dir) == ("host:1", None, True, None)
     assert (config.max_queue_size, config.max_batch_size, config.schedule_delay, config.export_timeout) == (
-        2048, 512, 5.0, 10.0)
+        2048,
+        512,
+        5.0,
+        10.0,
+    )
     assert (config.spec_ttl, config.max_disk_bytes, config.backoff_initial, config.backoff_max) == (
-        3600.0, 16 << 20, 1.0, 60.0)
+        3600.0,
+        16 << 20,
+        1.0,
+        60.0,
+    )
 
 
 def test_environment_beats_defaults_and_arguments_beat_the_environment(tmp_path):
-    environ = {env.VEIL_ENDPOINT: "env:1", env.VEIL_TOKEN: "tok", env.VEIL_TLS: "false",
-               env.VEIL_QUEUE_DIR: str(tmp_path), env.VEIL_MAX_QUEUE_SIZE: "100", env.VEIL_MAX_BATCH_SIZE: "10",
-               env.VEIL_SCHEDULE_DELAY_MS: "250", env.VEIL_EXPORT_TIMEOUT_MS: "1500", env.VEIL_SPEC_TTL_MS: "60000",
-               env.VEIL_MAX_DISK_BYTES: "4096", env.VEIL_RETRY_INITIAL_BACKOFF_MS: "20",
-               env.VEIL_RETRY_MAX_BACKOFF_MS: "400"}
+    environ = {
+        env.VEIL_ENDPOINT: "env:1",
+        env.VEIL_TOKEN: "tok",
+        env.VEIL_TLS: "false",
+        env.VEIL_QUEUE_DIR: str(tmp_path),
+        env.VEIL_MAX_QUEUE_SIZE: "100",
+        env.VEIL_MAX_BATCH_SIZE: "10",
+        env.VEIL_SCHEDULE_DELAY_MS: "250",
+        env.VEIL_EXPORT_TIMEOUT_MS: "1500",
+        env.VEIL_SPEC_TTL_MS: "60000",
+        env.VEIL_MAX_DISK_BYTES: "4096",
+        env.VEIL_RETRY_INITIAL_BACKOFF_MS: "20",
+        env.VEIL_RETRY_MAX_BACKOFF_MS: "400",
+    }
     config = resolve_config(environ)
     assert (config.endpoint, config.token, config.tls, config.queue_dir) == ("env:1", "tok", False, tmp_path)
-    assert (config.max_queue_size, config.max_batch_size, config.schedule_delay, config.export_timeout,
-            config.spec_ttl, config.max_disk_bytes, config.backoff_initial, config.backoff_max) == (
-        100, 10, 0.25, 1.5, 60.0, 4096, 0.02, 0.4)
+    assert (
+        config.max_queue_size,
+        config.max_batch_size,
+        config.schedule_delay,
+        config.export_timeout,
+        config.spec_ttl,
+        config.max_disk_bytes,
+        config.backoff_initial,
+        config.backoff_max,
+    ) == (100, 10, 0.25, 1.5, 60.0, 4096, 0.02, 0.4)
     config = resolve_config(environ, endpoint="arg:2", tls=True, max_queue_size=7, schedule_delay_ms=1)
     assert (config.endpoint, config.tls, config.max_queue_size, config.max_batch_size, config.schedule_delay) == (
-        "arg:2", True, 7, 7, 0.001)
+        "arg:2",
+        True,
+        7,
+        7,
+        0.001,
+    )
 
 
 def test_unparsable_environment_values_are_logged_by_name_and_ignored(caplog):
-    environ = {env.VEIL_ENDPOINT: "h:1", env.VEIL_MAX_BATCH_SIZE: "lots", env.VEIL_TLS: "maybe",
-               env.VEIL_SCHEDULE_DELAY_MS: "-5"}
+    environ = {
+        env.VEIL_ENDPOINT: "h:1",
+        env.VEIL_MAX_BATCH_SIZE: "lots",
+        env.VEIL_TLS: "maybe",
+        env.VEIL_SCHEDULE_DELAY_MS: "-5",
+    }
     with caplog.at_level(logging.WARNING, logger="veil.client"):
         config = resolve_config(environ)
     assert (config.max_batch_size, config.tls, config.schedule_delay) == (512, True, 5.0)
@@ -46,16 +79,19 @@ def test_unparsable_environment_values_are_logged_by_name_and_ignored(caplog):
     assert env.VEIL_MAX_BATCH_SIZE in text and env.VEIL_TLS in text and "lots" not in text and "maybe" not in text
 
 
-@pytest.mark.parametrize("arguments", [
-    {},
-    {"endpoint": "h:1", "max_queue_size": 0},
-    {"endpoint": "h:1", "max_batch_size": "5"},
-    {"endpoint": "h:1", "tls": "yes"},
-    {"endpoint": "h:1", "token": "has space"},
-    {"endpoint": "h:1", "client_cert": "/x"},
-    {"endpoint": "h:1", "tls": False, "ca_file": "/x"},
-    {"endpoint": "h:1", "ca_file": "/does/not/exist"},
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {},
+        {"endpoint": "h:1", "max_queue_size": 0},
+        {"endpoint": "h:1", "max_batch_size": "5"},
+        {"endpoint": "h:1", "tls": "yes"},
+        {"endpoint": "h:1", "token": "has space"},
+        {"endpoint": "h:1", "client_cert": "/x"},
+        {"endpoint": "h:1", "tls": False, "ca_file": "/x"},
+        {"endpoint": "h:1", "ca_file": "/does/not/exist"},
+    ],
+)
 def test_invalid_arguments_raise_config_error(arguments):
     with pytest.raises(ConfigError) as error:
         resolve_config({}, **arguments)

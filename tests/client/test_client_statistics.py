@@ -27,10 +27,11 @@ def test_estimates_from_sdk_reports_are_within_4_standard_errors(ready_reporter,
     rng = random.Random(seed)
     weights = [1.0 / (j + 1) ** 1.1 for j in range(spec.k)]  # Zipf-like
     values = rng.choices(range(spec.k), weights=weights, k=DEVICES)
-    reporter = ready_reporter(memoize=False, random_source=SeededRandomSource(seed), max_queue_size=CHUNK + 1,
-                              max_batch_size=4096)
+    reporter = ready_reporter(
+        memoize=False, random_source=SeededRandomSource(seed), max_queue_size=CHUNK + 1, max_batch_size=4096
+    )
     for start in range(0, DEVICES, CHUNK):
-        for value in values[start:start + CHUNK]:
+        for value in values[start : start + CHUNK]:
             reporter.report(metric, spec.labels[value])
         assert reporter.force_flush(30)
     counters = reporter.counters()

@@ -9,18 +9,28 @@ import time
 
 import grpc
 import pytest
+from veil_testing.waiting import wait_until
 
 from veil.client import Counters
-from veil_testing.waiting import wait_until
 
 
 # Everything a retry can turn into success: a store refusing writes (UNAVAILABLE), a server
 # draining at SIGTERM (CANCELLED), a server bug or proxy (INTERNAL, UNKNOWN), a token an
 # operator can fix (UNAUTHENTICATED, PERMISSION_DENIED).
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                  grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED,
-                                  grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED,
-                                  grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    ],
+)
 def test_five_retryable_failures_then_ok_count_the_batch_once(ready_reporter, state, code):
     reporter = ready_reporter()
     state.fail_next(5, code)
@@ -81,12 +91,18 @@ def test_killing_the_server_mid_stream_loses_and_duplicates_nothing(ready_report
     for batch_id, outcome in state.calls:
         outcomes[batch_id].append(outcome)
     # Every batch id was counted exactly once; the one in flight was resent under its own id.
-    assert all(o.count("counted") + (batch_id in state.counted and "counted" not in o) == 1
-               for batch_id, o in outcomes.items())
+    assert all(
+        o.count("counted") + (batch_id in state.counted and "counted" not in o) == 1 for batch_id, o in outcomes.items()
+    )
     assert any("duplicate" in o for o in outcomes.values())
     counters = reporter.counters()
     assert (counters.accepted, counters.sent, counters.failed, counters.dropped, counters.queued) == (
-        1300, 1300, 0, 0, 0)
+        1300,
+        1300,
+        0,
+        0,
+        0,
+    )
     assert counters.retried >= 1
 
 

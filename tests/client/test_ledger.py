@@ -36,6 +36,7 @@ def serve(state):
     def serve(*specs: MetricSpec) -> None:
         with state.lock:
             state.specs[:] = specs
+
     return serve
 
 
@@ -76,13 +77,24 @@ def test_privacy_spent_shows_the_period_and_the_budgets(serve, ready_reporter):
     clock = Clock(7200.0 * 1000 + 10)
     reporter = ready_reporter(clock=clock)
     reporter.report("browser", "edge")
-    assert reporter.privacy_spent() == {"browser": PrivacySpent(
-        metric="browser", period_start=7200 * 1000, period_end=7200 * 1000 + 3600, reports=1, reports_per_period=2,
-        period_epsilon=0.5, period_budget=1.0, lifetime_epsilon=0.5, lifetime_budget=4.0)}
+    assert reporter.privacy_spent() == {
+        "browser": PrivacySpent(
+            metric="browser",
+            period_start=7200 * 1000,
+            period_end=7200 * 1000 + 3600,
+            reports=1,
+            reports_per_period=2,
+            period_epsilon=0.5,
+            period_budget=1.0,
+            lifetime_epsilon=0.5,
+            lifetime_budget=4.0,
+        )
+    }
 
 
 def test_a_report_past_the_lifetime_budget_is_dropped_and_counted_and_memoized_ones_still_go(
-        serve, ready_reporter, state):
+    serve, ready_reporter, state
+):
     spec = MetricSpec.create("browser", LABELS, epsilon=1.0, lifetime_budget=2.0)
     serve(spec)
     clock = Clock()
@@ -132,9 +144,17 @@ def test_an_app_budget_must_be_an_epsilon(make_reporter, bad):
         make_reporter(period_budget=bad)
 
 
-@pytest.mark.parametrize(("field", "value"), [("period", 0), ("period", 367 * DAY), ("period", 1.5),
-                                              ("reports_per_period", 0), ("period_budget", 0.5),
-                                              ("lifetime_budget", math.nan)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("period", 0),
+        ("period", 367 * DAY),
+        ("period", 1.5),
+        ("reports_per_period", 0),
+        ("period_budget", 0.5),
+        ("lifetime_budget", math.nan),
+    ],
+)
 def test_a_spec_refuses_bounds_that_allow_nothing(field, value):
     with pytest.raises(MechanismError, match=field.replace("_", " ") if "budget" in field else "period"):
         MetricSpec.create("browser", LABELS, epsilon=1.0, **{field: value})
@@ -157,8 +177,12 @@ def test_the_ledger_survives_a_restart_and_is_owner_only(serve, ready_reporter, 
     path = tmp_path / "ledger.log"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(path.read_text().splitlines()[-1]) == {
-        "metric": "browser", "period": int(clock.now // DAY), "reports": 1, "period_epsilon": 1.0,
-        "lifetime_epsilon": 1.0}
+        "metric": "browser",
+        "period": int(clock.now // DAY),
+        "reports": 1,
+        "period_epsilon": 1.0,
+        "lifetime_epsilon": 1.0,
+    }
     # Same device, same day: the period's report was sent already.
     second = ready_reporter(queue_dir=tmp_path, clock=clock)
     second.report("browser", "safari")

@@ -40,7 +40,8 @@ def test_independence_across_many_devices():
     source = SeededRandomSource(11)
     stores = [MemoStore(None, LogOnce()) for _ in range(400)]
     answers = collections.Counter(
-        s.response(spec.name, spec.fingerprint, 1, lambda: spec.mechanism.randomize(1, source)) for s in stores)
+        s.response(spec.name, spec.fingerprint, 1, lambda: spec.mechanism.randomize(1, source)) for s in stores
+    )
     keep = spec.mechanism.keep_probability
     assert abs(answers[(1,)] / 400 - keep) < 4 * (keep * (1 - keep) / 400) ** 0.5
     assert len({s.key(spec.name, spec.fingerprint, 1) for s in stores}) == 400

@@ -13,10 +13,10 @@ import threading
 import time
 
 import grpc
+from veil_testing.waiting import wait_until
 
 from veil.client import RETRY_HORIZON_SECONDS, Counters
 from veil.wire.v1 import veil_pb2
-from veil_testing.waiting import wait_until
 
 
 def _files(directory):
@@ -27,8 +27,9 @@ def _count(path):
     return veil_pb2.UploadRequest.FromString(path.read_bytes()).count
 
 
-def test_unsent_batches_survive_a_restart_and_are_delivered_once(ready_reporter, make_reporter, state,
-                                                                 collector, tmp_path):
+def test_unsent_batches_survive_a_restart_and_are_delivered_once(
+    ready_reporter, make_reporter, state, collector, tmp_path
+):
     first = ready_reporter(queue_dir=tmp_path, max_batch_size=8)
     collector.stop()
     labels = ["safari", "firefox", "chrome", "edge"] * 5
@@ -57,8 +58,9 @@ def test_unsent_batches_survive_a_restart_and_are_delivered_once(ready_reporter,
     assert _files(tmp_path) == []
 
 
-def test_specs_cached_on_disk_serve_a_restart_without_the_aggregator(ready_reporter, make_reporter, collector,
-                                                                     state, tmp_path):
+def test_specs_cached_on_disk_serve_a_restart_without_the_aggregator(
+    ready_reporter, make_reporter, collector, state, tmp_path
+):
     ready_reporter(queue_dir=tmp_path).shutdown(2)
     collector.stop()
     offline = make_reporter(queue_dir=tmp_path)
@@ -103,9 +105,13 @@ def test_a_batch_past_the_retry_horizon_is_dropped_as_failed(make_reporter, stat
     outbox.mkdir(mode=0o700)
     created = int((time.time() - RETRY_HORIZON_SECONDS - 60) * 1000)
     batch_id = os.urandom(16)
-    request = veil_pb2.UploadRequest(batch_id=batch_id, metric="browser", spec_fingerprint=spec.fingerprint,
-                                     count=1, index_sets=veil_pb2.IndexSets(set_size=spec.mechanism.q,
-                                                                            indices=b"\x00\x00\x00\x00"))
+    request = veil_pb2.UploadRequest(
+        batch_id=batch_id,
+        metric="browser",
+        spec_fingerprint=spec.fingerprint,
+        count=1,
+        index_sets=veil_pb2.IndexSets(set_size=spec.mechanism.q, indices=b"\x00\x00\x00\x00"),
+    )
     (outbox / f"{created:013d}-1-{batch_id.hex()}.batch").write_bytes(request.SerializeToString())
     reporter = make_reporter(queue_dir=tmp_path)
     assert not reporter.force_flush(10)
@@ -134,13 +140,14 @@ def test_retryable_failures_keep_a_spooled_batch_on_disk(ready_reporter, state, 
 def test_a_hung_upload_spills_new_reports_to_disk_instead_of_dropping_them(ready_reporter, state, tmp_path):
     # A backlog drains slowly after an outage: reports keep coming while an upload is in flight.
     # With a queue directory they become batches on disk (room left), not "queue full" drops.
-    reporter = ready_reporter(queue_dir=tmp_path, max_queue_size=256, max_batch_size=32, schedule_delay_ms=20,
-                              export_timeout_ms=60_000)  # the held upload stays in flight however slow the loop
+    reporter = ready_reporter(
+        queue_dir=tmp_path, max_queue_size=256, max_batch_size=32, schedule_delay_ms=20, export_timeout_ms=60_000
+    )  # the held upload stays in flight however slow the loop
     in_flight, release = threading.Event(), threading.Event()
     state.gate = (in_flight, release)
     reporter.report("country", "c0")
     assert in_flight.wait(10)
-    for i in range(80):  # 800 reports, three times the memory bound, while the upload hangs
+    for _batch in range(80):  # 800 reports, three times the memory bound, while the upload hangs
         for _ in range(10):
             reporter.report("country", "c1")
         time.sleep(0.01)
@@ -171,8 +178,9 @@ def test_an_app_crash_loses_only_the_last_schedule_delay_while_an_upload_hangs(s
     schedule_delay_ms (plus scheduling slack) before the kill is in the outbox on disk."""
     in_flight, release = threading.Event(), threading.Event()
     state.gate = (in_flight, release)
-    app = subprocess.Popen([sys.executable, "-c", _APP, collector.endpoint, str(tmp_path)],
-                           stdout=subprocess.PIPE, text=True)
+    app = subprocess.Popen(
+        [sys.executable, "-c", _APP, collector.endpoint, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert in_flight.wait(20)
         time.sleep(2.0)  # the upload hangs; before the fix nothing after its batch was persisted

@@ -6,12 +6,11 @@ import logging
 
 import grpc
 import pytest
+from loopback_collector import MANY
+from veil_testing.waiting import wait_until
 
 from veil.client import Counters, Reporter, ReporterError, UnknownCategoryError, UnknownMetricError
 from veil.mechanism import MetricSpec
-from veil_testing.waiting import wait_until
-
-from loopback_collector import MANY
 
 
 def test_reports_arrive_as_valid_batches_of_every_design(ready_reporter, state):
@@ -121,8 +120,9 @@ def test_counters_snapshot_is_read_only_and_a_dict(ready_reporter):
     counters = ready_reporter().counters()
     with pytest.raises(AttributeError):
         counters.sent = 3  # type: ignore[misc]
-    assert counters.as_dict() == dict(accepted=0, dropped=0, sent=0, retried=0, failed=0, queued=0, limited=0,
-                                      over_budget=0)
+    assert counters.as_dict() == dict(
+        accepted=0, dropped=0, sent=0, retried=0, failed=0, queued=0, limited=0, over_budget=0
+    )
 
 
 def test_reports_after_shutdown_are_dropped(ready_reporter, state):
@@ -149,7 +149,8 @@ def test_shutdown_without_queue_dir_drops_and_counts_what_is_left(make_reporter,
 def test_the_metrics_property_lists_verified_specs(ready_reporter, state):
     reporter = ready_reporter()
     assert {name: spec.fingerprint for name, spec in reporter.metrics.items()} == {
-        s.name: s.fingerprint for s in state.specs}
+        s.name: s.fingerprint for s in state.specs
+    }
 
 
 def test_a_spec_whose_fingerprint_does_not_match_is_refused(state, make_reporter, caplog):
@@ -172,8 +173,9 @@ def test_stale_fingerprint_fails_the_batch_and_refetches_specs(ready_reporter, s
     # The aggregator changes the metric's epsilon: the device's batch under the old spec is stale.
     index = next(i for i, s in enumerate(state.specs) if s.name == "browser")
     with state.lock:
-        state.specs[index] = MetricSpec.create("browser", ["chrome", "safari", "edge", "firefox"], "subset", 2.0,
-                                               reports_per_period=MANY)
+        state.specs[index] = MetricSpec.create(
+            "browser", ["chrome", "safari", "edge", "firefox"], "subset", 2.0, reports_per_period=MANY
+        )
     reporter.report("browser", "edge")
     assert not reporter.force_flush(10)
     assert reporter.counters() == Counters(accepted=1, failed=1)

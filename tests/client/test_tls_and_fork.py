@@ -24,30 +24,41 @@ def _certificates(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def make(name, issuer=None, issuer_key=None, ca=False, san=None):
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer or subject)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer or subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if san:
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         cert = builder.sign(issuer_key or key, hashes.SHA256())
-        pem_key = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
+        pem_key = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         return cert, key, cert.public_bytes(serialization.Encoding.PEM), pem_key
 
     ca, ca_key, ca_pem, _ = make("veil test CA", ca=True)
-    _, _, server_pem, server_key = make("localhost", ca.subject, ca_key, san=[
-        x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    _, _, server_pem, server_key = make(
+        "localhost",
+        ca.subject,
+        ca_key,
+        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
     _, _, client_pem, client_key = make("device", ca.subject, ca_key)
     paths = {}
-    for name, data in dict(ca=ca_pem, server=server_pem, server_key=server_key, client=client_pem,
-                           client_key=client_key).items():
+    for name, data in dict(
+        ca=ca_pem, server=server_pem, server_key=server_key, client=client_pem, client_key=client_key
+    ).items():
         paths[name] = tmp_path / f"{name}.pem"
         paths[name].write_bytes(data)
     return paths
@@ -56,8 +67,11 @@ def _certificates(tmp_path):
 @pytest.fixture
 def tls_collector(state, tmp_path):
     paths = _certificates(tmp_path)
-    credentials = grpc.ssl_server_credentials([(paths["server_key"].read_bytes(), paths["server"].read_bytes())],
-                                              root_certificates=paths["ca"].read_bytes(), require_client_auth=True)
+    credentials = grpc.ssl_server_credentials(
+        [(paths["server_key"].read_bytes(), paths["server"].read_bytes())],
+        root_certificates=paths["ca"].read_bytes(),
+        require_client_auth=True,
+    )
     server = CollectorServer(state, credentials)
     server.start()
     yield server, paths
@@ -68,16 +82,23 @@ def test_mutual_tls_with_a_given_ca_and_a_bearer_token(tls_collector, state):
     server, paths = tls_collector
     state.token = "tls-token"
     settings = {**FAST, "tls": True}
-    with Reporter(server.endpoint, token="tls-token", ca_file=paths["ca"], client_cert=paths["client"],
-                  client_key=paths["client_key"], **{k: v for k, v in settings.items() if k != "tls"}) as reporter:
+    with Reporter(
+        server.endpoint,
+        token="tls-token",
+        ca_file=paths["ca"],
+        client_cert=paths["client"],
+        client_key=paths["client_key"],
+        **{k: v for k, v in settings.items() if k != "tls"},
+    ) as reporter:
         assert reporter.wait_for_specs(10)
         reporter.report("browser", "edge")
         assert reporter.force_flush(10)
     assert state.total("browser") == 1
     # Without the client certificate, or trusting only the system roots, the handshake fails.
     for extra in ({"ca_file": paths["ca"]}, {}):
-        with Reporter(server.endpoint, token="tls-token", **extra,
-                      **{k: v for k, v in settings.items() if k != "tls"}) as refused:
+        with Reporter(
+            server.endpoint, token="tls-token", **extra, **{k: v for k, v in settings.items() if k != "tls"}
+        ) as refused:
             assert not refused.wait_for_specs(0.5)
 
 

@@ -95,7 +95,9 @@ def _binomials(m: int, f: Fraction) -> list[Fraction]:
     return out
 
 
-def rappor_law(k: int, s: Fraction, admissible: bool) -> tuple[list[int], list[Fraction], list[Fraction], list[Fraction]]:
+def rappor_law(
+    k: int, s: Fraction, admissible: bool
+) -> tuple[list[int], list[Fraction], list[Fraction], list[Fraction]]:
     """(weights, P(T=t), P(T=t, Z_j=1 | X=j), P(T=t, Z_j=1 | X=i!=j)) of RAPPOR flipping every
     bit with f = 1/(s+1); admissible RAPPOR drops t = 0 and t = k and renormalizes."""
     f = 1 / (s + 1)
@@ -116,14 +118,15 @@ def rappor_law(k: int, s: Fraction, admissible: bool) -> tuple[list[int], list[F
     return weights, [rounded(x) for x in p], [rounded(x) for x in one_true], [rounded(x) for x in one_other]
 
 
-def rappor_minimax(k: int, gamma: Fraction, weights: list[int], p: list[Fraction]) -> tuple[list[Fraction], list[Fraction]]:
+def rappor_minimax(
+    k: int, gamma: Fraction, weights: list[int], p: list[Fraction]
+) -> tuple[list[Fraction], list[Fraction]]:
     """(alpha_t, beta_t) of docs/math.md's minimax estimator (003 eq. 7.11), from the definitions:
     w(t) = k / (t g + k - t), a_t = (f(t) - k) / (k - 1), a* = sum_t p_t a_t."""
     a = [Fraction(0) if t in (0, k) else rounded((objective(k, gamma, t) - k) / (k - 1)) for t in weights]
     a_star = sum(pt * at for pt, at in zip(p, a))
     w = [Fraction(k) / (t * gamma + k - t) for t in weights]
-    return ([rounded((gamma - 1) * wt / a_star) for wt in w],
-            [rounded((wt - 1) / a_star + Fraction(1, k)) for wt in w])
+    return ([rounded((gamma - 1) * wt / a_star) for wt in w], [rounded((wt - 1) / a_star + Fraction(1, k)) for wt in w])
 
 
 def moments(alpha, beta, p, one_true, one_other) -> tuple[Fraction, Fraction, Fraction, Fraction]:

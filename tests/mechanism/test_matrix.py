@@ -20,8 +20,7 @@ from veil.mechanism import (
 )
 
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0]
-GRID = [(name, k, eps) for name in MECHANISMS for k in ((2,) if name == "warner" else range(2, 9))
-        for eps in EPSILONS]
+GRID = [(name, k, eps) for name in MECHANISMS for k in ((2,) if name == "warner" else range(2, 9)) for eps in EPSILONS]
 
 
 @pytest.mark.parametrize("name, k, epsilon", GRID)

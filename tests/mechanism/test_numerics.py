@@ -84,8 +84,9 @@ def test_the_realized_parity_never_exceeds_e_to_the_epsilon(name):
             assert realized >= Fraction(spec.gamma) * (1 - Fraction(1, 10**10)), (name, k, epsilon)
 
 
-@pytest.mark.parametrize("name, k", [("krr", 2), ("krr", 5), ("subset", 6), ("rappor", 4), ("rappor-admissible", 4),
-                                     ("warner", 2)])
+@pytest.mark.parametrize(
+    "name, k", [("krr", 2), ("krr", 5), ("subset", 6), ("rappor", 4), ("rappor-admissible", 4), ("warner", 2)]
+)
 def test_transition_matrices_are_exact_at_the_largest_epsilon(name, k):
     spec = spec_for(name, k, HIGHEST)
     _, matrix = transition_matrix(spec)

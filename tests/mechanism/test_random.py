@@ -14,8 +14,7 @@ from itertools import combinations
 import pytest
 from scipy import stats
 
-from veil.mechanism import MechanismError, SubsetSpec, SystemRandomSource, WordRandomSource, spec_for
-from veil.mechanism import _random
+from veil.mechanism import MechanismError, SubsetSpec, SystemRandomSource, WordRandomSource, _random, spec_for
 from veil.mechanism._random import choose
 
 

@@ -59,8 +59,21 @@ def test_output_space_sizes():
 
 @pytest.mark.parametrize(
     "k, epsilon",
-    [(1, 1.0), (0, 1.0), (2.5, 1.0), (True, 1.0), ("8", 1.0), (8, 0.0), (8, -1.0), (8, math.nan),
-     (8, math.inf), (8, "1"), (8, 51.0), (8, 20.5), (8, 1e-9)],
+    [
+        (1, 1.0),
+        (0, 1.0),
+        (2.5, 1.0),
+        (True, 1.0),
+        ("8", 1.0),
+        (8, 0.0),
+        (8, -1.0),
+        (8, math.nan),
+        (8, math.inf),
+        (8, "1"),
+        (8, 51.0),
+        (8, 20.5),
+        (8, 1e-9),
+    ],
 )
 def test_bad_specs_raise_one_plain_sentence(k, epsilon):
     for name in MECHANISMS:

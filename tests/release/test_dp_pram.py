@@ -77,8 +77,9 @@ def test_symmetric_closed_form_and_uniform_p(s, epsilon):
     v_a, v_minus = a / (a + s - 1), 1 / (1 + a * (s - 1))
     q = symmetric_keep_probability(s, epsilon)
     assert q == pytest.approx(v_a)  # uniform p: the upper end of the interval (k-RR)
-    assert mutual_information(np.full(s, v_a), np.full(s, 1 / s)) > mutual_information(np.full(s, v_minus),
-                                                                                      np.full(s, 1 / s))
+    assert mutual_information(np.full(s, v_a), np.full(s, 1 / s)) > mutual_information(
+        np.full(s, v_minus), np.full(s, 1 / s)
+    )
     design = dp_pram_design(np.ones(s), epsilon)
     assert design.search == "symmetric" and design.q == pytest.approx(np.full(s, v_a), abs=1e-11)
     # Every symmetric q in the interval is feasible; an end is optimal (f is convex in q).
@@ -211,12 +212,18 @@ def test_release_a_table_column(population):
     assert uniform.designs["race"].search == "symmetric"
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"domain": {"marital": ["married", "widowed"]}}, TableError,
-     "column 'marital' holds the value 'never married', which is not in its domain"),
-    ({"domain": {"age": ["1"]}}, ReleaseError, "the domain names column 'age', which is not released"),
-    ({"prior": "guess"}, ReleaseError, "prior must be 'data' or 'uniform'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            {"domain": {"marital": ["married", "widowed"]}},
+            TableError,
+            "column 'marital' holds the value 'never married', which is not in its domain",
+        ),
+        ({"domain": {"age": ["1"]}}, ReleaseError, "the domain names column 'age', which is not released"),
+        ({"prior": "guess"}, ReleaseError, "prior must be 'data' or 'uniform'"),
+    ],
+)
 def test_release_errors(population, kwargs, error, message):
     small = {k: v[:200] for k, v in population.items()}
     with pytest.raises(error, match=message):

@@ -87,13 +87,16 @@ def test_min_block_size_is_not_fooled_by_float_rounding():
     assert min_block_size(0.8 + 1e-6) == 6 and min_block_size(0.3) == 2
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: theta_zero(1 / 3), "xi must be strictly between 1/3 and 1"),
-    (lambda: theta_zero(1.0), "xi must be strictly between 1/3 and 1"),
-    (lambda: theta_star(0.0), "xi must be strictly between 0 and 1"),
-    (lambda: min_block_size(1.0), "theta must be strictly between 0 and 1"),
-    (lambda: goal_theta(4, 0.5), "goal must be 1, 2 or 3"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: theta_zero(1 / 3), "xi must be strictly between 1/3 and 1"),
+        (lambda: theta_zero(1.0), "xi must be strictly between 1/3 and 1"),
+        (lambda: theta_star(0.0), "xi must be strictly between 0 and 1"),
+        (lambda: min_block_size(1.0), "theta must be strictly between 0 and 1"),
+        (lambda: goal_theta(4, 0.5), "goal must be 1, 2 or 3"),
+    ],
+)
 def test_errors_are_release_errors_with_one_sentence(call, message):
     with pytest.raises(ReleaseError, match=message) as info:
         call()
@@ -146,8 +149,9 @@ def brute_force(counts, theta, target):
     return float(correct[1] / probs[1]), float(correct[2] / probs[2]), float(probs[0])
 
 
-@pytest.mark.parametrize("counts, theta", [((1, 1), 0.8), ((1, 2, 1), 0.8), ((2, 1, 3), 0.5), ((1, 1, 2, 1), 0.9),
-                                           ((2, 1, 1, 1), 0.75)])
+@pytest.mark.parametrize(
+    "counts, theta", [((1, 1), 0.8), ((1, 2, 1), 0.8), ((2, 1, 3), 0.5), ((1, 1, 2, 1), 0.9), ((2, 1, 1, 1), 0.75)]
+)
 def test_block_risks_and_no_match_equal_brute_force(counts, theta):
     r1, r2 = block_match_risks(np.array(counts), theta)
     p0 = no_match_probability(np.array(counts), theta)

@@ -62,8 +62,7 @@ def test_unbiased_over_many_runs_and_the_covariance_matches_6_1_and_6_2():
     theta, runs = 0.8, 20_000
     positions = np.repeat(np.arange(counts.size), counts)
     rng = np.random.default_rng(11)
-    s = np.array([np.bincount(ifpr_sample(positions, counts, theta, rng), minlength=counts.size)
-                  for _ in range(runs)])
+    s = np.array([np.bincount(ifpr_sample(positions, counts, theta, rng), minlength=counts.size) for _ in range(runs)])
     v = ifpr_covariance(counts, theta)
     mean = s.mean(axis=0)
     assert np.all(np.abs(mean - counts) <= 4.5 * np.sqrt(np.diag(v) / runs))  # E[S | T] = T

@@ -48,24 +48,30 @@ def test_mapping_form_takes_any_value():
     assert Partition.of(None).spec == {} and Partition.of(p) is p
 
 
-@pytest.mark.parametrize("spec, var, cats, message", [
-    ("age=0-17,10-64,65-", "age", AGES, "value '10' of column 'age' falls in two groups ('0-17' and '10-64')"),
-    ("age=0-17,18-64", "age", AGES, "value '65' of column 'age' is in no group"),
-    ("race=White,Black,Purple", "race", RACES, "'Purple' is not a value of column 'race'"),
-    ("age=20-10,*", "age", AGES, "range '20-10' of variable 'age' ends before it starts"),
-    ("race=White,*,Black|*", "race", RACES, "variable 'race' uses '*' twice"),
-])
+@pytest.mark.parametrize(
+    "spec, var, cats, message",
+    [
+        ("age=0-17,10-64,65-", "age", AGES, "value '10' of column 'age' falls in two groups ('0-17' and '10-64')"),
+        ("age=0-17,18-64", "age", AGES, "value '65' of column 'age' is in no group"),
+        ("race=White,Black,Purple", "race", RACES, "'Purple' is not a value of column 'race'"),
+        ("age=20-10,*", "age", AGES, "range '20-10' of variable 'age' ends before it starts"),
+        ("race=White,*,Black|*", "race", RACES, "variable 'race' uses '*' twice"),
+    ],
+)
 def test_resolution_errors_name_the_variable_and_the_value(spec, var, cats, message):
     with pytest.raises(PartitionError, match=re.escape(message)):
         Partition.parse(spec).resolve(var, cats)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("age=0-17;age=18-", "variable 'age' is named twice"),
-    ("=a,b", "names no variable"),
-    ("race=White,,Black", "variable 'race' has an empty group"),
-    ("race=White|", "variable 'race' has an empty group"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("age=0-17;age=18-", "variable 'age' is named twice"),
+        ("=a,b", "names no variable"),
+        ("race=White,,Black", "variable 'race' has an empty group"),
+        ("race=White|", "variable 'race' has an empty group"),
+    ],
+)
 def test_parse_errors(spec, message):
     with pytest.raises(PartitionError, match=message):
         Partition.parse(spec)

@@ -126,15 +126,26 @@ def test_released_marginal_variance_is_eq_6_5_summed_over_blocks(paper_release):
 def test_report_is_json_and_says_what_the_issue_asks(paper_release):
     report = paper_release.report()
     text = json.dumps(report)
-    for key in ("theta", "min_block_cells", "blocks", "cells_perturbed", "records_changed", "correct_match",
-                "expected_correct_match", "marginals", "guarantee", "total_variation_distance"):
+    for key in (
+        "theta",
+        "min_block_cells",
+        "blocks",
+        "cells_perturbed",
+        "records_changed",
+        "correct_match",
+        "expected_correct_match",
+        "marginals",
+        "guarantee",
+        "total_variation_distance",
+    ):
         assert key in report
     assert "seed" in report and "not recorded" in report["seed"] and "7" not in report["seed"]
     rows = {r["category"]: r for r in report["marginals"]["marital"]}
     assert sum(r["original"] for r in rows.values()) == sum(r["released"] for r in rows.values()) == 60_000
     married = rows["married"]
-    assert married["sampling_sd"] == pytest.approx(np.sqrt(60_000 * married["original_share"]
-                                                           * (1 - married["original_share"])))
+    assert married["sampling_sd"] == pytest.approx(
+        np.sqrt(60_000 * married["original_share"] * (1 - married["original_share"]))
+    )
     assert married["difference"] == married["original"] - married["released"]
     assert report["total_variation_distance"]["sex"] == 0.0
     assert json.loads(text)["cells"]["singleton"] == report["cells"]["singleton"]
@@ -151,8 +162,18 @@ def test_the_same_seed_gives_the_same_release(population):
 
 def tiny_table():
     """Partition set sex=F: cells a(1), b(1), c(3), d(4), e(5), f(9); set M: g(1), h(2), i(3), j(3)."""
-    rows = ([("F", "a")] + [("F", "b")] + [("F", "c")] * 3 + [("F", "d")] * 4 + [("F", "e")] * 5 + [("F", "f")] * 9
-            + [("M", "g")] + [("M", "h")] * 2 + [("M", "i")] * 3 + [("M", "j")] * 3)
+    rows = (
+        [("F", "a")]
+        + [("F", "b")]
+        + [("F", "c")] * 3
+        + [("F", "d")] * 4
+        + [("F", "e")] * 5
+        + [("F", "f")] * 9
+        + [("M", "g")]
+        + [("M", "h")] * 2
+        + [("M", "i")] * 3
+        + [("M", "j")] * 3
+    )
     sex, kind = zip(*rows)
     return {"sex": np.array(sex), "kind": np.array(kind), "id": np.arange(len(rows)).astype(str)}
 
@@ -194,20 +215,26 @@ def test_split_blocks_gives_blocks_between_m0_and_twice_m0(population):
 
 def test_a_partition_too_fine_for_the_blocks_is_named():
     table = tiny_table()
-    with pytest.raises(InfeasibleBlockError, match=r"partition set \(sex=M\) has 2 singleton or doubleton cell\(s\) "
-                                                   r"but only 4 non-empty cell\(s\), fewer than the 5"):
+    with pytest.raises(
+        InfeasibleBlockError,
+        match=r"partition set \(sex=M\) has 2 singleton or doubleton cell\(s\) "
+        r"but only 4 non-empty cell\(s\), fewer than the 5",
+    ):
         release_pram(table, ["sex", "kind"], partition="sex", theta=0.8, rng=1)  # m_0 = 5; F has 6 cells
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"xi": 0.395, "theta": 0.8}, ReleaseError, "exactly one of xi and theta"),
-    ({}, ReleaseError, "exactly one of xi and theta"),
-    ({"xi": 0.3}, ReleaseError, "xi must be strictly between 1/3 and 1"),
-    ({"xi": 0.4, "goal": 4}, ReleaseError, "goal must be 1, 2 or 3"),
-    ({"xi": 0.4, "partition": "county=1,2"}, PartitionError, "variable 'county' is not post-randomized"),
-    ({"xi": 0.4, "partition": "kind=a|b,zz"}, PartitionError, "'zz' is not a value of column 'kind'"),
-    ({"xi": 0.4, "also": ["nope"]}, TableError, "column 'nope' is not in the table"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"xi": 0.395, "theta": 0.8}, ReleaseError, "exactly one of xi and theta"),
+        ({}, ReleaseError, "exactly one of xi and theta"),
+        ({"xi": 0.3}, ReleaseError, "xi must be strictly between 1/3 and 1"),
+        ({"xi": 0.4, "goal": 4}, ReleaseError, "goal must be 1, 2 or 3"),
+        ({"xi": 0.4, "partition": "county=1,2"}, PartitionError, "variable 'county' is not post-randomized"),
+        ({"xi": 0.4, "partition": "kind=a|b,zz"}, PartitionError, "'zz' is not a value of column 'kind'"),
+        ({"xi": 0.4, "also": ["nope"]}, TableError, "column 'nope' is not in the table"),
+    ],
+)
 def test_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         release_pram(tiny_table(), ["sex", "kind"], **kwargs)
@@ -219,8 +246,12 @@ def test_the_documented_example_numbers(paper_release):
     """docs/release-example.md and the README show this release (population seed 2016, release
     seed 7). If this fails after a numpy upgrade changed a generator's stream, regenerate them."""
     report = paper_release.report()
-    assert report["cells"] == {"non_empty": 25_939, "singleton": 14_700, "doubleton": 4_758,
-                               "units_in_doubletons": 9_516}
+    assert report["cells"] == {
+        "non_empty": 25_939,
+        "singleton": 14_700,
+        "doubleton": 4_758,
+        "units_in_doubletons": 9_516,
+    }
     assert report["records_changed"] == 15_451 and report["cells_perturbed"] == 19_458
     assert round(paper_release.theta, 5) == 0.79905 and report["blocks"]["count"] == 42
     assert round(report["guarantee"]["largest_R1"], 5) == 0.39495

@@ -32,8 +32,9 @@ def test_released_counts_are_unbiased_and_their_variance_is_exact_on_the_populat
     assert abs(np.mean(z[var > 0])) < 0.05  # no drift over the ~19,000 perturbed cells
     expected = paper_release.perturbation_variance("marital")["married"]
     assert np.var(married, ddof=1) == pytest.approx(expected, rel=4.5 * np.sqrt(2 / runs))
-    assert np.mean(married) == pytest.approx(np.count_nonzero(population["marital"] == "married"),
-                                             abs=4.5 * np.sqrt(expected / runs))
+    assert np.mean(married) == pytest.approx(
+        np.count_nonzero(population["marital"] == "married"), abs=4.5 * np.sqrt(expected / runs)
+    )
 
 
 def test_pooled_correct_match_over_many_releases(population, paper_release):

@@ -49,13 +49,16 @@ def test_kim_table_1(pi1, pi2, pi12, p, warner, proposed):
         assert round(warner_estimator_correlation(pi1, pi2, pi12, p, 1000), 5) == -0.00321
 
 
-@pytest.mark.parametrize("pi1, pi2, pi12, p1, p2, n, N", [
-    (0.3, 0.4, 0.1, 0.2, 0.35, 500, 10_000),
-    (0.7, 0.5, 0.45, 0.9, 0.15, 1000, 1_000_000),
-    (0.1, 0.2, 0.05, 0.3, 0.3, 50, 60),
-])
+@pytest.mark.parametrize(
+    "pi1, pi2, pi12, p1, p2, n, N",
+    [
+        (0.3, 0.4, 0.1, 0.2, 0.35, 500, 10_000),
+        (0.7, 0.5, 0.45, 0.9, 0.15, 1000, 1_000_000),
+        (0.1, 0.2, 0.05, 0.3, 0.3, 50, 60),
+    ],
+)
 def test_the_general_formulas_reduce_to_kims_equations(pi1, pi2, pi12, p1, p2, n, N):
-    c1, c2 = 1 - 2 * p1, 1 - 2 * p2
+    c1 = 1 - 2 * p1
     fpc = (N - n) / (N - 1)
     eq3 = pi1 * (1 - pi1) / (n * c1**2) * (N - n * c1**2) / (N - 1)
     eq4 = pi1 * (1 - pi1) / n + p1 * (1 - p1) / (n * c1**2)
@@ -72,7 +75,8 @@ def test_the_general_formulas_reduce_to_kims_equations(pi1, pi2, pi12, p1, p2, n
     assert warner_covariance(pi1, pi2, pi12, p1, p1, n, shared=True) == pytest.approx(eq7, rel=1e-12)
     # The variance is the covariance of an attribute with itself.
     assert warner_variance(pi1, p1, n, population=N, slips=n) == pytest.approx(
-        warner_covariance(pi1, pi1, pi1, p1, p1, n, shared=True, population=N, slips=n))
+        warner_covariance(pi1, pi1, pi1, p1, p1, n, shared=True, population=N, slips=n)
+    )
     # Masking alone (N = n): 4p(1-p) pi(1-pi) / ((n-1) c^2) without replacement, p(1-p)/(n c^2) with.
     without = 4 * p1 * (1 - p1) * pi1 * (1 - pi1) / ((n - 1) * c1**2)
     assert masking_variance(pi1, n, Masking(p1)) == pytest.approx(without)
@@ -170,13 +174,16 @@ def test_release_mask_on_the_population(population):
     np.testing.assert_array_equal(flips[0], flips[1])  # one slip per record for both
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (lambda t: release_mask(t, ["b"], 0.5), ReleaseError, "not 1/2"),
-    (lambda t: release_mask(t, ["b", "c"], {"b": 0.2, "c": 0.3}, shared=True), ReleaseError, "need one p"),
-    (lambda t: release_mask(t, ["b"], {"b": 0.2, "x": 0.1}), ReleaseError, "p is given for column 'x'"),
-    (lambda t: release_mask(t, ["bad"], 0.2), TableError, "column 'bad', record 3: value 'yes' is not 0 or 1"),
-    (lambda t: release_mask(t, ["b"], 0.01), ReleaseError, "gives 0 slips of 1"),
-])
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda t: release_mask(t, ["b"], 0.5), ReleaseError, "not 1/2"),
+        (lambda t: release_mask(t, ["b", "c"], {"b": 0.2, "c": 0.3}, shared=True), ReleaseError, "need one p"),
+        (lambda t: release_mask(t, ["b"], {"b": 0.2, "x": 0.1}), ReleaseError, "p is given for column 'x'"),
+        (lambda t: release_mask(t, ["bad"], 0.2), TableError, "column 'bad', record 3: value 'yes' is not 0 or 1"),
+        (lambda t: release_mask(t, ["b"], 0.01), ReleaseError, "gives 0 slips of 1"),
+    ],
+)
 def test_errors_name_the_column_and_value(call, error, message):
     table = {"b": ["0", "1", "1", "0"], "c": ["1", "1", "0", "0"], "bad": ["0", "1", "yes", "0"]}
     with pytest.raises(error, match=message):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from reliability_kit import Device, ReplyDelayProxy, aggregator_config
-
 from veil_testing.processes import ServeProcess, making
 
 

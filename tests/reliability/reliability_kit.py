@@ -43,13 +43,30 @@ from veil.wire.v1 import veil_pb2
 # Labels are distinctive strings, so a scrape can tell whether any of them leaked. Each simulated
 # device stands for many (its reports are the load), so a device may send LOAD a period.
 METRICS = [
-    {"name": "browser", "labels": [f"browser.{b}.lbl" for b in
-                                   ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other")],
-     "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"], "reports_per_period": LOAD},
-    {"name": "crash_screen", "labels": [f"crash.screen{i}.lbl" for i in range(8)], "mechanism": "rappor",
-     "epsilon": 2.0, "reports_per_period": LOAD},
-    {"name": "os", "labels": [f"os.{o}.lbl" for o in ("android", "ios", "windows", "macos", "linux", "other")],
-     "mechanism": "krr", "epsilon": 2.0, "reports_per_period": LOAD},
+    {
+        "name": "browser",
+        "labels": [
+            f"browser.{b}.lbl" for b in ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other")
+        ],
+        "mechanism": "subset",
+        "epsilon": 1.0,
+        "windows": ["total", "1h"],
+        "reports_per_period": LOAD,
+    },
+    {
+        "name": "crash_screen",
+        "labels": [f"crash.screen{i}.lbl" for i in range(8)],
+        "mechanism": "rappor",
+        "epsilon": 2.0,
+        "reports_per_period": LOAD,
+    },
+    {
+        "name": "os",
+        "labels": [f"os.{o}.lbl" for o in ("android", "ios", "windows", "macos", "linux", "other")],
+        "mechanism": "krr",
+        "epsilon": 2.0,
+        "reports_per_period": LOAD,
+    },
     # Large uploads for memory tests: 32-byte bitmaps, q = 69 of k = 256.
     {"name": "bulk", "labels": [f"bulk.{i}.lbl" for i in range(256)], "mechanism": "subset", "epsilon": 1.0},
 ]
@@ -70,13 +87,20 @@ FAST_SDK = {
 }
 
 
-def aggregator_config(store_url: str, *, server: dict | None = None, store: dict | None = None,
-                      auth: dict | None = None) -> dict:
+def aggregator_config(
+    store_url: str, *, server: dict | None = None, store: dict | None = None, auth: dict | None = None
+) -> dict:
     """The config of a `veil serve` process of these tests (processes.ServeProcess): METRICS, on a
     fixed free gRPC port (a restart listens where the devices reconnect)."""
     config = {
-        "server": {"grpc": f"127.0.0.1:{free_port()}", "http": "127.0.0.1:0", "min_n": 100,
-                   "watch_interval": 0.1, "grace_period": 2.0, **(server or {})},
+        "server": {
+            "grpc": f"127.0.0.1:{free_port()}",
+            "http": "127.0.0.1:0",
+            "min_n": 100,
+            "watch_interval": 0.1,
+            "grace_period": 2.0,
+            **(server or {}),
+        },
         "store": {"url": store_url, **(store or {})},
         "metrics": METRICS,
     }
@@ -176,12 +200,27 @@ class Device:
 
     One thread calls report() at a time (the shadow replays the draws in the same order)."""
 
-    def __init__(self, endpoint: str, seed: int, *, queue_dir: Path | None = None, token: str | None = None,
-                 memoize: bool = False, **options: object) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        seed: int,
+        *,
+        queue_dir: Path | None = None,
+        token: str | None = None,
+        memoize: bool = False,
+        **options: object,
+    ) -> None:
         self.seed = seed
         self.memoize = memoize
-        self.reporter = Reporter(endpoint, tls=False, token=token, queue_dir=queue_dir, memoize=memoize,
-                                 random_source=SeededRandomSource(seed), **{**FAST_SDK, **options})
+        self.reporter = Reporter(
+            endpoint,
+            tls=False,
+            token=token,
+            queue_dir=queue_dir,
+            memoize=memoize,
+            random_source=SeededRandomSource(seed),
+            **{**FAST_SDK, **options},
+        )
         self.duplicates = 0  # uploads the aggregator answered "already counted"
         self.acknowledged: dict[bytes, bytes] = {}  # batch id -> the UploadRequest bytes, once acknowledged
         self._observe_duplicates()
@@ -239,8 +278,9 @@ class Load:
         self.rate, self.burst = rate, burst
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._run, args=(d,), name=f"load-{d.seed}", daemon=True)
-                         for d in self.devices]
+        self._threads = [
+            threading.Thread(target=self._run, args=(d,), name=f"load-{d.seed}", daemon=True) for d in self.devices
+        ]
 
     def _run(self, device: Device) -> None:
         try:
@@ -320,9 +360,10 @@ def sqlite_counts(path: str, spec: MetricSpec, window: str = "total") -> Counts:
     rows = total.row_of_weight()
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
         for weight, n, v in db.execute(
-                "SELECT c.weight, c.n, c.v FROM counters c JOIN buckets b ON b.id = c.bucket WHERE b.metric = ? AND "
-                "b.fingerprint = ? AND b.window = ? AND (b.expires_at IS NULL OR b.expires_at > ?)",
-                (spec.name, spec.fingerprint, window, time.time())):
+            "SELECT c.weight, c.n, c.v FROM counters c JOIN buckets b ON b.id = c.bucket WHERE b.metric = ? AND "
+            "b.fingerprint = ? AND b.window = ? AND (b.expires_at IS NULL OR b.expires_at > ?)",
+            (spec.name, spec.fingerprint, window, time.time()),
+        ):
             total.n[rows[weight]] += n
             total.v[rows[weight]] += np.frombuffer(v, "<i8")
     return total
@@ -353,11 +394,16 @@ def assert_exact(devices: Sequence[Device], store_url: str, extra: dict[str, Cou
             stored = stored_counts(store_url, spec, window)
             assert stored == expected, (
                 f"{metric} [{window}]: the store holds {describe(stored)}; the acknowledged ground truth is "
-                f"{describe(expected)}")
+                f"{describe(expected)}"
+            )
         checked[metric] = expected.total
     assert sum(c.sent for c in counters) == sum(v for m, v in checked.items() if not extra or m not in extra)
-    return {"sent": sum(c.sent for c in counters), "retried": sum(c.retried for c in counters),
-            "duplicates": sum(d.duplicates for d in devices), "per_metric": checked}
+    return {
+        "sent": sum(c.sent for c in counters),
+        "retried": sum(c.retried for c in counters),
+        "duplicates": sum(d.duplicates for d in devices),
+        "per_metric": checked,
+    }
 
 
 # --- raw uploads (outside the SDK) -----------------------------------------------------------
@@ -384,9 +430,13 @@ class RawBatch:
         self._bits = bitmap_reports(spec, reports)
 
     def request(self, batch_id: bytes) -> veil_pb2.UploadRequest:
-        return veil_pb2.UploadRequest(batch_id=batch_id, metric=self.spec.name,
-                                      spec_fingerprint=self.spec.fingerprint, count=self.count,
-                                      bitmaps=veil_pb2.Bitmaps(bits=self._bits))
+        return veil_pb2.UploadRequest(
+            batch_id=batch_id,
+            metric=self.spec.name,
+            spec_fingerprint=self.spec.fingerprint,
+            count=self.count,
+            bitmaps=veil_pb2.Bitmaps(bits=self._bits),
+        )
 
     @property
     def size(self) -> int:
@@ -395,4 +445,3 @@ class RawBatch:
 
 def scaled(counts: Counts, factor: int) -> Counts:
     return Counts(counts.weights, counts.n * factor, counts.v * factor)
-

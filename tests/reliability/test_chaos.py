@@ -30,18 +30,24 @@ DEVICES = 4
 REPLY_DELAY = 0.025  # seconds Redis's replies are held by the proxy ("delayed" runs)
 
 
-@pytest.mark.parametrize(("cycles", "route"), [
-    (20, "delayed"),
-    pytest.param(100, "delayed", marks=pytest.mark.slow),
-    pytest.param(100, "direct", marks=pytest.mark.slow),
-])
-def test_sigkill_cycles_under_load_end_with_exact_counts(cycles, route, make_redis_server, make_proxy, make_aggregator,
-                                                         make_device, tmp_path):
+@pytest.mark.parametrize(
+    ("cycles", "route"),
+    [
+        (20, "delayed"),
+        pytest.param(100, "delayed", marks=pytest.mark.slow),
+        pytest.param(100, "direct", marks=pytest.mark.slow),
+    ],
+)
+def test_sigkill_cycles_under_load_end_with_exact_counts(
+    cycles, route, make_redis_server, make_proxy, make_aggregator, make_device, tmp_path
+):
     redis = make_redis_server()
     store_url = make_proxy(redis.port, REPLY_DELAY).url if route == "delayed" else redis.url
     serve = make_aggregator(store_url).start()
-    devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed % 2 else None)
-               for seed in range(DEVICES)]
+    devices = [
+        make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed % 2 else None)
+        for seed in range(DEVICES)
+    ]
     rng = random.Random(20240 + cycles)
     downtime = []
     started = time.monotonic()
@@ -65,5 +71,7 @@ def test_sigkill_cycles_under_load_end_with_exact_counts(cycles, route, make_red
     assert summary["retried"] > 0, summary  # the kills interrupted uploads
     if route == "delayed":
         assert summary["duplicates"] > 0, "no kill stranded an applied batch: the exactly-once path went untested"
-    print(f"\n{cycles} SIGKILL cycles ({route}) in {time.monotonic() - started:.1f} s (down {min(downtime):.2f}-"
-          f"{max(downtime):.2f} s each): {summary}")
+    print(
+        f"\n{cycles} SIGKILL cycles ({route}) in {time.monotonic() - started:.1f} s (down {min(downtime):.2f}-"
+        f"{max(downtime):.2f} s each): {summary}"
+    )

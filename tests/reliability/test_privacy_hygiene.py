@@ -11,8 +11,8 @@ invalid batch, a stale spec, a wrong token, reads without a token). Then everyth
 - the error details the aggregator returned: none of those either;
 - Redis, every key of every database (SCAN, TYPE, TTL, HGETALL, DUMP) and its AOF files: only
   `veil:{metric}:c:<fingerprint>:<window>:<bucket>` hashes of integer fields n:<t>, v:<t>:<j>,
-  batches and version (a random number each write draws), and `veil:{metric}:b:<batch id hex>` = "1" with a TTL, exactly one per
-  acknowledged batch; no token, secret, label, payload or address bytes anywhere;
+  batches and version (a random number each write draws), and `veil:{metric}:b:<batch id hex>`
+  = "1" with a TTL, exactly one per acknowledged batch; no token, secret, label, payload or address bytes anywhere;
 - the estimates: withheld below min_n (gRPC and HTTP), shown above it;
 - the SDK's queue directory: 0700 (even when it existed as 0755, and under umask 0), the device
   secret, memo store, spec cache and spooled batches 0600, none holding a token or a label.
@@ -34,12 +34,12 @@ import grpc
 import pytest
 import redis as redis_py
 from reliability_kit import LABELS, assert_exact, flush_all
+from veil_testing.waiting import wait_until
 
-from veil.aggregator.errors import ConfigError
 from veil.aggregator.config import parse_config
+from veil.aggregator.errors import ConfigError
 from veil.client import spec_from_proto
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
-from veil_testing.waiting import wait_until
 
 UPLOAD_TOKEN = "upload-tok-5d1c8e0f7a2b4c69a1e3"
 READ_TOKEN = "read-tok-9b7e2a4d6c1f3e58b0d2"
@@ -47,7 +47,10 @@ WRONG_TOKEN = "wrong-tok-3f6a9c2e8b1d4a75c0e7"
 MIN_N = 100
 DEDUPE_TTL = 48 * 3600
 
-COUNTS_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:c:(?P<fp>[0-9A-Za-z%_.-]+):(?P<window>total|1h):(?P<bucket>\d+)$")
+COUNTS_KEY = re.compile(
+    r"^veil:\{(?P<metric>[a-z_]+)\}:c:(?P<fp>[0-9A-Za-z%_.-]+)"
+    r":(?P<window>total|1h):(?P<bucket>\d+)$"
+)
 DEDUPE_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:b:(?P<id>[0-9a-f]{32})$")
 SINCE_KEY = re.compile(r"^veil:\{(?P<metric>[a-z_]+)\}:s:(?P<fp>[0-9A-Za-z%_.-]+)$")
 COUNTS_FIELD = re.compile(rb"^(n:\d+|v:\d+:\d+|batches|version)$")
@@ -68,8 +71,10 @@ def _auth_supported() -> bool:
 def _tokens_file(directory: Path) -> Path:
     path = directory / "tokens.toml"
     metrics = ", ".join(json.dumps(m) for m in ("browser", "crash_screen", "os"))
-    path.write_text(f'[[upload_tokens]]\nname = "devices"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = [{metrics}]\n\n'
-                    f'[[read_tokens]]\nname = "tests"\ntoken = "{READ_TOKEN}"\n')
+    path.write_text(
+        f'[[upload_tokens]]\nname = "devices"\ntoken = "{UPLOAD_TOKEN}"\nmetrics = [{metrics}]\n\n'
+        f'[[read_tokens]]\nname = "tests"\ntoken = "{READ_TOKEN}"\n'
+    )
     path.chmod(0o600)
     return path
 
@@ -88,8 +93,12 @@ def _client_ports(server_ports: set[int]) -> set[int]:
 
 def _forms(value: bytes) -> list[bytes]:
     """The ways a secret could be written down: raw, hex, base64 (standard and URL-safe)."""
-    return [value, value.hex().encode(), base64.b64encode(value).rstrip(b"="),
-            base64.urlsafe_b64encode(value).rstrip(b"=")]
+    return [
+        value,
+        value.hex().encode(),
+        base64.b64encode(value).rstrip(b"="),
+        base64.urlsafe_b64encode(value).rstrip(b"="),
+    ]
 
 
 def _found(haystack: bytes, needles: dict[str, list[bytes]]) -> list[str]:
@@ -108,8 +117,9 @@ def _http(port: int, path: str, token: str | None) -> tuple[int, bytes]:
 
 
 @pytest.mark.parametrize("auth", ["off", "tokens"])
-def test_nothing_private_in_logs_redis_errors_or_sdk_files(auth, make_redis_server, make_aggregator, make_device,
-                                                            tmp_path, caplog):
+def test_nothing_private_in_logs_redis_errors_or_sdk_files(
+    auth, make_redis_server, make_aggregator, make_device, tmp_path, caplog
+):
     if auth == "tokens" and not _auth_supported():
         pytest.skip("this aggregator has no [auth] yet")
     caplog.set_level("DEBUG", logger="veil.client")
@@ -129,9 +139,19 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
     queue_dirs = [tmp_path / "device-0", tmp_path / "device-1"]
     queue_dirs[1].mkdir(mode=0o755)  # an existing, world-readable directory gets tightened
     queue_dirs[1].chmod(0o755)
-    devices = [make_device(serve.endpoint, seed, queue_dir=queue_dir, token=UPLOAD_TOKEN, memoize=True,
-                           schedule_delay_ms=50, retry_initial_backoff_ms=50, retry_max_backoff_ms=200)
-               for seed, queue_dir in enumerate(queue_dirs)]
+    devices = [
+        make_device(
+            serve.endpoint,
+            seed,
+            queue_dir=queue_dir,
+            token=UPLOAD_TOKEN,
+            memoize=True,
+            schedule_delay_ms=50,
+            retry_initial_backoff_ms=50,
+            retry_max_backoff_ms=200,
+        )
+        for seed, queue_dir in enumerate(queue_dirs)
+    ]
     assert all(d.reporter.wait_for_specs(30) for d in devices)
     server_ports = {serve.grpc_port, serve.http_port, redis.port}
     client_ports = _client_ports(server_ports)
@@ -164,18 +184,43 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
     upload_metadata = (("authorization", f"Bearer {UPLOAD_TOKEN}"),)
     refused_ids = [os.urandom(16) for _ in range(3)]
     bad = [
-        (veil_pb2.UploadRequest(batch_id=refused_ids[0], metric="browser", spec_fingerprint=browser.fingerprint,
-                                count=2, index_sets=veil_pb2.IndexSets(set_size=browser.mechanism.q,
-                                                                       indices=b"\xff" * 8 * browser.mechanism.q)),
-         upload_metadata, "INVALID_ARGUMENT"),
-        (veil_pb2.UploadRequest(batch_id=refused_ids[1], metric="browser", spec_fingerprint="0" * 16, count=1,
-                                bitmaps=veil_pb2.Bitmaps(bits=b"\x03")), upload_metadata, "FAILED_PRECONDITION"),
+        (
+            veil_pb2.UploadRequest(
+                batch_id=refused_ids[0],
+                metric="browser",
+                spec_fingerprint=browser.fingerprint,
+                count=2,
+                index_sets=veil_pb2.IndexSets(set_size=browser.mechanism.q, indices=b"\xff" * 8 * browser.mechanism.q),
+            ),
+            upload_metadata,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            veil_pb2.UploadRequest(
+                batch_id=refused_ids[1],
+                metric="browser",
+                spec_fingerprint="0" * 16,
+                count=1,
+                bitmaps=veil_pb2.Bitmaps(bits=b"\x03"),
+            ),
+            upload_metadata,
+            "FAILED_PRECONDITION",
+        ),
     ]
     if auth == "tokens":
-        bad.append((veil_pb2.UploadRequest(batch_id=refused_ids[2], metric="browser",
-                                           spec_fingerprint=browser.fingerprint, count=1,
-                                           bitmaps=veil_pb2.Bitmaps(bits=b"\x03")),
-                    (("authorization", f"Bearer {WRONG_TOKEN}"),), "UNAUTHENTICATED"))
+        bad.append(
+            (
+                veil_pb2.UploadRequest(
+                    batch_id=refused_ids[2],
+                    metric="browser",
+                    spec_fingerprint=browser.fingerprint,
+                    count=1,
+                    bitmaps=veil_pb2.Bitmaps(bits=b"\x03"),
+                ),
+                (("authorization", f"Bearer {WRONG_TOKEN}"),),
+                "UNAUTHENTICATED",
+            )
+        )
     for request, metadata, expected in bad:
         with pytest.raises(grpc.RpcError) as refused:
             collector.Upload(request, metadata=metadata, timeout=10)
@@ -185,8 +230,10 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
 
     # Estimates: withheld below min_n, shown above it; reads need the read token when auth is on.
     estimates = veil_pb2_grpc.EstimatesStub(channel)
-    shown = {e.metric: e for e in estimates.Get(veil_pb2.EstimatesRequest(window="total"), metadata=read_metadata,
-                                                timeout=10).estimates}
+    shown = {
+        e.metric: e
+        for e in estimates.Get(veil_pb2.EstimatesRequest(window="total"), metadata=read_metadata, timeout=10).estimates
+    }
     assert 0 < shown["os"].n < MIN_N and shown["os"].withheld and shown["os"].reason
     assert all(math.isnan(c.estimate) for c in shown["os"].categories)
     assert shown["browser"].n >= MIN_N and not shown["browser"].withheld
@@ -199,8 +246,9 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
             assert _http(serve.http_port, path, None)[0] == 401
             assert _http(serve.http_port, path, WRONG_TOKEN)[0] in (401, 403)
         with pytest.raises(grpc.RpcError) as refused:
-            estimates.Get(veil_pb2.EstimatesRequest(), metadata=(("authorization", f"Bearer {WRONG_TOKEN}"),),
-                          timeout=10)
+            estimates.Get(
+                veil_pb2.EstimatesRequest(), metadata=(("authorization", f"Bearer {WRONG_TOKEN}"),), timeout=10
+            )
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         details.append(refused.value.details() or "")
     channel.close()
@@ -213,8 +261,11 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
 
     # What must appear nowhere.
     secrets = {f"device.key of device {i}": _forms((q / "device.key").read_bytes()) for i, q in enumerate(queue_dirs)}
-    tokens = {"upload token": _forms(UPLOAD_TOKEN.encode()), "read token": _forms(READ_TOKEN.encode()),
-              "wrong token": _forms(WRONG_TOKEN.encode())}
+    tokens = {
+        "upload token": _forms(UPLOAD_TOKEN.encode()),
+        "read token": _forms(READ_TOKEN.encode()),
+        "wrong token": _forms(WRONG_TOKEN.encode()),
+    }
     labels = {f"label {label}": [label.encode()] for metric in LABELS.values() for label in metric}
     acknowledged = {batch_id: payload for d in devices for batch_id, payload in d.acknowledged.items()}
     batch_ids = {f"batch id {b.hex()}": _forms(b) for b in [*acknowledged, *refused_ids]}
@@ -290,6 +341,7 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
         assert {spec_from_proto(s).fingerprint for s in cached.specs} <= set(fingerprints.values())
     assert spooled and all(mode == 0o600 for _, mode, _ in spooled), [(p.name, oct(m)) for p, m, _ in spooled]
     assert not any(_found(data, {**tokens, **labels}) for _, _, data in spooled)
-    print(f"\nauth {auth}: scraped {len(log.splitlines())} log lines, {len(counts_keys)} counts hashes, "
-          f"{len(dedupe_ids)} dedupe keys, {len(aof)} AOF bytes, {len(spooled)} spooled batches; {summary}")
-
+    print(
+        f"\nauth {auth}: scraped {len(log.splitlines())} log lines, {len(counts_keys)} counts hashes, "
+        f"{len(dedupe_ids)} dedupe keys, {len(aof)} AOF bytes, {len(spooled)} spooled batches; {summary}"
+    )

@@ -15,18 +15,19 @@ import grpc
 import pytest
 from redis.crc import key_slot
 from reliability_kit import Load, RawBatch, assert_exact, flush_all
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.store import RedisStore
 from veil.aggregator.store._redis import dedupe_key, shard_tags
 from veil.wire.v1 import veil_pb2_grpc
-from veil_testing.waiting import wait_until
 
 CLUSTER_STORE = {"timeout": 1.0}
 
 
 @pytest.mark.slow  # some 20 s: a failover, then the old master back as a replica
 def test_a_master_killed_under_sdk_load_its_replica_takes_over_and_every_acknowledged_batch_counts_once(
-        make_redis_cluster, make_aggregator, make_device):
+    make_redis_cluster, make_aggregator, make_device
+):
     """SIGKILL a master (no persistence) while devices report through the SDK: with
     ``wait_replicas = 1`` a batch was acknowledged only once the replica had it, so after the
     cluster promotes the replica nothing acknowledged is lost, and batches whose WAIT or call
@@ -52,14 +53,16 @@ def test_a_master_killed_under_sdk_load_its_replica_takes_over_and_every_acknowl
 
 
 @pytest.mark.parametrize("wait_replicas", [0, pytest.param(1, marks=pytest.mark.slow)])
-def test_slots_moved_between_masters_under_sdk_load_count_exactly(redis_cluster, make_aggregator, make_device,
-                                                                  wait_replicas):
+def test_slots_moved_between_masters_under_sdk_load_count_exactly(
+    redis_cluster, make_aggregator, make_device, wait_replicas
+):
     """Move the slots of every shard of a metric to another master, key by key (MOVED and ASK
     for clients, TRYAGAIN for a script whose keys are split for a moment), while devices
     report: each batch's dedupe key and counters share a slot, so they move together and a
     batch still counts once."""
-    serve = make_aggregator(redis_cluster.url, store={**CLUSTER_STORE, "wait_replicas": wait_replicas,
-                                                     "wait_timeout_ms": 500}).start()
+    serve = make_aggregator(
+        redis_cluster.url, store={**CLUSTER_STORE, "wait_replicas": wait_replicas, "wait_timeout_ms": 500}
+    ).start()
     devices = [make_device(serve.endpoint, seed) for seed in range(2)]
     assert devices[0].reporter.wait_for_specs(30)
     spec = devices[0].reporter.metrics["browser"]
@@ -83,8 +86,9 @@ def test_slots_moved_between_masters_under_sdk_load_count_exactly(redis_cluster,
         for slot in slots:
             masters = redis_cluster.masters()
             owner = redis_cluster.owner(slot)
-            moved += redis_cluster.migrate_slot(slot, masters[(masters.index(owner) + 1) % len(masters)],
-                                                keys_per_step=10, pause=0.01)
+            moved += redis_cluster.migrate_slot(
+                slot, masters[(masters.index(owner) + 1) % len(masters)], keys_per_step=10, pause=0.01
+            )
         time.sleep(1.0)
     flush_all(devices)
     summary = assert_exact(devices, redis_cluster.url)
@@ -94,8 +98,9 @@ def test_slots_moved_between_masters_under_sdk_load_count_exactly(redis_cluster,
 
 
 @pytest.mark.slow  # some 17 s: six nodes killed and started again (test_store_cluster checks the refusal fast)
-def test_the_whole_cluster_down_is_unavailable_and_not_serving_until_it_is_back(make_redis_cluster, make_aggregator,
-                                                                             make_device):
+def test_the_whole_cluster_down_is_unavailable_and_not_serving_until_it_is_back(
+    make_redis_cluster, make_aggregator, make_device
+):
     cluster = make_redis_cluster()
     serve = make_aggregator(cluster.url, store=CLUSTER_STORE).start()
     device = make_device(serve.endpoint, 0)
@@ -119,7 +124,8 @@ def test_the_whole_cluster_down_is_unavailable_and_not_serving_until_it_is_back(
 
 
 def test_several_aggregators_on_one_cluster_count_exactly_and_agree_on_the_estimates(
-        redis_cluster, make_aggregator, make_device):
+    redis_cluster, make_aggregator, make_device
+):
     """Two aggregator processes and a `veil serve` with server.processes = 2, devices spread
     over them: exact counts, and every aggregator serves the same estimates once all is sent."""
     serves = [make_aggregator(redis_cluster.url, store=CLUSTER_STORE).start() for _ in range(2)]
@@ -138,8 +144,11 @@ def test_several_aggregators_on_one_cluster_count_exactly_and_agree_on_the_estim
 
 def _estimates(serve) -> dict[str, dict]:
     # With server.processes = 2 only worker 0 listens for HTTP: its start line names the port.
-    port = next(line["http_port"] for line in serve.log_lines()
-                if line.get("msg") == "aggregator started" and line.get("http_port"))
+    port = next(
+        line["http_port"]
+        for line in serve.log_lines()
+        if line.get("msg") == "aggregator started" and line.get("http_port")
+    )
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/estimates?window=total", timeout=10) as r:
         body = json.load(r)
     return {e["metric"]: {"n": e["n"], "categories": e["categories"]} for e in body["estimates"]}
@@ -151,4 +160,3 @@ def _uploaded(stub, request) -> bool:
         return True
     except grpc.RpcError:
         return False
-

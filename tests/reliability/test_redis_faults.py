@@ -33,17 +33,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all, scaled
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
-from veil_testing.waiting import wait_until
 
 MIB = 1024 * 1024
 
 
-def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(make_redis_server, make_proxy,
-                                                                          make_aggregator, make_device, tmp_path):
+def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(
+    make_redis_server, make_proxy, make_aggregator, make_device, tmp_path
+):
     """Redis SIGKILLed and restarted (same AOF) four times under load: nothing acknowledged is
     lost and nothing is counted twice.
 
@@ -54,8 +55,10 @@ def test_redis_sigkill_with_appendfsync_always_loses_no_acknowledged_batch(make_
     redis = make_redis_server(appendonly=True, appendfsync="always")
     proxy = make_proxy(redis.port, 0.05)
     serve = make_aggregator(proxy.url, store={"timeout": 1.0}).start()
-    devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
-               for seed in range(3)]
+    devices = [
+        make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
+        for seed in range(3)
+    ]
     rng = random.Random(7)
     with Load(devices, rate=400):
         assert all(d.reporter.wait_for_specs(30) for d in devices)
@@ -200,7 +203,8 @@ def _warm_up(hammer: Hammer, uploads: int) -> None:
 
 @pytest.mark.parametrize("outage", [5.0, pytest.param(30.0, marks=pytest.mark.slow)])
 def test_redis_outage_fails_fast_and_not_serving_then_backlog_drains_exactly(
-        outage, make_redis_server, make_aggregator, make_device, tmp_path):
+    outage, make_redis_server, make_aggregator, make_device, tmp_path
+):
     """Redis stopped for ``outage`` seconds while devices keep reporting and two threads keep
     uploading 1.25 MiB batches:
 
@@ -215,8 +219,10 @@ def test_redis_outage_fails_fast_and_not_serving_then_backlog_drains_exactly(
     """
     redis = make_redis_server(appendonly=True, appendfsync="always")  # stop() and start() keep the counts
     serve = make_aggregator(redis.url, server={"max_batch": 40_000}, store={"timeout": 1.0}).start()
-    devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
-               for seed in range(3)]
+    devices = [
+        make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
+        for seed in range(3)
+    ]
     assert all(d.reporter.wait_for_specs(30) for d in devices)
     bulk = _bulk(devices)
     hammer = Hammer(serve.endpoint, bulk, threads=2)
@@ -236,8 +242,9 @@ def test_redis_outage_fails_fast_and_not_serving_then_backlog_drains_exactly(
             healthz_seen.add(_healthz(serve))
             if estimates_code is None:
                 try:
-                    veil_pb2_grpc.EstimatesStub(hammer.channel).Get(veil_pb2.EstimatesRequest(metric="browser"),
-                                                                    timeout=10)
+                    veil_pb2_grpc.EstimatesStub(hammer.channel).Get(
+                        veil_pb2.EstimatesRequest(metric="browser"), timeout=10
+                    )
                     estimates_code = "OK"
                 except grpc.RpcError as error:
                     estimates_code = error.code().name
@@ -252,10 +259,12 @@ def test_redis_outage_fails_fast_and_not_serving_then_backlog_drains_exactly(
     summary = assert_exact(devices, redis.url, extra={"bulk": scaled(bulk.counts, 2)})
 
     refused, slowest = sum(hammer.codes.values()), max(hammer.latencies)
-    report = (f"outage {outage:.0f} s: NOT_SERVING after {not_serving_after:.2f} s, SERVING {serving_after:.2f} s "
-              f"after the return; {refused} uploads ({hammer.bytes / MIB:.0f} MiB) refused {hammer.codes}, slowest "
-              f"{slowest:.2f} s; estimates {estimates_code}; backlog at the return "
-              f"{[c.queued for c in backlog]}; {summary}")
+    report = (
+        f"outage {outage:.0f} s: NOT_SERVING after {not_serving_after:.2f} s, SERVING {serving_after:.2f} s "
+        f"after the return; {refused} uploads ({hammer.bytes / MIB:.0f} MiB) refused {hammer.codes}, slowest "
+        f"{slowest:.2f} s; estimates {estimates_code}; backlog at the return "
+        f"{[c.queued for c in backlog]}; {summary}"
+    )
     print("\n" + report)
     assert set(hammer.codes) == {"UNAVAILABLE"} and refused >= outage, report
     assert hammer.details == {"The counter store is unavailable; retry with the same batch id."}, hammer.details
@@ -302,9 +311,11 @@ def test_aggregator_memory_stays_flat_while_redis_is_down(make_redis_server, mak
     first = max(rss for t, rss in samples if t <= elapsed / 3)
     last = max(rss for t, rss in samples if t >= 2 * elapsed / 3)
     growth, trend = (peak - baseline) / 1024, (last - first) / 1024
-    report = (f"{sum(hammer.codes.values())} uploads ({hammer.bytes / MIB:.0f} MiB) refused {hammer.codes} in "
-              f"{elapsed:.1f} s; RSS {baseline / 1024:.0f} MiB -> peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB), "
-              f"last third vs first {trend:+.0f} MiB")
+    report = (
+        f"{sum(hammer.codes.values())} uploads ({hammer.bytes / MIB:.0f} MiB) refused {hammer.codes} in "
+        f"{elapsed:.1f} s; RSS {baseline / 1024:.0f} MiB -> peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB), "
+        f"last third vs first {trend:+.0f} MiB"
+    )
     print("\n" + report)
     assert set(hammer.codes) == {"UNAVAILABLE"}, report
     assert hammer.bytes > 3 * MEMORY_BOUND_MIB * MIB, f"too little uploaded to tell buffering from noise: {report}"
@@ -320,8 +331,9 @@ def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_red
     (They are refused without a Redis call: redis-py 8.1.0's failed connect keeps its caller's
     frames, request included, in an exception <-> frame cycle until the cyclic GC runs.)"""
     redis = make_redis_server()
-    config = parse_config({"server": {"grpc": "127.0.0.1:0", "http": ""}, "store": {"url": redis.url, "timeout": 1.0},
-                           "metrics": METRICS})
+    config = parse_config(
+        {"server": {"grpc": "127.0.0.1:0", "http": ""}, "store": {"url": redis.url, "timeout": 1.0}, "metrics": METRICS}
+    )
     aggregator = Aggregator(config)
     aggregator.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}")

@@ -15,13 +15,12 @@ import grpc
 import pytest
 import redis as redis_py
 from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 from veil.aggregator.errors import ConfigError
-from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
-from veil_testing.waiting import wait_until
 
 
 def _refuse(client: redis_py.Redis, server, kind: str) -> None:
@@ -52,12 +51,14 @@ def _recover(client: redis_py.Redis, server, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["oom", "misconf", "readonly"])
 def test_a_redis_refusing_writes_is_unavailable_not_serving_and_loses_nothing(
-        kind, make_redis_server, make_aggregator, make_device, tmp_path):
+    kind, make_redis_server, make_aggregator, make_device, tmp_path
+):
     server = make_redis_server()
     client = redis_py.Redis.from_url(server.url)
     serve = make_aggregator(server.url).start()
-    devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / "device-1" if seed == 1 else None)
-               for seed in range(2)]
+    devices = [
+        make_device(serve.endpoint, seed, queue_dir=tmp_path / "device-1" if seed == 1 else None) for seed in range(2)
+    ]
     assert all(d.reporter.wait_for_specs(30) for d in devices)
     spec = devices[0].reporter.metrics["browser"]
     raw = RawBatch(spec, 50, seed=9)
@@ -89,8 +90,9 @@ def test_a_redis_refusing_writes_is_unavailable_not_serving_and_loses_nothing(
 def test_a_redis_that_evicts_keys_is_refused_at_start_and_not_serving_later(policy, make_redis_server):
     server = make_redis_server()
     client = redis_py.Redis.from_url(server.url)
-    config = parse_config({"server": {"grpc": "127.0.0.1:0", "http": ""}, "store": {"url": server.url},
-                           "metrics": METRICS})
+    config = parse_config(
+        {"server": {"grpc": "127.0.0.1:0", "http": ""}, "store": {"url": server.url}, "metrics": METRICS}
+    )
     client.config_set("maxmemory-policy", policy)
     with pytest.raises(ConfigError, match=f"maxmemory-policy {policy}"):
         Aggregator(config).start()

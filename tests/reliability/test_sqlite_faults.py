@@ -25,11 +25,11 @@ from pathlib import Path
 import grpc
 import pytest
 from reliability_kit import METRICS, Load, RawBatch, assert_exact, flush_all
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.store._sqlite import SCHEMA_VERSION
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
-from veil_testing.waiting import wait_until
 
 REPLY_DELAY = 0.05  # seconds the aggregator's replies are held on their way to the devices
 
@@ -40,8 +40,9 @@ def bulk_spec() -> MetricSpec:
 
 
 @pytest.mark.parametrize("cycles", [5, pytest.param(40, marks=pytest.mark.slow)])
-def test_sigkill_under_load_loses_and_doubles_no_acknowledged_batch(cycles, make_aggregator, make_device, make_proxy,
-                                                                    tmp_path):
+def test_sigkill_under_load_loses_and_doubles_no_acknowledged_batch(
+    cycles, make_aggregator, make_device, make_proxy, tmp_path
+):
     """`veil serve` on SQLite SIGKILLed `cycles` times under load from four SDK devices (two spool
     under a queue directory). The devices reach it through a proxy that holds its replies
     50 ms, so kills strand batches that were committed but never acknowledged: their retries
@@ -49,8 +50,10 @@ def test_sigkill_under_load_loses_and_doubles_no_acknowledged_batch(cycles, make
     url = f"sqlite://{tmp_path}/data/veil.db"
     serve = make_aggregator(url).start()
     proxy = make_proxy(serve.grpc_port, REPLY_DELAY)
-    devices = [make_device(f"127.0.0.1:{proxy.port}", seed, queue_dir=tmp_path / f"device-{seed}" if seed % 2 else None)
-               for seed in range(4)]
+    devices = [
+        make_device(f"127.0.0.1:{proxy.port}", seed, queue_dir=tmp_path / f"device-{seed}" if seed % 2 else None)
+        for seed in range(4)
+    ]
     rng = random.Random(1400 + cycles)
     with Load(devices, rate=200):
         assert all(d.reporter.wait_for_specs(30) for d in devices)
@@ -75,8 +78,9 @@ def small_filesystem(tmp_path):
     test is skipped where this sandbox may not mount one."""
     where = tmp_path / "fs"
     where.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(where)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if out.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({out.stderr.strip()}): the disk-full test needs one")
     try:
@@ -95,8 +99,9 @@ def fill(filler: Path) -> None:
             assert error.errno == errno.ENOSPC, error
 
 
-def test_a_full_disk_refuses_uploads_not_serving_then_recovers_exactly(small_filesystem, make_aggregator,
-                                                                       make_device, tmp_path):
+def test_a_full_disk_refuses_uploads_not_serving_then_recovers_exactly(
+    small_filesystem, make_aggregator, make_device, tmp_path
+):
     """The store's filesystem fills up under load: uploads get UNAVAILABLE (none is acknowledged
     and then lost), health turns NOT_SERVING, the log says so; space returns and health is
     SERVING again, the devices' backlogs drain, and the file holds exactly what was acknowledged."""
@@ -104,8 +109,10 @@ def test_a_full_disk_refuses_uploads_not_serving_then_recovers_exactly(small_fil
     filler = small_filesystem / "filler"
     filler.touch()  # made now: a full filesystem may have no room for a new file
     serve = make_aggregator(url).start()
-    devices = [make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
-               for seed in range(3)]
+    devices = [
+        make_device(serve.endpoint, seed, queue_dir=tmp_path / f"device-{seed}" if seed == 1 else None)
+        for seed in range(3)
+    ]
     spec = bulk_spec()
     raw = RawBatch(spec, 500, seed=5)
     channel = grpc.insecure_channel(serve.endpoint)
@@ -137,7 +144,7 @@ def test_a_full_disk_refuses_uploads_not_serving_then_recovers_exactly(small_fil
 def _corrupt(path: Path) -> None:
     data = bytearray(path.read_bytes())
     for start in range(2 * 4096, len(data) - 4096, 2 * 4096):
-        data[start:start + 64] = b"\xa5" * 64
+        data[start : start + 64] = b"\xa5" * 64
     path.write_bytes(bytes(data))
 
 
@@ -154,13 +161,16 @@ def _newer(path: Path) -> None:
         db.commit()
 
 
-DAMAGES = {"corrupt": (_corrupt, "is corrupt (quick_check: "),
-           "another program's": (_foreign, "is a SQLite database of another program"),
-           "newer schema": (_newer, "written by a newer Veil")}
+DAMAGES = {
+    "corrupt": (_corrupt, "is corrupt (quick_check: "),
+    "another program's": (_foreign, "is a SQLite database of another program"),
+    "newer schema": (_newer, "written by a newer Veil"),
+}
 
 
 def test_files_it_cannot_serve_stop_veil_serve_in_one_sentence_and_veil_store_check_says_why(
-        make_aggregator, make_device, tmp_path):
+    make_aggregator, make_device, tmp_path
+):
     """A file with counts in it, then copies of it damaged three ways: `veil serve` on each
     exits 2 with one sentence and leaves the file as it was; `veil store check` passes the good
     file (while it is served) and fails each damaged one."""
@@ -182,8 +192,12 @@ def test_files_it_cannot_serve_stop_veil_serve_in_one_sentence_and_veil_store_ch
         shutil.copy(path, copy)
         damage(copy)
         before = copy.read_bytes()
-        out = subprocess.run([sys.executable, "-m", "veil.aggregator", "--config", str(serve.config), "--store",
-                              f"sqlite://{copy}"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "veil.aggregator", "--config", str(serve.config), "--store", f"sqlite://{copy}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert out.stderr.startswith(f"veil serve: {copy} ") and said in out.stderr, out.stderr
         assert copy.read_bytes() == before  # left as it was, for an operator to look at
@@ -195,9 +209,15 @@ def test_a_second_veil_serve_on_the_same_file_is_refused_in_one_sentence(make_ag
     url = f"sqlite://{tmp_path}/veil.db"
     first = make_aggregator(url).start()
     second = make_aggregator(url)
-    out = subprocess.run([sys.executable, "-m", "veil.aggregator", "--config", str(second.config)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "veil.aggregator", "--config", str(second.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert out.stderr.strip() == (f"veil serve: The SQLite store {tmp_path}/veil.db is in use by another process "
-                                  f"(pid {first.pid}): one aggregator serves a SQLite file at a time.")
+    assert out.stderr.strip() == (
+        f"veil serve: The SQLite store {tmp_path}/veil.db is in use by another process "
+        f"(pid {first.pid}): one aggregator serves a SQLite file at a time."
+    )
     assert first.health() == "SERVING"  # (the lock goes with its process: the SIGKILL test restarts on it)

@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+from veil_testing.running import InProcessAggregators
 
 from veil.aggregator.daemon import Aggregator
-from veil_testing.running import InProcessAggregators
 
 _TALLY = pytest.StashKey[Counter]()
 

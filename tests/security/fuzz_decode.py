@@ -36,6 +36,7 @@ from veil.wire.v1 import veil_pb2
 # The contract's oracle is instrumented too: its branches guide the fuzzer (a differential harness).
 with atheris.instrument_imports(include=["veil.aggregator.decode", "upload_contract"]):
     from upload_contract import bitmap_width, members
+
     from veil.aggregator.decode import decode_upload
 
 MAX_REPORTS = 64
@@ -66,7 +67,9 @@ def check(metric: MetricSpec, request: veil_pb2.UploadRequest) -> None:
     except InvalidBatch as error:
         got = "batch" if error.report is None else error.report
         if isinstance(expected, np.ndarray) or got != expected:
-            raise Finding(f"{spec.name} k={spec.k}: rejected ({error}) where the contract says {expected!r:.60}")
+            raise Finding(
+                f"{spec.name} k={spec.k}: rejected ({error}) where the contract says {expected!r:.60}"
+            ) from error
     else:
         if not isinstance(expected, np.ndarray):
             raise Finding(f"{spec.name} k={spec.k}: accepted where the contract says {expected!r}")
@@ -86,8 +89,13 @@ def structured(data: bytes) -> veil_pb2.UploadRequest:
     request.batch_id = fdp.ConsumeBytes(16 if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 24))
     request.metric = "m"
     count_kind = fdp.ConsumeIntInRange(0, 3)
-    request.count = (fdp.ConsumeIntInRange(0, 2**32 - 1) if count_kind == 0 else
-                     MAX_REPORTS + fdp.ConsumeIntInRange(0, 2) if count_kind == 1 else fdp.ConsumeIntInRange(0, 12))
+    request.count = (
+        fdp.ConsumeIntInRange(0, 2**32 - 1)
+        if count_kind == 0
+        else MAX_REPORTS + fdp.ConsumeIntInRange(0, 2)
+        if count_kind == 1
+        else fdp.ConsumeIntInRange(0, 12)
+    )
     kind = fdp.ConsumeIntInRange(0, 2)
     if kind == 0:
         request.index_sets.set_size = fdp.ConsumeIntInRange(0, 6) if fdp.ConsumeBool() else fdp.ConsumeUInt(4)

@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from veil_testing.running import METRICS, config_dict, specs_of
 from upload_contract import bitmap_width, members
+from veil_testing.running import METRICS, config_dict, specs_of
 
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import max_message_bytes
@@ -148,8 +148,9 @@ def expected_after(before, batch: tuple[str, np.ndarray] | None):
 
 
 def same(a, b) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(a[k][0], b[k][0]) and np.array_equal(a[k][1], b[k][1])
-                                        for k in a)
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k][0], b[k][0]) and np.array_equal(a[k][1], b[k][1]) for k in a
+    )
 
 
 class Harness:
@@ -158,10 +159,12 @@ class Harness:
     def __init__(self, aggregator, tally: Counter, name: str) -> None:
         self.aggregator = aggregator
         self.oracle = Oracle(max_message_bytes(aggregator.config))
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}",
-                                             options=[("grpc.max_send_message_length", 64 << 20)])
-        self.upload = self.channel.unary_unary(UPLOAD, request_serializer=None,
-                                               response_deserializer=veil_pb2.UploadResponse.FromString)
+        self.channel = grpc.insecure_channel(
+            f"127.0.0.1:{aggregator.grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
+        )
+        self.upload = self.channel.unary_unary(
+            UPLOAD, request_serializer=None, response_deserializer=veil_pb2.UploadResponse.FromString
+        )
         self.estimates = veil_pb2_grpc.EstimatesStub(self.channel)
         self.tally, self.name = tally, name
         self.codes = Counter()
@@ -190,15 +193,21 @@ class Harness:
     def check_healthy(self) -> None:
         """SERVING, every Prometheus counter as the oracle says, and a fresh batch counted."""
         endpoint = health_pb2_grpc.HealthStub(self.channel)
-        assert endpoint.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
-            health_pb2.HealthCheckResponse.SERVING
+        assert (
+            endpoint.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        )
         registry = self.aggregator.instruments.registry
         for name in NAMES:
-            assert (registry.get_sample_value("veil_reports_counted_total", {"metric": name}) or 0) == \
-                self.oracle.reports[name]
-        outcomes = {(sample.labels["metric"], sample.labels["outcome"]): sample.value
-                    for family in registry.collect() if family.name == "veil_uploads"
-                    for sample in family.samples if sample.name == "veil_uploads_total"}
+            assert (
+                registry.get_sample_value("veil_reports_counted_total", {"metric": name}) or 0
+            ) == self.oracle.reports[name]
+        outcomes = {
+            (sample.labels["metric"], sample.labels["outcome"]): sample.value
+            for family in registry.collect()
+            if family.name == "veil_uploads"
+            for sample in family.samples
+            if sample.name == "veil_uploads_total"
+        }
         assert outcomes == dict(self.oracle.outcomes)
         spec = SPECS["browser"]
         reports = [spec.mechanism.randomize(i % spec.k, SeededRandomSource(i)) for i in range(50)]
@@ -234,13 +243,15 @@ def _bitmaps_of(reports: list[tuple[int, ...]], k: int) -> veil_pb2.Bitmaps:
     return veil_pb2.Bitmaps(bits=b"".join(sum(1 << j for j in r).to_bytes(width, "little") for r in reports))
 
 
-def _request(spec: MetricSpec, reports: list[tuple[int, ...]], batch_id: bytes, encoding: str
-             ) -> veil_pb2.UploadRequest:
+def _request(
+    spec: MetricSpec, reports: list[tuple[int, ...]], batch_id: bytes, encoding: str
+) -> veil_pb2.UploadRequest:
     """A valid request, in the SDK's own encoding or in either the contract allows."""
     if encoding == "sdk" or (encoding == "index_sets" and spec.mechanism.q is None):
         return veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, batch_id))
-    request = veil_pb2.UploadRequest(batch_id=batch_id, metric=spec.name, spec_fingerprint=spec.fingerprint,
-                                     count=len(reports))
+    request = veil_pb2.UploadRequest(
+        batch_id=batch_id, metric=spec.name, spec_fingerprint=spec.fingerprint, count=len(reports)
+    )
     if encoding == "index_sets":
         request.index_sets.CopyFrom(_index_sets_of(reports, spec.mechanism.q))
     else:
@@ -274,8 +285,9 @@ def valid_requests(draw, max_reports: int = 30) -> veil_pb2.UploadRequest:
 def mutated_bytes(draw) -> bytes:
     """A valid request's bytes truncated, flipped, spliced, extended."""
     data = bytearray(draw(valid_requests()).SerializeToString())
-    for op in draw(st.lists(st.sampled_from(["truncate", "flip", "insert", "delete", "append", "set"]),
-                            min_size=1, max_size=4)):
+    for op in draw(
+        st.lists(st.sampled_from(["truncate", "flip", "insert", "delete", "append", "set"]), min_size=1, max_size=4)
+    ):
         position = draw(st.integers(0, max(len(data) - 1, 0)))
         if op == "truncate":
             del data[position:]
@@ -284,7 +296,7 @@ def mutated_bytes(draw) -> bytes:
         elif op == "insert":
             data[position:position] = draw(st.binary(min_size=1, max_size=8))
         elif op == "delete":
-            del data[position:position + draw(st.integers(1, 8))]
+            del data[position : position + draw(st.integers(1, 8))]
         elif op == "append":
             data += draw(st.binary(min_size=1, max_size=16))
         elif op == "set" and data:
@@ -304,7 +316,7 @@ def spoiled_requests(draw) -> bytes:
         if request.HasField("index_sets"):
             q = request.index_sets.set_size
             rows = bytearray(request.index_sets.indices)
-            row = list(np.frombuffer(bytes(rows[4 * q * i: 4 * q * (i + 1)]), "<u4"))
+            row = list(np.frombuffer(bytes(rows[4 * q * i : 4 * q * (i + 1)]), "<u4"))
             j = draw(st.integers(0, q - 1))
             fault = draw(st.sampled_from(["k", "max", "repeat", "swap", "any"]))
             if fault == "k":
@@ -317,7 +329,7 @@ def spoiled_requests(draw) -> bytes:
                 row[0], row[-1] = row[-1], row[0]
             else:
                 row[j] = draw(st.integers(0, spec.k + 2))
-            rows[4 * q * i: 4 * q * (i + 1)] = np.array(row, "<u4").tobytes()
+            rows[4 * q * i : 4 * q * (i + 1)] = np.array(row, "<u4").tobytes()
             request.index_sets.indices = bytes(rows)
         else:
             width = bitmap_width(spec.mechanism)
@@ -330,7 +342,7 @@ def spoiled_requests(draw) -> bytes:
                 bits[width * i + width - 1] |= 1 << draw(st.integers(spec.k % 8, 7))
             else:
                 row = ((1 << spec.k) - 1 if fault == "ones" else 0).to_bytes(width, "little")
-                bits[width * i: width * (i + 1)] = row
+                bits[width * i : width * (i + 1)] = row
             request.bitmaps.bits = bytes(bits)
     return request.SerializeToString()
 
@@ -344,19 +356,37 @@ def tampered_requests(draw) -> bytes:
     extreme counts, odd batch ids, the other encoding, wrong set sizes, random payloads."""
     request = draw(valid_requests())
     other = SPECS[draw(st.sampled_from(NAMES))]
-    for field in draw(st.lists(st.sampled_from(
-            ["metric", "fingerprint", "count", "batch_id", "set_size", "encoding", "clear", "payload", "swap"]),
-            min_size=1, max_size=3, unique=True)):
+    for field in draw(
+        st.lists(
+            st.sampled_from(
+                ["metric", "fingerprint", "count", "batch_id", "set_size", "encoding", "clear", "payload", "swap"]
+            ),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    ):
         if field == "metric":
-            request.metric = draw(st.one_of(st.sampled_from(NAMES), st.text(max_size=40),
-                                            st.just(request.metric.upper()), st.just(request.metric + "\x00")))
+            request.metric = draw(
+                st.one_of(
+                    st.sampled_from(NAMES),
+                    st.text(max_size=40),
+                    st.just(request.metric.upper()),
+                    st.just(request.metric + "\x00"),
+                )
+            )
         elif field == "fingerprint":
-            request.spec_fingerprint = draw(st.one_of(st.just(other.fingerprint), st.text(max_size=40),
-                                                      st.just(request.spec_fingerprint[:-1])))
+            request.spec_fingerprint = draw(
+                st.one_of(st.just(other.fingerprint), st.text(max_size=40), st.just(request.spec_fingerprint[:-1]))
+            )
         elif field == "count":
-            request.count = draw(st.one_of(st.sampled_from(EXTREME_COUNTS),
-                                           st.integers(max(0, request.count - 2), request.count + 2),
-                                           st.integers(0, 2**32 - 1)))
+            request.count = draw(
+                st.one_of(
+                    st.sampled_from(EXTREME_COUNTS),
+                    st.integers(max(0, request.count - 2), request.count + 2),
+                    st.integers(0, 2**32 - 1),
+                )
+            )
         elif field == "batch_id":
             request.batch_id = draw(st.binary(max_size=40))
         elif field == "set_size":
@@ -427,8 +457,9 @@ def extreme_sizes(draw) -> bytes:
     if kind in ("max", "max+1"):
         n = MAX_BATCH + (kind == "max+1")
         reports = _simulated(spec, n, seed=draw(st.integers(0, 2**16)))
-        return _request(spec, reports, draw(batch_ids), draw(st.sampled_from(["sdk", "index_sets", "bitmaps"]))
-                        ).SerializeToString()
+        return _request(
+            spec, reports, draw(batch_ids), draw(st.sampled_from(["sdk", "index_sets", "bitmaps"]))
+        ).SerializeToString()
     if kind == "huge-count":
         request = draw(valid_requests(max_reports=3))
         request.count = 2**32 - 1
@@ -474,12 +505,14 @@ uploads = st.one_of(
     wire_soup(),
     extreme_sizes(),
     # Other messages of the same package sent to Upload.
-    st.sampled_from([
-        veil_pb2.GetMetricSpecsRequest(metrics=["browser"]).SerializeToString(),
-        veil_pb2.EstimatesRequest(metric="browser", window="total").SerializeToString(),
-        veil_pb2.UploadResponse(accepted=5, duplicate=True).SerializeToString(),
-        veil_pb2.MetricSpec(name="browser", labels=["a"], q=2).SerializeToString(),
-    ]),
+    st.sampled_from(
+        [
+            veil_pb2.GetMetricSpecsRequest(metrics=["browser"]).SerializeToString(),
+            veil_pb2.EstimatesRequest(metric="browser", window="total").SerializeToString(),
+            veil_pb2.UploadResponse(accepted=5, duplicate=True).SerializeToString(),
+            veil_pb2.MetricSpec(name="browser", labels=["a"], q=2).SerializeToString(),
+        ]
+    ),
 )
 
 
@@ -489,10 +522,19 @@ def fuzz_server(aggregator, tally: Counter, name: str, examples: int) -> Harness
 
     # No shrinking: the server keeps what it counted, so a failing input replayed later is not
     # the same experiment; the first failure is reported as found.
-    @hypothesis.settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
-                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                HealthCheck.large_base_example, HealthCheck.filter_too_much])
+    @hypothesis.settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+            HealthCheck.filter_too_much,
+        ],
+    )
     @hypothesis.given(uploads)
     def check(data: bytes) -> None:
         harness.send(data)
@@ -569,9 +611,21 @@ def run_atheris(tmp_path: Path, seconds: int) -> tuple[int, str]:
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     result = subprocess.run(
-        [sys.executable, str(HARNESS), str(corpus), f"-max_total_time={seconds}", "-print_final_stats=1",
-         f"-artifact_prefix={artifacts}/", "-rss_limit_mb=4096", "-timeout=30", "-close_fd_mask=1"],
-        capture_output=True, text=True, timeout=seconds + 600)
+        [
+            sys.executable,
+            str(HARNESS),
+            str(corpus),
+            f"-max_total_time={seconds}",
+            "-print_final_stats=1",
+            f"-artifact_prefix={artifacts}/",
+            "-rss_limit_mb=4096",
+            "-timeout=30",
+            "-close_fd_mask=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 600,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0 and not list(artifacts.iterdir()), output[-5000:]
     executed = re.search(r"stat::number_of_executed_units:\s*(\d+)", output)

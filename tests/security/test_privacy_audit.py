@@ -74,8 +74,8 @@ from veil.mechanism import (
     SubsetSpec,
     SystemRandomSource,
     WordRandomSource,
+    _random,
 )
-from veil.mechanism import _random
 from veil.mechanism._specs import ONE64
 
 ALPHA = 1e-6  # family-wise error of each audit: the OS CSPRNG cannot be seeded, so keep it tiny
@@ -164,8 +164,10 @@ class SlightlyLeakyRappor(LeakyRappor):
     leak = 1.03
 
 
-LEAKY = {cls.__name__: cls for cls in (LeakySubset, LeakyKrr, LeakyRappor, LeakyAdmissibleRappor,
-                                       SlightlyLeakySubset, SlightlyLeakyRappor)}
+LEAKY = {
+    cls.__name__: cls
+    for cls in (LeakySubset, LeakyKrr, LeakyRappor, LeakyAdmissibleRappor, SlightlyLeakySubset, SlightlyLeakyRappor)
+}
 LEAKY_CASES = [
     ("LeakyKrr", Case("krr", 6, 1.0, 0, 5)),
     ("LeakySubset", Case("subset", 32, 0.5, 0, 31)),
@@ -206,8 +208,9 @@ def draw_counts(case: Case, leaky: str | None, value: int, n: int) -> dict[int, 
     return dict(Counter((x in report) * 2 + (other in report) for report in reports))
 
 
-def pure_python_counts(pool: ProcessPoolExecutor, jobs: list[tuple[Case, str | None]], n: int
-                       ) -> dict[tuple[Case, str | None], tuple[Counter, Counter]]:
+def pure_python_counts(
+    pool: ProcessPoolExecutor, jobs: list[tuple[Case, str | None]], n: int
+) -> dict[tuple[Case, str | None], tuple[Counter, Counter]]:
     """Counts of n draws of x and of x' for every job, spread over the pool in chunks."""
     chunk = max(1, min(n, 250_000))
     futures = []
@@ -241,8 +244,10 @@ def kernel_counts(case: Case, leaky: str | None, value: int, n: int, chunk: int 
             if full:
                 keys = sum(reports[:, i].astype(np.int64) << (8 * i) for i in range(reports.shape[1]))
             else:
+
                 def bit(j: int) -> np.ndarray:
-                    return (reports[:, j // 8] >> (j % 8)) & 1
+                    return (reports[:, j // 8] >> (j % 8)) & 1  # noqa: B023 (called within this iteration)
+
                 keys = bit(case.x).astype(np.int64) * 2 + bit(case.other)
         found, tallies = np.unique(keys, return_counts=True)
         counts.update(dict(zip(found.tolist(), tallies.tolist())))
@@ -284,10 +289,12 @@ class Audit:
 
     def __str__(self) -> str:
         (r1, lo1, hi1), (r2, lo2, hi2) = self.sharp
-        return (f"{self.label}: gamma {self.gamma:.4f}; worst ratio {self.worst_ratio:.4f} ({self.worst_event}), "
-                f"its lower bound {self.worst_lower:.4f}; sharp ratios {r1:.4f} [{lo1:.4f}, {hi1:.4f}] and "
-                f"{r2:.4f} [{lo2:.4f}, {hi2:.4f}]; detects {100 * (self.detectable - 1):.1f}% excess; "
-                f"{self.events} events, {self.hypotheses} hypotheses, {self.draws:,} draws per value")
+        return (
+            f"{self.label}: gamma {self.gamma:.4f}; worst ratio {self.worst_ratio:.4f} ({self.worst_event}), "
+            f"its lower bound {self.worst_lower:.4f}; sharp ratios {r1:.4f} [{lo1:.4f}, {hi1:.4f}] and "
+            f"{r2:.4f} [{lo2:.4f}, {hi2:.4f}]; detects {100 * (self.detectable - 1):.1f}% excess; "
+            f"{self.events} events, {self.hypotheses} hypotheses, {self.draws:,} draws per value"
+        )
 
 
 def cells_of(counts: dict[int, int], case: Case, full: bool) -> Counter:
@@ -299,8 +306,17 @@ def cells_of(counts: dict[int, int], case: Case, full: bool) -> Counter:
     return cells
 
 
-def audit(label: str, case: Case, spec: MechanismSpec, counts_x: dict[int, int], counts_other: dict[int, int],
-          n: int, gamma: float | None = None, parity: float | None = None, full: bool | None = None) -> Audit:
+def audit(
+    label: str,
+    case: Case,
+    spec: MechanismSpec,
+    counts_x: dict[int, int],
+    counts_other: dict[int, int],
+    n: int,
+    gamma: float | None = None,
+    parity: float | None = None,
+    full: bool | None = None,
+) -> Audit:
     """The ratio bounds of every event between x and x' (see the module docstring)."""
     gamma = spec.gamma if gamma is None else gamma
     parity = spec.parity if parity is None else parity
@@ -347,14 +363,26 @@ def audit(label: str, case: Case, spec: MechanismSpec, counts_x: dict[int, int],
         half = math.log(ratio) - math.log(float(cp_lower(top, n, each) / cp_upper(bottom, n, each)))
         se = math.sqrt((n - top) / (n * top) + (n - bottom) / (n * bottom))
         detectable = max(detectable, math.exp(half + POWER_Z * se))
-    return Audit(label, gamma, parity, n, len(names), m, float(points[worst]), labels[worst], float(lowers.max()),
-                 sharp, detectable, len(names) - 4 if full else 4)
+    return Audit(
+        label,
+        gamma,
+        parity,
+        n,
+        len(names),
+        m,
+        float(points[worst]),
+        labels[worst],
+        float(lowers.max()),
+        sharp,
+        detectable,
+        len(names) - 4 if full else 4,
+    )
 
 
 def check_admissible_audit(result: Audit, spec: MechanismSpec, power: float) -> None:
     print(result)
     assert not result.violation, f"LDP violation: {result}"
-    for ratio, low, high in result.sharp:
+    for _ratio, low, high in result.sharp:
         assert low <= result.parity <= high, f"the sharp ratio is not the design's: {result}"
     assert result.detectable <= power, f"too little power: {result}"
     if is_full(spec):
@@ -502,8 +530,17 @@ def test_pure_ldp_oue(version, epsilon):
         random.setstate(saved[1])
     gamma = math.exp(epsilon)
     probe = KrrSpec(8, epsilon)  # any spec: the projected audit only needs k
-    result = audit(f"pure-ldp OUE {version} eps={epsilon}", case, probe, counts_x, counts_other, OUE_DRAWS,
-                   gamma=gamma, parity=gamma, full=False)
+    result = audit(
+        f"pure-ldp OUE {version} eps={epsilon}",
+        case,
+        probe,
+        counts_x,
+        counts_other,
+        OUE_DRAWS,
+        gamma=gamma,
+        parity=gamma,
+        full=False,
+    )
     print(result)
     if version == "installed":
         # pure-ldp 1.2.0 has the fix: OUE's "bit x set, bit x' clear" has ratio exactly e^epsilon.
@@ -565,7 +602,7 @@ def test_the_sdk_randomizes_through_the_os_csprng(start_frozen_aggregator, monke
                     return result
 
                 sizes: list[int] = []
-                urandom = Recorder(os.urandom, thread, lambda n, _real=os.urandom: sizes.append(n) or _real(n))
+                urandom = Recorder(os.urandom, thread, lambda n, _real=os.urandom: sizes.append(n) or _real(n))  # noqa: B023 (used within this iteration)
                 with monkeypatch.context() as patch:
                     patch.setattr(kind, "randomize", spy)
                     patch.setattr(os, "urandom", urandom)

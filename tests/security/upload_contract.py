@@ -40,8 +40,9 @@ def members(mechanism: MechanismSpec, request: veil_pb2.UploadRequest, max_repor
         width = bitmap_width(mechanism)
         if len(request.bitmaps.bits) != count * width:
             return "batch"
-        bits = np.unpackbits(np.frombuffer(request.bitmaps.bits, np.uint8).reshape(count, width), axis=1,
-                             bitorder="little")
+        bits = np.unpackbits(
+            np.frombuffer(request.bitmaps.bits, np.uint8).reshape(count, width), axis=1, bitorder="little"
+        )
         if mechanism.q is not None:
             allowed = {mechanism.q}
         elif isinstance(mechanism, AdmissibleRapporSpec):

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_code_has_not_drifted_from_the_proto():
-    out = subprocess.run([sys.executable, str(ROOT / "proto" / "generate.py"), "--check"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "proto" / "generate.py"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -32,9 +33,12 @@ def test_the_drift_check_can_fail(tmp_path):
 
 
 def test_upload_round_trips_with_columnar_reports():
-    indices = (b"".join(i.to_bytes(4, "little") for i in (1, 4, 7)))
+    indices = b"".join(i.to_bytes(4, "little") for i in (1, 4, 7))
     request = veil_pb2.UploadRequest(
-        batch_id=bytes(range(16)), metric="browser", spec_fingerprint="ab" * 16, count=1,
+        batch_id=bytes(range(16)),
+        metric="browser",
+        spec_fingerprint="ab" * 16,
+        count=1,
         index_sets=veil_pb2.IndexSets(set_size=3, indices=indices),
     )
     decoded = veil_pb2.UploadRequest.FromString(request.SerializeToString())

@@ -204,9 +204,9 @@ def test_the_batch_sampler_it_names_draws_it(toy):
 def test_sdk_reports_of_it_become_estimates_over_grpc(toy):
     """The real SDK fetches its spec, randomizes, encodes and uploads; the aggregator accepts a
     full batch in the toy's widest encoding, counts every report and serves its estimates."""
-    from veil.cli._estimates import to_json
     from veil.aggregator.config import parse_config
     from veil.aggregator.daemon import Aggregator
+    from veil.cli._estimates import to_json
     from veil.client import Reporter
     from veil.client._encoding import encode_batch
 
@@ -235,7 +235,8 @@ def test_sdk_reports_of_it_become_estimates_over_grpc(toy):
         veil_pb2_grpc.CollectorStub(channel).Upload(widest, timeout=10)
 
         response = veil_pb2_grpc.EstimatesStub(channel).Get(
-            veil_pb2.EstimatesRequest(metric="pairs", window="total"), timeout=10)
+            veil_pb2.EstimatesRequest(metric="pairs", window="total"), timeout=10
+        )
         (window,) = response.estimates
         assert window.n == n + _MAX_BATCH and window.mechanism == TOY_PROTO and not window.withheld
         shown = to_json(window)
@@ -249,6 +250,13 @@ def _config(spec: MetricSpec) -> dict:
     return {
         "server": {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0", "min_n": 100, "max_batch": _MAX_BATCH},
         "store": {"url": "memory"},
-        "metrics": [{"name": spec.name, "labels": list(spec.labels), "mechanism": TOY,
-                     "epsilon": spec.mechanism.epsilon, "reports_per_period": spec.reports_per_period}],
+        "metrics": [
+            {
+                "name": spec.name,
+                "labels": list(spec.labels),
+                "mechanism": TOY,
+                "epsilon": spec.mechanism.epsilon,
+                "reports_per_period": spec.reports_per_period,
+            }
+        ],
     }

@@ -29,8 +29,9 @@ def _load(name: str) -> list[dict]:
 
 
 def test_vectors_have_not_drifted_from_the_code():
-    out = subprocess.run([sys.executable, str(ROOT / "proto" / "vectors.py"), "--check"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "proto" / "vectors.py"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -52,6 +53,7 @@ def test_the_vector_drift_check_can_fail(tmp_path):
 @pytest.mark.parametrize(("change", "drifts"), [(1e-9, True), (1e-15, False)])
 def test_estimates_drift_beyond_the_last_bits_only(tmp_path, change, drifts):
     """Estimates may differ in their last bits between machines; not by more."""
+
     def nudge(vector: dict) -> None:
         vector["estimate"][0] *= 1 + change
 
@@ -69,10 +71,15 @@ def test_every_mechanism_has_vectors():
 def test_encoded_vectors_decode_to_their_reports_at_the_aggregator():
     for v in _load("encodings.json"):
         s = v["spec"]
-        spec = MetricSpec.create(s["name"], s["labels"], s["mechanism"], s["epsilon"], period=s["period"],
-                                 reports_per_period=s["reports_per_period"])
-        counts = decode_upload(veil_pb2.UploadRequest.FromString(bytes.fromhex(v["upload_hex"])), spec,
-                               max_reports=100)
+        spec = MetricSpec.create(
+            s["name"],
+            s["labels"],
+            s["mechanism"],
+            s["epsilon"],
+            period=s["period"],
+            reports_per_period=s["reports_per_period"],
+        )
+        counts = decode_upload(veil_pb2.UploadRequest.FromString(bytes.fromhex(v["upload_hex"])), spec, max_reports=100)
         expected = [0] * spec.k
         for report in v["reports"]:
             for j in report:
@@ -109,7 +116,15 @@ def test_typescript_randomizer_sends_what_python_sends_from_the_same_words(mecha
         value = rng.randrange(k)
         words = [rng.getrandbits(32) for _ in range(4 * k + 64)]
         source = WordRandomSource(words)
-        expected.append({"report": list(MetricSpec.create("m", [str(j) for j in range(k)], mechanism, epsilon)
-                                         .mechanism.randomize(value, source)), "used": source.position})
+        expected.append(
+            {
+                "report": list(
+                    MetricSpec.create("m", [str(j) for j in range(k)], mechanism, epsilon).mechanism.randomize(
+                        value, source
+                    )
+                ),
+                "used": source.position,
+            }
+        )
         cases.append({"mechanism": mechanism, "k": k, "epsilon": epsilon, "value": value, "words": words})
     assert json.loads(_node("randomize-stdin.js", json.dumps(cases))) == expected

@@ -73,7 +73,7 @@ def machine_info(packages: tuple[str, ...]) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "packages": versions,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -73,11 +73,14 @@ def ensure_chromium() -> str:
         raise BrowserError(missing)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     deadline = time.monotonic() + _INSTALL_TIMEOUT
-    for command in (["apt-get", "update", "-q"],
-                    ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=120", "chromium"]):
+    for command in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=120", "chromium"],
+    ):
         try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=max(1.0, deadline - time.monotonic()))
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic())
+            )
         except subprocess.TimeoutExpired:
             raise BrowserError(f"{' '.join(command)} took over {_INSTALL_TIMEOUT:.0f} s. {missing}") from None
         if done.returncode != 0:
@@ -106,7 +109,11 @@ class Browser:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 ["/bin/sh", "-c", 'exec "$@" 3<&0 4>&1 </dev/null >/dev/null', "sh", *args],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
         self._reader = threading.Thread(target=self._read, name="chromium-pipe", daemon=True)
         self._reader.start()
         try:
@@ -139,8 +146,9 @@ class Browser:
             self._closed = True
             self._lock.notify_all()
 
-    def call(self, method: str, params: dict | None = None, *, session: str | None = None,
-             timeout: float = 10.0) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict | None = None, *, session: str | None = None, timeout: float = 10.0
+    ) -> dict[str, Any]:
         """Send one command and wait (at most `timeout` s) for its result."""
         ident = next(self._ids)
         message: dict[str, Any] = {"id": ident, "method": method, "params": params or {}}
@@ -222,13 +230,16 @@ class Page:
         return self.browser.call(method, params, session=self.session, timeout=timeout)
 
     def resize(self, width: int, height: int) -> None:
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
 
     def evaluate(self, expression: str, *, timeout: float = 10.0) -> Any:
         """The value of a JavaScript expression (JSON-serializable; promises are awaited)."""
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True}, timeout=timeout)
+        result = self.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True}, timeout=timeout
+        )
         if "exceptionDetails" in result:
             details = result["exceptionDetails"]
             raise BrowserError(f"{expression!r} threw: {details.get('exception', {}).get('description', details)}")
@@ -273,7 +284,6 @@ class Page:
         self.resize(width, 600)
         height = int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)"))
         self.resize(width, max(height, 200))
-        data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                         timeout=30)["data"]
+        data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, timeout=30)["data"]
         path.write_bytes(base64.b64decode(data))
         return path

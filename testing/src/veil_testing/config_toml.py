@@ -15,6 +15,7 @@ LOAD = 10**6
 def config_toml(data: dict) -> str:
     """The TOML of a config dict: tables of values and arrays of tables ([[auth.upload_tokens]]),
     then [[metrics]]. Just enough TOML for the configs the tests build."""
+
     def value(v: object) -> str:
         if isinstance(v, str):
             return json.dumps(v)  # a JSON string is a TOML basic string (the same escapes)

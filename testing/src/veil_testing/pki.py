@@ -24,22 +24,37 @@ class Pki:
 
         self.dir = directory
         directory.mkdir(parents=True, exist_ok=True)
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
 
         def name(common: str) -> x509.Name:
             return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
         def certificate(subject, key, issuer, issuer_key, *, ca: bool, usage=None, sans=None, days: int = 30):
-            builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
-                       .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                       .not_valid_before(min(now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days - 1)))
-                       .not_valid_after(now + datetime.timedelta(days=days))
-                       .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+            builder = (
+                x509.CertificateBuilder()
+                .subject_name(subject)
+                .issuer_name(issuer)
+                .public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(min(now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days - 1)))
+                .not_valid_after(now + datetime.timedelta(days=days))
+                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+            )
             if ca:
-                builder = builder.add_extension(x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                    key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
-                    decipher_only=False), critical=True)
+                builder = builder.add_extension(
+                    x509.KeyUsage(
+                        digital_signature=True,
+                        key_cert_sign=True,
+                        crl_sign=True,
+                        content_commitment=False,
+                        key_encipherment=False,
+                        data_encipherment=False,
+                        key_agreement=False,
+                        encipher_only=False,
+                        decipher_only=False,
+                    ),
+                    critical=True,
+                )
             if usage:
                 builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             if sans:
@@ -53,8 +68,9 @@ class Pki:
             return path
 
         def pem_key(key) -> bytes:
-            return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                     serialization.NoEncryption())
+            return key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
 
         def pem(cert) -> bytes:
             return cert.public_bytes(serialization.Encoding.PEM)
@@ -65,14 +81,27 @@ class Pki:
         ca = certificate(name("veil test CA"), ca_key, name("veil test CA"), ca_key, ca=True)
         other_ca = certificate(name("unrelated CA"), other_ca_key, name("unrelated CA"), other_ca_key, ca=True)
         server_key = ec.generate_private_key(ec.SECP256R1())
-        server = certificate(name("veil aggregator"), server_key, ca.subject, ca_key, ca=False,
-                             usage=ExtendedKeyUsageOID.SERVER_AUTH,
-                             sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+        server = certificate(
+            name("veil aggregator"),
+            server_key,
+            ca.subject,
+            ca_key,
+            ca=False,
+            usage=ExtendedKeyUsageOID.SERVER_AUTH,
+            sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        )
         client_key, other_client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-        client = certificate(name("device"), client_key, ca.subject, ca_key, ca=False,
-                             usage=ExtendedKeyUsageOID.CLIENT_AUTH)
-        other_client = certificate(name("device"), other_client_key, other_ca.subject, other_ca_key, ca=False,
-                                   usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+        client = certificate(
+            name("device"), client_key, ca.subject, ca_key, ca=False, usage=ExtendedKeyUsageOID.CLIENT_AUTH
+        )
+        other_client = certificate(
+            name("device"),
+            other_client_key,
+            other_ca.subject,
+            other_ca_key,
+            ca=False,
+            usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        )
         self.ca = write("ca.crt", pem(ca))
         self.other_ca = write("other-ca.crt", pem(other_ca))
         self.server_cert = write("server.crt", pem(server))
@@ -92,9 +121,16 @@ class Pki:
         valid for `days` from now (negative: expired that many days ago), the key of mode `key_mode`."""
         certificate, name, ca, ca_key, pem, pem_key, ec, usage, x509, ipaddress = self._issue
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = certificate(name(common_name), key, ca.subject, ca_key, ca=False, usage=usage.SERVER_AUTH,
-                           sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-                           days=days)
+        cert = certificate(
+            name(common_name),
+            key,
+            ca.subject,
+            ca_key,
+            ca=False,
+            usage=usage.SERVER_AUTH,
+            sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+            days=days,
+        )
         for path, data, mode in ((self.server_key, pem_key(key), key_mode), (self.server_cert, pem(cert), 0o600)):
             temporary = path.with_suffix(".new")
             temporary.write_bytes(data)
@@ -104,12 +140,16 @@ class Pki:
     def channel_credentials(self, *, client: str | None = None, ca: Path | None = None) -> grpc.ChannelCredentials:
         """TLS credentials trusting `ca` (default the PKI's CA); with client="good" or "other",
         presenting that client certificate."""
-        certs = {"good": (self.client_cert, self.client_key), "other": (self.other_client_cert, self.other_client_key),
-                 None: (None, None)}[client]
+        certs = {
+            "good": (self.client_cert, self.client_key),
+            "other": (self.other_client_cert, self.other_client_key),
+            None: (None, None),
+        }[client]
         return grpc.ssl_channel_credentials(
             root_certificates=(ca or self.ca).read_bytes(),
             private_key=certs[1].read_bytes() if certs[1] else None,
-            certificate_chain=certs[0].read_bytes() if certs[0] else None)
+            certificate_chain=certs[0].read_bytes() if certs[0] else None,
+        )
 
     def ssl_context(self, *, client: str | None = None):
         """An ssl.SSLContext for HTTPS to the aggregator, optionally with a client certificate."""

@@ -44,8 +44,10 @@ def tied_to_parent(argv: Sequence[str], signum: int = signal.SIGKILL) -> dict[st
         return {"args": list(argv), "preexec_fn": None}
     setpriv = shutil.which("setpriv")
     if setpriv:
-        return {"args": [setpriv, "--pdeathsig", signal.Signals(signum).name.removeprefix("SIG"), *argv],
-                "preexec_fn": None}
+        return {
+            "args": [setpriv, "--pdeathsig", signal.Signals(signum).name.removeprefix("SIG"), *argv],
+            "preexec_fn": None,
+        }
 
     def die_with_parent() -> None:
         import ctypes
@@ -100,8 +102,15 @@ class ServeProcess(Started):
 
     START_TIMEOUT = 60.0
 
-    def __init__(self, directory: Path, config: dict, *, command: Sequence[str] | None = None,
-                 log_level: str | None = None, parent_death_signal: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: dict,
+        *,
+        command: Sequence[str] | None = None,
+        log_level: str | None = None,
+        parent_death_signal: int | None = None,
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.config = directory / "veil.toml"
         self.log = directory / "serve.log"
@@ -110,8 +119,12 @@ class ServeProcess(Started):
         self.http_port: int | None = None
         self.process: subprocess.Popen | None = None
         self.starts = 0
-        self._argv = [*(command or (sys.executable, "-m", "veil.aggregator")), "--config", str(self.config),
-                      *(("--log-level", log_level) if log_level else ())]
+        self._argv = [
+            *(command or (sys.executable, "-m", "veil.aggregator")),
+            "--config",
+            str(self.config),
+            *(("--log-level", log_level) if log_level else ()),
+        ]
         self._parent_death_signal = parent_death_signal
         self._channel = None
 
@@ -154,8 +167,9 @@ class ServeProcess(Started):
         else:
             popen = tied_to_parent(self._argv, self._parent_death_signal)
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(**popen, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.process = subprocess.Popen(
+                **popen, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
         self.starts += 1
         deadline = time.monotonic() + self.START_TIMEOUT
         while True:
@@ -167,7 +181,9 @@ class ServeProcess(Started):
                 raise RuntimeError(f"veil serve exited with {self.process.returncode}:\n{self.log_text()[-3000:]}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"veil serve did not start within {self.START_TIMEOUT} s:\n{self.log_text()[-3000:]}")
+                raise RuntimeError(
+                    f"veil serve did not start within {self.START_TIMEOUT} s:\n{self.log_text()[-3000:]}"
+                )
             time.sleep(0.02)
 
     def signal(self, signum: int, timeout: float = 30.0) -> int:
@@ -211,8 +227,9 @@ class ServeProcess(Started):
 
         if self._channel is None:
             self._channel = grpc.insecure_channel(self.endpoint)
-        response = health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                                   timeout=timeout)
+        response = health_pb2_grpc.HealthStub(self._channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def log_text(self) -> str:

@@ -58,16 +58,25 @@ class RedisClusterServers(Started):
         self.tls = tls
         self.tls_ports = [free_port() for _ in range(2 * masters)] if tls else []
         self.nodes = [
-            RedisServer(appendonly=appendonly, appendfsync="always", args=(
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf",
-                # The bus port defaults to port + 10000, which may be taken or past 65535.
-                "--cluster-port", str(free_port()),
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                # A replica takes over however long it was cut off (a test kills masters at will).
-                "--cluster-replica-validity-factor", "0",
-                *(_tls_args(tls, self.tls_ports[i]) if tls else ()),
-            ))  # fmt: skip
+            RedisServer(
+                appendonly=appendonly,
+                appendfsync="always",
+                args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    # The bus port defaults to port + 10000, which may be taken or past 65535.
+                    "--cluster-port",
+                    str(free_port()),
+                    "--cluster-node-timeout",
+                    str(NODE_TIMEOUT_MS),
+                    # A replica takes over however long it was cut off (a test kills masters at will).
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    *(_tls_args(tls, self.tls_ports[i]) if tls else ()),
+                ),
+            )  # fmt: skip
             for i in range(2 * masters)
         ]
 
@@ -102,8 +111,11 @@ class RedisClusterServers(Started):
 
     def masters(self) -> list[RedisServer]:
         """The live masters that own slots, in port order."""
-        ports = {int(fields[1].split(":")[1].split("@")[0]) for fields in self.cluster_nodes()
-                 if "master" in fields[2] and "fail" not in fields[2] and len(fields) > 8}
+        ports = {
+            int(fields[1].split(":")[1].split("@")[0])
+            for fields in self.cluster_nodes()
+            if "master" in fields[2] and "fail" not in fields[2] and len(fields) > 8
+        }
         return [node for node in self.nodes if node.port in ports and node.running]
 
     def replica_of(self, master: RedisServer) -> RedisServer:
@@ -121,10 +133,13 @@ class RedisClusterServers(Started):
                 live = [node for node in self.nodes if node.running]
                 if all("cluster_state:ok" in self.call(node, "CLUSTER", "INFO") for node in live):
                     ports = {node.port for node in live}  # a killed master's slots are not served
-                    owned = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1))
-                                for f in self.cluster_nodes() if "master" in f[2] and "fail" not in f[2]
-                                and int(f[1].split(":")[1].split("@")[0]) in ports
-                                for r in f[8:] if not r.startswith("["))
+                    owned = sum(
+                        len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1))
+                        for f in self.cluster_nodes()
+                        if "master" in f[2] and "fail" not in f[2] and int(f[1].split(":")[1].split("@")[0]) in ports
+                        for r in f[8:]
+                        if not r.startswith("[")
+                    )
                     masters = self.masters()
                     synced = sum("state=online" in self.call(node, "INFO", "replication") for node in masters)
                     if owned == 16384 and synced >= min(len(masters), len(live) - len(masters)):
@@ -132,8 +147,10 @@ class RedisClusterServers(Started):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the Redis cluster did not become ok in time:\n"
-                                   + "\n".join(" ".join(f) for f in self.cluster_nodes()))
+                raise RuntimeError(
+                    "the Redis cluster did not become ok in time:\n"
+                    + "\n".join(" ".join(f) for f in self.cluster_nodes())
+                )
             time.sleep(0.1)
 
     def node_id(self, node: RedisServer) -> str:
@@ -177,8 +194,9 @@ class RedisClusterServers(Started):
     @staticmethod
     def call(node: RedisServer, *args: str) -> str:
         """One command through redis-cli (whose replies, unlike RedisServer.command's, may span lines)."""
-        done = subprocess.run([shutil.which("redis-cli"), "-p", str(node.port), *args], check=True,
-                              capture_output=True, timeout=10)
+        done = subprocess.run(
+            [shutil.which("redis-cli"), "-p", str(node.port), *args], check=True, capture_output=True, timeout=10
+        )
         return done.stdout.decode()
 
     def cleanup(self) -> None:

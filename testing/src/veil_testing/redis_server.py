@@ -135,7 +135,8 @@ class RedisServer(Started):
             *self._args,
         ]  # fmt: skip
         self.process = subprocess.Popen(
-            **tied_to_parent(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            **tied_to_parent(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     def _wait_ready(self) -> bool:
         """True once it answers PING (an error like -NOAUTH counts, -LOADING does not); False if

@@ -14,30 +14,71 @@ from veil_testing.config_toml import LOAD
 from veil_testing.processes import free_port
 
 __all__ = [
-    "METRICS", "OTHER_UPLOAD_TOKEN", "READ_TOKEN", "SPEC_NAMES", "TOKENS", "UPLOAD_TOKEN", "InProcessAggregators",
-    "auth_section", "bearer", "collector", "config_dict", "counted", "estimates", "finish_reporters", "make_upload",
-    "serve_config", "specs_of",
+    "METRICS",
+    "OTHER_UPLOAD_TOKEN",
+    "READ_TOKEN",
+    "SPEC_NAMES",
+    "TOKENS",
+    "UPLOAD_TOKEN",
+    "InProcessAggregators",
+    "auth_section",
+    "bearer",
+    "collector",
+    "config_dict",
+    "counted",
+    "estimates",
+    "finish_reporters",
+    "make_upload",
+    "serve_config",
+    "specs_of",
 ]
 
 # These tests load the aggregator through few Reporters that stand for many devices, so their
 # metrics let one device send up to LOAD reports a day (config_toml.LOAD).
 METRICS = [
-    {"name": "browser", "labels": ["chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other"],
-     "mechanism": "subset", "epsilon": 1.0, "windows": ["total", "1h"], "reports_per_period": LOAD},
-    {"name": "os", "labels": ["android", "ios", "windows", "macos", "linux", "other"], "mechanism": "krr",
-     "epsilon": 2.0, "reports_per_period": LOAD},
+    {
+        "name": "browser",
+        "labels": ["chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "other"],
+        "mechanism": "subset",
+        "epsilon": 1.0,
+        "windows": ["total", "1h"],
+        "reports_per_period": LOAD,
+    },
+    {
+        "name": "os",
+        "labels": ["android", "ios", "windows", "macos", "linux", "other"],
+        "mechanism": "krr",
+        "epsilon": 2.0,
+        "reports_per_period": LOAD,
+    },
     {"name": "opted_in", "labels": ["no", "yes"], "mechanism": "warner", "epsilon": 1.0, "reports_per_period": LOAD},
-    {"name": "crash_screen", "labels": [f"screen-{i}" for i in range(8)], "mechanism": "rappor", "epsilon": 2.0,
-     "reports_per_period": LOAD},
-    {"name": "feature", "labels": [f"f{i}" for i in range(8)], "mechanism": "rappor-admissible", "epsilon": 2.0,
-     "reports_per_period": LOAD},
+    {
+        "name": "crash_screen",
+        "labels": [f"screen-{i}" for i in range(8)],
+        "mechanism": "rappor",
+        "epsilon": 2.0,
+        "reports_per_period": LOAD,
+    },
+    {
+        "name": "feature",
+        "labels": [f"f{i}" for i in range(8)],
+        "mechanism": "rappor-admissible",
+        "epsilon": 2.0,
+        "reports_per_period": LOAD,
+    },
 ]
 
 
 def config_dict(store_url: str = "memory", grpc_port: int = 0, **server: object) -> dict:
     return {
-        "server": {"grpc": f"127.0.0.1:{grpc_port}", "http": "127.0.0.1:0", "min_n": 100, "watch_interval": 0.1,
-                   "grace_period": 2.0, **server},
+        "server": {
+            "grpc": f"127.0.0.1:{grpc_port}",
+            "http": "127.0.0.1:0",
+            "min_n": 100,
+            "watch_interval": 0.1,
+            "grace_period": 2.0,
+            **server,
+        },
         "store": {"url": store_url},
         "metrics": METRICS,
     }
@@ -56,8 +97,14 @@ class InProcessAggregators:
     def __init__(self) -> None:
         self._started: list = []
 
-    def start(self, store_url: str = "memory", *, sections: dict | None = None,
-              clock: Callable[[], float] | None = None, **server: object):
+    def start(
+        self,
+        store_url: str = "memory",
+        *,
+        sections: dict | None = None,
+        clock: Callable[[], float] | None = None,
+        **server: object,
+    ):
         """A started Aggregator; sections adds tables to the config (e.g. {"tls": ..., "auth": ...}),
         clock replaces the wall clock its estimates and windows go by."""
         from veil.aggregator.config import parse_config
@@ -111,8 +158,10 @@ TOKENS = (UPLOAD_TOKEN, OTHER_UPLOAD_TOKEN, READ_TOKEN)
 def auth_section(**options: object) -> dict:
     """An [auth] table with two apps' upload tokens and a dashboard's read token."""
     return {
-        "upload_tokens": [{"name": "app-a", "token": UPLOAD_TOKEN, "metrics": ["browser", "os"]},
-                          {"name": "app-b", "token": OTHER_UPLOAD_TOKEN, "metrics": ["crash_screen"]}],
+        "upload_tokens": [
+            {"name": "app-a", "token": UPLOAD_TOKEN, "metrics": ["browser", "os"]},
+            {"name": "app-b", "token": OTHER_UPLOAD_TOKEN, "metrics": ["crash_screen"]},
+        ],
         "read_tokens": [{"name": "dashboard", "token": READ_TOKEN}],
         **options,
     }

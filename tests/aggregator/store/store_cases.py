@@ -54,12 +54,20 @@ def batches_added(store, keys: Sequence[CountsKey]) -> list[int]:
     store's own client); SqliteStore's, the bucket row's (read here on a connection of the
     test's own)."""
     if isinstance(store, RedisStore):
-        return [sum(int(store._redis.hget(name, "batches") or 0) for name in store.bucket_hashes(place))
-                for place in keys]
+        return [
+            sum(int(store._redis.hget(name, "batches") or 0) for name in store.bucket_hashes(place)) for place in keys
+        ]
     if isinstance(store, SqliteStore):
         with contextlib.closing(sqlite3.connect(store.path)) as db:
-            return [(db.execute("SELECT batches FROM buckets WHERE metric = ? AND fingerprint = ? AND window = ? "
-                                "AND start = ? AND (expires_at IS NULL OR expires_at > ?)",
-                                (p.metric, p.fingerprint, p.window, p.bucket, time.time())).fetchone() or [0])[0]
-                    for p in keys]
+            return [
+                (
+                    db.execute(
+                        "SELECT batches FROM buckets WHERE metric = ? AND fingerprint = ? AND window = ? "
+                        "AND start = ? AND (expires_at IS NULL OR expires_at > ?)",
+                        (p.metric, p.fingerprint, p.window, p.bucket, time.time()),
+                    ).fetchone()
+                    or [0]
+                )[0]
+                for p in keys
+            ]
     return store.versions(keys)

@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 from redis.crc import key_slot
-from veil_testing.processes import free_port
 from store_cases import batch, batches_added, key, random_counts
+from veil_testing.processes import free_port
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
@@ -98,7 +98,7 @@ def test_versions_are_per_shard_and_a_write_changes_only_its_shard_s(stores, rng
     (version,) = store.versions([key()])
     shard = shard_of(write.batch_id, store.shard_count())
     assert len(version) == 3 and [bool(v) for v in version] == [s == shard for s in range(3)]
-    (before, after), = seen
+    ((before, after),) = seen
     assert before == tuple(0 if s == shard else None for s in range(3))
     assert after == tuple(version[s] if s == shard else None for s in range(3))
 

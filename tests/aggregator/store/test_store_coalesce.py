@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis
 from store_cases import batch, batches_added, doubled, key, random_counts
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore
 from veil.aggregator.store._coalesce import Coalescer
 from veil.aggregator.store._redis import _ADD_BATCH, counts_key, dedupe_key
-from veil_testing.waiting import wait_until
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 WAIT = 10  # seconds any thread of a test may take
@@ -211,8 +211,9 @@ def hold_first_script_call(store: RedisStore) -> tuple[threading.Event, threadin
     return entered, release, sizes
 
 
-def add_concurrently(store: RedisStore, writes, *, before_release: Callable[[], object] = lambda: None
-                     ) -> tuple[list[object], list[int]]:
+def add_concurrently(
+    store: RedisStore, writes, *, before_release: Callable[[], object] = lambda: None
+) -> tuple[list[object], list[int]]:
     """One write goes first and is held in its script call until all the others are queued
     behind it; then before_release() runs, and they go. Returns each write's outcome (its result
     or the exception it raised) and the ids per script call."""
@@ -231,8 +232,11 @@ def add_concurrently(store: RedisStore, writes, *, before_release: Callable[[], 
     for thread in threads[1:]:
         thread.start()
     coalescer = store._coalescer  # noqa: SLF001
-    assert wait_until(lambda: sum(len(q) for q in coalescer._queues.values()) == len(writes) - 1,  # noqa: SLF001
-                      WAIT, 0.005)
+    assert wait_until(
+        lambda: sum(len(q) for q in coalescer._queues.values()) == len(writes) - 1,  # noqa: SLF001
+        WAIT,
+        0.005,
+    )
     before_release()
     release.set()
     for thread in threads:
@@ -388,9 +392,13 @@ def test_wait_without_replicas_fails_a_group_that_counts_once(stores, rng):
 def test_batches_for_other_buckets_or_designs_never_share_a_call(stores, rng):
     store = stores()
     hour = key(window="1h", bucket=3600)
-    writes = [batch(random_counts((1,), 4, rng), key()), batch(random_counts((1,), 4, rng), hour),
-              batch(random_counts((1,), 4, rng), key(), hour), batch(random_counts((2,), 4, rng), key(window="1d")),
-              batch(random_counts((1,), 4, rng), key(), ttl=60)]
+    writes = [
+        batch(random_counts((1,), 4, rng), key()),
+        batch(random_counts((1,), 4, rng), hour),
+        batch(random_counts((1,), 4, rng), key(), hour),
+        batch(random_counts((2,), 4, rng), key(window="1d")),
+        batch(random_counts((1,), 4, rng), key(), ttl=60),
+    ]
     assert run_threads([lambda w=w: store.add(w) for w in writes]) == [True] * 5
     assert batches_added(store, [key(), hour, key(window="1d")]) == [3, 2, 1]
     assert store.read(key(window="1d"), (2,), 4) == writes[3].counts
@@ -416,8 +424,11 @@ def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
     assert script([ids[1], target], [1, 60, first, "", "n:1", 4, "v:1:0", 3]) == [0, 0]  # applied: versions before
     before = raw.hgetall(target)
     assert script([*ids, target], [3, 60, 5, "", "n:1", 9, "v:1:0", 9]) == [2]
-    assert raw.hgetall(target) == before == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1",
-                                             b"version": str(first).encode()}
+    assert (
+        raw.hgetall(target)
+        == before
+        == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1", b"version": str(first).encode()}
+    )
     assert raw.exists(ids[0], ids[2]) == 0
     assert script([ids[0], ids[2], target], [2, 60, 77, "", "n:1", 9, "v:1:0", 9]) == [0, str(first).encode()]
     assert raw.hgetall(target) == {b"n:1": b"13", b"v:1:0": b"12", b"batches": b"3", b"version": b"77"}
@@ -439,9 +450,16 @@ def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):
 # --- the increments, pre-encoded --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("weights", "k", "rows", "scale"), [((3,), 16, None, 1), ((275,), 1024, None, 1),
-                                                             ((275,), 1024, None, 10**6), (range(65), 64, 5, 1),
-                                                             (range(1025), 1024, 3, 7)])
+@pytest.mark.parametrize(
+    ("weights", "k", "rows", "scale"),
+    [
+        ((3,), 16, None, 1),
+        ((275,), 1024, None, 1),
+        ((275,), 1024, None, 10**6),
+        (range(65), 64, 5, 1),
+        (range(1025), 1024, 3, 7),
+    ],
+)
 def test_pre_encoded_increments_are_the_bytes_redis_py_sends(rng, weights, k, rows, scale):
     from redis.connection import PythonRespSerializer
 
@@ -451,7 +469,8 @@ def test_pre_encoded_increments_are_the_bytes_redis_py_sends(rng, weights, k, ro
     counts = Counts(counts.weights, counts.n * scale, counts.v * scale)  # values past the cached ones too
     head = ("EVALSHA", "ab" * 20, 4, "veil:{m}:b:00", b"veil:{m}:c:x", 3, 60, "", 1712345678)
     plain = PythonRespSerializer(6000, lambda x: x if isinstance(x, bytes) else str(x).encode()).pack(
-        *head, *_increments(counts))
+        *head, *_increments(counts)
+    )
     packer = _packer()
     assert packer is not None
     assert b"".join(packer.pack(*head, _increments_resp(counts))) == b"".join(plain)
@@ -473,7 +492,9 @@ def test_reads_by_field_notice_fields_of_another_design(stores, raw, rng):
     raw.hdel(counts_key(key()), "v:4:1")
     raw.hset(counts_key(key(window="x")), mapping={"v:3:1": 2, "batches": 7, "version": 9})  # no n: HGETALL
     assert store.versioned_read([], [(key(), (3,), 8), (key(window="x"), (3,), 8)])[1] == [
-        (store.versions([key()])[0], counts), (9, Counts((3,), [0], [[0, 2, 0, 0, 0, 0, 0, 0]]))]
+        (store.versions([key()])[0], counts),
+        (9, Counts((3,), [0], [[0, 2, 0, 0, 0, 0, 0, 0]])),
+    ]
     raw.hdel(counts_key(key()), "batches", "version")  # written by something else than add_batch.lua
     assert store.read(key(), (3,), 8) == counts
     assert store.versioned_read([], [(key(), (3,), 8)])[1] == [(0, counts)]
@@ -549,7 +570,8 @@ def test_applied_groups_are_observed_with_each_targets_versions(stores, raw, rng
         assert steps[-1][1] == store.versions([target])[0]
         assert len({after for _, after, _ in steps} | {version}) == len(steps) + 1  # never a version twice
         assert Counts((1,), sum(c.n for _, _, c in steps), sum(c.v for _, _, c in steps)) == Counts(
-            (1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes))
+            (1,), sum(w.counts.n for w in writes), sum(w.counts.v for w in writes)
+        )
     version = store.versions([key()])[0]
     seen.clear()
     assert store.add(batch(random_counts((1,), 4, rng), key(), (key(window="1h", bucket=0), 1)))  # expired

@@ -184,7 +184,7 @@ def test_read_many_reads_a_series_of_buckets_as_read_does(store, rng):
     # buckets never written (or dropped) as zeros, each exactly what read() gives.
     weights, k = (5,), 1024
     places = [key(window="1h", bucket=3600 * i) for i in range(720)]
-    written = {0: random_counts(weights, k, rng), 17: random_counts(weights, k, rng), 719: random_counts(weights, k, rng)}
+    written = {bucket: random_counts(weights, k, rng) for bucket in (0, 17, 719)}
     for i, counts in written.items():
         assert store.add(batch(counts, places[i]))
     got = store.read_many([(place, weights, k) for place in places])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from store_cases import batch, doubled, key, random_counts
+from store_cases import batch, key, random_counts
 
 from veil.aggregator.errors import StoreError
 from veil.aggregator.store import MemoryStore, SqliteStore, open_store
@@ -58,8 +58,18 @@ def test_open_store_urls(tmp_path):
     store = open_store(f"sqlite://{tmp_path}/data/veil.db")  # its directory is made
     assert isinstance(store, SqliteStore) and store.path == f"{tmp_path}/data/veil.db"
     store.close()
-    for bad in ("memory:", "memory://host/x", "memory:///", "http://h/", "redis://h:port/0", "postgres://u:pw@h/db",
-                "sqlite://", "sqlite:relative.db", "sqlite://host/x.db", f"sqlite://{tmp_path}/"):
+    for bad in (
+        "memory:",
+        "memory://host/x",
+        "memory:///",
+        "http://h/",
+        "redis://h:port/0",
+        "postgres://u:pw@h/db",
+        "sqlite://",
+        "sqlite:relative.db",
+        "sqlite://host/x.db",
+        f"sqlite://{tmp_path}/",
+    ):
         with pytest.raises(ValueError, match="Bad") as caught:
             open_store(bad)
         assert "pw" not in str(caught.value)

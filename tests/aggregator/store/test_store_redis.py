@@ -11,12 +11,12 @@ import pytest
 import redis
 from redis.crc import key_slot
 from store_cases import AWKWARD_METRICS, batch, batches_added, doubled, key, random_counts
+from veil_testing.waiting import wait_until
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import _counts_of, _integers, counts_key, dedupe_key
-from veil_testing.waiting import wait_until
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 
@@ -224,12 +224,39 @@ def _strict(values):
     return np.array([b"0" if value is None else value for value in values]).astype(np.int64)
 
 
-@pytest.mark.parametrize("values", [
-    [b"1", b"2", None, b"3"], [None, None], [b"-5", b"0", b"-0", b"007"], [b"9223372036854775807", b"1"],
-    [b"-9223372036854775808", b"1"], [b"9223372036854775808"], [b"99999999999999999999999", b"1"],
-    [b"1 2", b""], [b"", b"1"], [b"1", b""], [b"", b""], [b""], [b"", b"", b"5"], [b"-", b"1"], [b"1-2"], [b"--1"], [b"1", b"-"], [b"- 1"], [b"+5"],
-    [b" 5"], [b"5 "], [b"\t1"], [b"1\n"], [b"1.5"], [b"1e3"], [b"abc"], [b"0x10"], [],
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [b"1", b"2", None, b"3"],
+        [None, None],
+        [b"-5", b"0", b"-0", b"007"],
+        [b"9223372036854775807", b"1"],
+        [b"-9223372036854775808", b"1"],
+        [b"9223372036854775808"],
+        [b"99999999999999999999999", b"1"],
+        [b"1 2", b""],
+        [b"", b"1"],
+        [b"1", b""],
+        [b"", b""],
+        [b""],
+        [b"", b"", b"5"],
+        [b"-", b"1"],
+        [b"1-2"],
+        [b"--1"],
+        [b"1", b"-"],
+        [b"- 1"],
+        [b"+5"],
+        [b" 5"],
+        [b"5 "],
+        [b"\t1"],
+        [b"1\n"],
+        [b"1.5"],
+        [b"1e3"],
+        [b"abc"],
+        [b"0x10"],
+        [],
+    ],
+)
 def test_the_fast_integer_parser_is_the_strict_one_or_fails_as_it_does(values):
     """_integers gives what the array-of-bytes cast gives, or raises what it raises, and never
     leaves numpy's warning about a malformed string behind."""
@@ -266,7 +293,11 @@ def test_open_store_over_tcp_and_unix_socket(redis_server, rng):
 
 
 def test_settings_that_cannot_work_are_refused():
-    for bad in ({"retries": -1}, {"wait_replicas": 1, "wait_timeout_ms": 0}, {"wait_replicas": 1, "wait_timeout_ms": 2000}):
+    for bad in (
+        {"retries": -1},
+        {"wait_replicas": 1, "wait_timeout_ms": 0},
+        {"wait_replicas": 1, "wait_timeout_ms": 2000},
+    ):
         with pytest.raises(ValueError):
             RedisStore("redis://127.0.0.1:1/0", socket_timeout=2.0, **bad)
 

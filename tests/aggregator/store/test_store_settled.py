@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from store_cases import batch, key, random_counts
+
 from veil.aggregator.counts import Counts
 from veil.aggregator.errors import StoreError
 

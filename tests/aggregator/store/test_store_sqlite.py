@@ -67,9 +67,18 @@ def test_an_acknowledged_batch_is_in_an_fsynced_wal(path, opened, rng):
     counts = random_counts((3,), 16, rng)
     assert store.add(batch(counts, key()))
     # Another process sees the batch at once: it is committed, not held in this one.
-    out = subprocess.run([sys.executable, "-c", "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); "
-                          "print(db.execute('SELECT batches FROM buckets').fetchone()[0])", str(path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); "
+            "print(db.execute('SELECT batches FROM buckets').fetchone()[0])",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "1"
 
 
@@ -106,12 +115,15 @@ def test_concurrent_batches_of_every_metric_go_in_one_transaction(path, opened, 
     gate = threading.Lock()
     gate.acquire()
     store._write_lock.acquire()  # the first caller leads and waits here; the others queue behind it
-    writes = [batch(random_counts((2,), 8, rng), key(metric=f"m{i % 3}"), key(metric=f"m{i % 3}", window="1h"))
-              for i in range(30)]
+    writes = [
+        batch(random_counts((2,), 8, rng), key(metric=f"m{i % 3}"), key(metric=f"m{i % 3}", window="1h"))
+        for i in range(30)
+    ]
     writes.append(writes[4])  # the same batch twice in one group: counted once
     outcomes: dict[int, bool] = {}
-    threads = [threading.Thread(target=lambda i=i: outcomes.__setitem__(i, store.add(writes[i])))
-               for i in range(len(writes))]
+    threads = [
+        threading.Thread(target=lambda i=i: outcomes.__setitem__(i, store.add(writes[i]))) for i in range(len(writes))
+    ]
     threads[0].start()
     while not store._coalescer._queues:
         time.sleep(0.001)
@@ -152,7 +164,7 @@ def test_writes_are_observed_with_each_buckets_versions(path, opened, rng):
     store.observe_applied(lambda *args: seen.append(args))
     first, second = random_counts((3,), 4, rng), random_counts((3,), 4, rng)
     assert store.add(batch(first, key()))
-    (target, before, after, counts), = seen
+    ((target, before, after, counts),) = seen
     assert (target, before, counts) == (key(), 0, first) and after == store.versions([key()])[0]
     assert store.add(batch(second, key()))
     assert seen[1][1] == after and seen[1][2] == store.versions([key()])[0] and seen[1][3] == second
@@ -166,8 +178,10 @@ def test_expired_ids_and_buckets_are_purged_in_chunks_and_logged(path, opened, r
     writes = [batch(counts, key(), (key(window="1m", bucket=60 * i), now + 60), ttl=30) for i in range(5)]
     assert all(store.add(w) for w in writes)
     with contextlib.closing(sqlite3.connect(path)) as db:  # more expired ids than one chunk, written directly
-        db.executemany("INSERT INTO batches VALUES ('m', ?, ?)",
-                       [(i.to_bytes(16, "big"), (now + 10) * 1000) for i in range(2 * _PURGE_CHUNK + 7)])
+        db.executemany(
+            "INSERT INTO batches VALUES ('m', ?, ?)",
+            [(i.to_bytes(16, "big"), (now + 10) * 1000) for i in range(2 * _PURGE_CHUNK + 7)],
+        )
         db.commit()
     clock.now += 61
     with caplog.at_level(logging.INFO, logger="veil.aggregator.store"):
@@ -232,7 +246,7 @@ def _corrupt(path) -> None:
     data = bytearray(path.read_bytes())
     page = 4096
     for start in range(2 * page, len(data) - page, 3 * page):  # scribble over some pages' headers
-        data[start:start + 64] = b"\xa5" * 64
+        data[start : start + 64] = b"\xa5" * 64
     path.write_bytes(bytes(data))
 
 

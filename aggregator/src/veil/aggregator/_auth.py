@@ -50,13 +50,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from contextlib import contextmanager
+from types import EllipsisType
+from typing import NoReturn
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from veil.wire.v1 import veil_pb2
-
 from veil.mechanism import MetricSpec
+from veil.wire.v1 import veil_pb2
 
 from ._budget import ByteBudget
 from ._ratelimit import RateLimiter
@@ -73,8 +74,11 @@ RETRY_AFTER_KEY = "retry-after-ms"
 
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("veil_caller", default=None)
 
-_OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-         "/grpc.reflection.v1.ServerReflection/")
+_OPEN = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
 _SPECS = "/veil.wire.v1.Collector/GetMetricSpecs"
 _UPLOAD = "/veil.wire.v1.Collector/Upload"
 _READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch", "/veil.wire.v1.Estimates/Series"})
@@ -119,8 +123,10 @@ class Authenticator:
         authentication on or off."""
         if auth.enabled != self.enabled:
             state = "on" if self.enabled else "off"
-            raise ConfigError(f"auth: authentication is {state} and a reload cannot turn it "
-                              f"{'off' if self.enabled else 'on'}; restart the aggregator for that.")
+            raise ConfigError(
+                f"auth: authentication is {state} and a reload cannot turn it "
+                f"{'off' if self.enabled else 'on'}; restart the aggregator for that."
+            )
         self._tokens = tuple(auth.tokens)
 
     def identify(self, token: str) -> TokenConfig | None:
@@ -139,9 +145,9 @@ class Authenticator:
         if len(values) > 1:
             return None, "More than one authorization entry; send one."
         value = values[0]
-        if not value[:len(_BEARER)].lower() == _BEARER:
+        if not value[: len(_BEARER)].lower() == _BEARER:
             return None, "The authorization is not a bearer token: send `authorization: Bearer <token>`."
-        token = self.identify(value[len(_BEARER):].strip())
+        token = self.identify(value[len(_BEARER) :].strip())
         return (token, "") if token else (None, "Unknown token.")
 
 
@@ -151,11 +157,16 @@ def _a(word: str) -> str:
 
 def token_limits(auth: AuthConfig) -> dict[str, Limits]:
     """Each upload token's limits by name; with authentication off, the anonymous one's."""
-    limits = {t.name: (t.rate_limit, t.rate_burst, t.upload_rate_limit, t.upload_rate_burst)
-              for t in auth.of_role("upload")}
+    limits = {
+        t.name: (t.rate_limit, t.rate_burst, t.upload_rate_limit, t.upload_rate_burst) for t in auth.of_role("upload")
+    }
     if not auth.enabled:
-        limits[ANONYMOUS.name] = (auth.anonymous_rate_limit, auth.anonymous_rate_burst,
-                                  auth.anonymous_upload_rate_limit, auth.anonymous_upload_rate_burst)
+        limits[ANONYMOUS.name] = (
+            auth.anonymous_rate_limit,
+            auth.anonymous_rate_burst,
+            auth.anonymous_upload_rate_limit,
+            auth.anonymous_upload_rate_burst,
+        )
     return limits
 
 
@@ -167,8 +178,13 @@ def _uploads(limits: Mapping[str, Limits]) -> dict[str, tuple[float, float]]:
     return {name: (rate, burst) for name, (_, _, rate, burst) in limits.items()}
 
 
-def _rebuild(handler: grpc.RpcMethodHandler, wrap: Callable, deserializer: object = ..., *,
-             request_streaming: bool | None = None) -> grpc.RpcMethodHandler:
+def _rebuild(
+    handler: grpc.RpcMethodHandler,
+    wrap: Callable,
+    deserializer: Callable[[bytes], object] | None | EllipsisType = ...,
+    *,
+    request_streaming: bool | None = None,
+) -> grpc.RpcMethodHandler:
     """The handler of the same kind with its behaviour wrapped (and maybe another deserializer).
     request_streaming=True makes a unary-request handler one that reads its request only when
     the behaviour asks (next on the iterator it gets): grpcio reads a unary request whole
@@ -184,8 +200,9 @@ def _rebuild(handler: grpc.RpcMethodHandler, wrap: Callable, deserializer: objec
         make = grpc.unary_stream_rpc_method_handler
     else:
         make = grpc.unary_unary_rpc_method_handler
-    return make(wrap(behavior), request_deserializer=request_deserializer,
-                response_serializer=handler.response_serializer)
+    return make(
+        wrap(behavior), request_deserializer=request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 class _StreamKind:
@@ -196,14 +213,24 @@ class _StreamKind:
     def __init__(self, limit: int, key: str, name: str) -> None:
         self.limit, self.key = limit, key
         self.slots = threading.BoundedSemaphore(limit)
-        self.pool = futures.ThreadPoolExecutor(max_workers=limit + _SPARE_STREAM_THREADS,
-                                               thread_name_prefix=f"veil-{name}")
+        self.pool = futures.ThreadPoolExecutor(
+            max_workers=limit + _SPARE_STREAM_THREADS, thread_name_prefix=f"veil-{name}"
+        )
 
 
 class AccessInterceptor(grpc.ServerInterceptor):
-    def __init__(self, auth: AuthConfig, *, metrics: Mapping[str, MetricSpec], max_streams: int,
-                 max_health_streams: int, upload_bytes: int, budget: ByteBudget,
-                 limits: Mapping[str, Limits] | None = None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        auth: AuthConfig,
+        *,
+        metrics: Mapping[str, MetricSpec],
+        max_streams: int,
+        max_health_streams: int,
+        upload_bytes: int,
+        budget: ByteBudget,
+        limits: Mapping[str, Limits] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         """metrics: the declared metrics' specs by name; upload_bytes: what each upload reserves
         of the budget (the largest valid upload); limits: token_limits of this process's share."""
         self._auth = Authenticator(auth)
@@ -219,12 +246,24 @@ class AccessInterceptor(grpc.ServerInterceptor):
         self._watches = _StreamKind(max_streams, "server.max_streams", "watch")
         self._probes = _StreamKind(max_health_streams, "server.max_health_streams", "health")
         registry = registry if registry is not None else CollectorRegistry()
-        self._refused = Counter("veil_calls_refused", "gRPC calls refused before their handler, by method and code.",
-                                ["method", "code"], registry=registry)
-        self._admitted = Counter("veil_token_reports", "Reports in uploads admitted past authentication and rate "
-                                 "limits (before validation), by token name.", ["token"], registry=registry)
-        self._limited = Counter("veil_token_reports_rate_limited", "Reports in uploads refused by the rate limit, "
-                                "by token name.", ["token"], registry=registry)
+        self._refused = Counter(
+            "veil_calls_refused",
+            "gRPC calls refused before their handler, by method and code.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self._admitted = Counter(
+            "veil_token_reports",
+            "Reports in uploads admitted past authentication and rate limits (before validation), by token name.",
+            ["token"],
+            registry=registry,
+        )
+        self._limited = Counter(
+            "veil_token_reports_rate_limited",
+            "Reports in uploads refused by the rate limit, by token name.",
+            ["token"],
+            registry=registry,
+        )
 
     @property
     def authenticator(self) -> Authenticator:
@@ -254,14 +293,21 @@ class AccessInterceptor(grpc.ServerInterceptor):
             if handler.response_streaming:
                 return self._bounded(handler, ANONYMOUS, self._probes, self._open_budget)
             return self._read_first(handler, lambda behavior: behavior, self._open_budget)
-        values = [m.value for m in handler_call_details.invocation_metadata or ()
-                  if m.key == "authorization" and isinstance(m.value, str)]
+        values = [
+            m.value
+            for m in handler_call_details.invocation_metadata or ()
+            if m.key == "authorization" and isinstance(m.value, str)
+        ]
         identity, code, problem = self._identify(method, values)
         if identity is None:
             return self._refuse(handler, method, code, problem)
         if method == _UPLOAD:
-            return _rebuild(handler, lambda behavior: self._upload(behavior, identity), deserializer=parse_upload,
-                            request_streaming=True)
+            return _rebuild(
+                handler,
+                lambda behavior: self._upload(behavior, identity),
+                deserializer=parse_upload,
+                request_streaming=True,
+            )
         if handler.response_streaming:
             return self._bounded(handler, identity, self._watches, self._budget)
         if method == _SPECS and identity.role == "upload":
@@ -280,8 +326,11 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if needed is None:
             return None, grpc.StatusCode.PERMISSION_DENIED, f"No token grants {method}."
         if needed != "any" and identity.role != needed:
-            return None, grpc.StatusCode.PERMISSION_DENIED, (f"Token {identity.name!r} is {_a(identity.role)} token; "
-                                                             f"this call needs {_a(needed)} token.")
+            return (
+                None,
+                grpc.StatusCode.PERMISSION_DENIED,
+                (f"Token {identity.name!r} is {_a(identity.role)} token; this call needs {_a(needed)} token."),
+            )
         return identity, grpc.StatusCode.OK, ""
 
     # -- the HTTP listener's calls: the same identities, limits and checks as gRPC's -----------
@@ -308,6 +357,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
     def _read_first(self, handler, wrap: Callable, budget: ByteBudget):
         """A unary-request handler, its behaviour wrapped, whose request is read within the
         budget (see _Reading)."""
+
         def budgeted(behavior):
             def call(requests, context):
                 reading = _Reading(self, budget, requests, context)
@@ -315,7 +365,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
                     return behavior(reading.one(), context)
                 finally:
                     reading.close()
+
             return call
+
         return _rebuild(handler, lambda behavior: budgeted(wrap(behavior)), request_streaming=True)
 
     @staticmethod
@@ -336,29 +388,35 @@ class AccessInterceptor(grpc.ServerInterceptor):
         def wrap(_behavior):
             def refuse(_requests, context):
                 context.abort(code, message)
+
             return refuse
 
         return _rebuild(handler, wrap, deserializer=None, request_streaming=True)
 
     # -- on the worker thread, before the servicer ---------------------------------------------
 
-    def _deny(self, context, method: str, code: grpc.StatusCode, message: str) -> None:
+    def _deny(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, message: str) -> NoReturn:
         """Count the refusal and end the call with it (context.abort raises)."""
         self._refused.labels(method, code.name).inc()
         context.abort(code, message)
 
-    def _rate_limited(self, context, wait: float, what: str) -> None:
+    def _rate_limited(self, context: grpc.ServicerContext, wait: float, what: str) -> NoReturn:
         """Refuse an upload over a rate limit, with the retry hint (context.abort raises)."""
         milliseconds = max(1, math.ceil(wait * 1000))
         context.set_trailing_metadata(((RETRY_AFTER_KEY, str(milliseconds)),))
-        self._deny(context, _UPLOAD, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                   f"{what}; retry after {milliseconds} ms with the same batch id. Nothing was counted.")
+        self._deny(
+            context,
+            _UPLOAD,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{what}; retry after {milliseconds} ms with the same batch id. Nothing was counted.",
+        )
 
     @staticmethod
     def _as(behavior, identity: TokenConfig):
         def call(request, context):
             with _calling_as(identity.name):
                 return behavior(request, context)
+
         return call
 
     def _upload(self, behavior, identity: TokenConfig):
@@ -369,6 +427,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
                 return self._admit(behavior, reading.one(), context, identity)
             finally:
                 reading.close()
+
         return upload
 
     def _take_upload(self, identity: TokenConfig, context) -> None:
@@ -376,9 +435,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
         name = identity.name
         wait = self._upload_limiter.take(name, 1)
         if wait > 0:
-            rate, burst = self._upload_limiter.limit(name)
-            self._rate_limited(context, wait, f"Upload rate limit of token {name!r}: {rate:g} uploads per "
-                                              f"second, bursts of {burst:g}")
+            limit = self._upload_limiter.limit(name)
+            assert limit is not None  # a wait comes from a limit
+            rate, burst = limit
+            self._rate_limited(
+                context, wait, f"Upload rate limit of token {name!r}: {rate:g} uploads per second, bursts of {burst:g}"
+            )
 
     def _admit(self, behavior, request, context, identity: TokenConfig):
         """The upload's checks once its message is read, then the servicer."""
@@ -387,8 +449,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
         name = identity.name
         declared = request.metric in self._metrics
         if identity.role == "upload" and declared and request.metric not in identity.metrics:
-            self._deny(context, _UPLOAD, grpc.StatusCode.PERMISSION_DENIED,
-                       f"Token {name!r} may not report metric {quoted(request.metric)}.")
+            self._deny(
+                context,
+                _UPLOAD,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"Token {name!r} may not report metric {quoted(request.metric)}.",
+            )
         if not context.is_active():
             # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
             self._deny(context, _UPLOAD, grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
@@ -396,9 +462,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
         wait = self._report_limiter.take(name, held)
         if wait > 0:
             self._limited.labels(name).inc(held)
-            rate, burst = self._report_limiter.limit(name)
-            self._rate_limited(context, wait, f"Rate limit of token {name!r}: {rate:g} reports per second, "
-                                              f"bursts of {burst:g}")
+            limit = self._report_limiter.limit(name)
+            assert limit is not None  # a wait comes from a limit
+            rate, burst = limit
+            self._rate_limited(
+                context, wait, f"Rate limit of token {name!r}: {rate:g} reports per second, bursts of {burst:g}"
+            )
         self._admitted.labels(name).inc(held)
         with _calling_as(name):
             return behavior(request, context)
@@ -407,8 +476,10 @@ class AccessInterceptor(grpc.ServerInterceptor):
         def specs(request, context):
             with _calling_as(identity.name):
                 response = behavior(request, context)
-            return veil_pb2.GetMetricSpecsResponse(specs=[s for s in response.specs if s.name in identity.metrics],
-                                                   max_batch=response.max_batch)
+            return veil_pb2.GetMetricSpecsResponse(
+                specs=[s for s in response.specs if s.name in identity.metrics], max_batch=response.max_batch
+            )
+
         return specs
 
     def _bounded(self, handler, identity: TokenConfig, kind: _StreamKind, budget: ByteBudget):
@@ -420,8 +491,10 @@ class AccessInterceptor(grpc.ServerInterceptor):
             def stream(requests, context):
                 reading = _Reading(self, budget, requests, context)
                 return self._stream(behavior, reading, one, context, identity.name, kind)
-            stream.experimental_thread_pool = kind.pool  # grpcio runs the behaviour on this pool
+
+            stream.experimental_thread_pool = kind.pool  # type: ignore[attr-defined]  # grpcio runs the behaviour on this pool
             return stream
+
         return _rebuild(handler, wrap, request_streaming=True)
 
     def _stream(self, behavior, reading: _Reading, one: bool, context, name: str, kind: _StreamKind) -> Iterator:
@@ -429,8 +502,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
         response to the end (of the stream, by an error, or by a cancel: gRPC then drops the
         iterator, which closes it). A stream never started never took a slot, nor read a request."""
         if not kind.slots.acquire(blocking=False):
-            self._deny(context, "(stream)", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       f"Too many streams at once (at most {kind.limit}, {kind.key}); retry later or poll instead.")
+            self._deny(
+                context,
+                "(stream)",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Too many streams at once (at most {kind.limit}, {kind.key}); retry later or poll instead.",
+            )
         try:
             with _calling_as(name):
                 iterator = iter(behavior(reading.one() if one else reading, context))
@@ -463,9 +540,13 @@ class _Reading:
         access = self._access
         if not self._budget.reserve(access._upload_bytes, min(_BUDGET_WAIT, self._context.time_remaining() or 0.0)):
             self._context.set_trailing_metadata(((RETRY_AFTER_KEY, "1000"),))
-            access._deny(self._context, "(read)", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
-                         "retry (an upload with the same batch id). Nothing was counted.")
+            access._deny(
+                self._context,
+                "(read)",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
+                "retry (an upload with the same batch id). Nothing was counted.",
+            )
         self._held = access._upload_bytes
         request = next(self._requests, None)
         size = len(request) if isinstance(request, bytes) else request.ByteSize() if request is not None else 0
@@ -479,8 +560,9 @@ class _Reading:
         """The call's one request; INVALID_ARGUMENT when it carried none."""
         request = next(self, None)
         if request is None:
-            self._access._deny(self._context, "(read)", grpc.StatusCode.INVALID_ARGUMENT,
-                               "The call carried no request message.")
+            self._access._deny(
+                self._context, "(read)", grpc.StatusCode.INVALID_ARGUMENT, "The call carried no request message."
+            )
         return request
 
     def _release(self, n: int) -> None:

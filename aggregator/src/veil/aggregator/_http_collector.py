@@ -93,8 +93,9 @@ class HttpCollector:
         binary = _wants_protobuf(accept)
         context = _Context()
         try:
-            response = self._access.http_specs(self._collector.GetMetricSpecs, authorization,
-                                               veil_pb2.GetMetricSpecsRequest(metrics=metrics), context)
+            response = self._access.http_specs(
+                self._collector.GetMetricSpecs, authorization, veil_pb2.GetMetricSpecsRequest(metrics=metrics), context
+            )
         except _Refused as refused:
             return _refusal(refused, context)
         if binary:

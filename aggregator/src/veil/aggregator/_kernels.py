@@ -14,6 +14,8 @@ results are the point, and score_intervals does numpy's float operations in nump
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 # error_model="numpy": the one modulo below has a nonzero divisor, so skip Python's check.
-_JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+_JIT: dict[str, Any] = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")  # njit's options
 
 
 def _kernel(function):
@@ -45,6 +47,7 @@ def _kernel(function):
         return njit(**_JIT)(function)
     except RuntimeError:
         return njit(**{**_JIT, "cache": False})(function)
+
 
 _OUT = -1  # the position a draw returns when the words ran out
 _SHIFT = np.uint64(32)

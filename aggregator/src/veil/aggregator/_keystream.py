@@ -51,7 +51,8 @@ class AesCtrKeystream:
             self._zeros = memoryview(bytearray(size))
         # Counter mode is a stream cipher: the ciphertext of zeros is the keystream itself,
         # written straight into out's memory.
-        self._encryptor.update_into(self._zeros[:size], out.view(np.uint8))
+        # (numpy declares ndarray a buffer to type checkers only from Python 3.12 on)
+        self._encryptor.update_into(self._zeros[:size], out.view(np.uint8))  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return "AesCtrKeystream(AES-256-CTR, secret key)"

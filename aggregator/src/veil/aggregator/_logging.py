@@ -32,7 +32,9 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(fmt: str = "json", level: str = "info") -> None:
     """Send the `veil` loggers to stderr in the given format ("json" or "text")."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    )
     root = logging.getLogger("veil")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

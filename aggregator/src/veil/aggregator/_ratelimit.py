@@ -25,8 +25,7 @@ class RateLimiter:
     """take(name, n) -> 0.0 when n reports may pass now, else the seconds to wait for them.
     Names without a limit always pass."""
 
-    def __init__(self, limits: Mapping[str, tuple[float, float]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: Mapping[str, tuple[float, float]], clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         now = clock()
         self._buckets = {name: _Bucket(rate, burst, now) for name, (rate, burst) in limits.items() if rate > 0}
@@ -39,9 +38,13 @@ class RateLimiter:
         with self._lock:
             now = self._clock()
             old = self._buckets
-            self._buckets = {name: old[name] if name in old and (old[name].rate, old[name].burst) == (rate, burst)
-                             else _Bucket(rate, burst, now)
-                             for name, (rate, burst) in limits.items() if rate > 0}
+            self._buckets = {
+                name: old[name]
+                if name in old and (old[name].rate, old[name].burst) == (rate, burst)
+                else _Bucket(rate, burst, now)
+                for name, (rate, burst) in limits.items()
+                if rate > 0
+            }
 
     def limit(self, name: str) -> tuple[float, float] | None:
         bucket = self._buckets.get(name)
@@ -51,12 +54,12 @@ class RateLimiter:
         bucket = self._buckets.get(name)
         if bucket is None:
             return 0.0
-        n = min(float(n), bucket.burst)  # more than a burst is refused later as an oversize batch
+        wanted = min(float(n), bucket.burst)  # more than a burst is refused later as an oversize batch
         with self._lock:
             now = self._clock()
             bucket.level = min(bucket.burst, bucket.level + (now - bucket.stamp) * bucket.rate)
             bucket.stamp = now
-            if bucket.level >= n:
-                bucket.level -= n
+            if bucket.level >= wanted:
+                bucket.level -= wanted
                 return 0.0
-            return (n - bucket.level) / bucket.rate
+            return (wanted - bucket.level) / bucket.rate

@@ -21,5 +21,7 @@ def check_private_file(path: Path, key: str) -> None:
     mode = stat.S_IMODE(info.st_mode)
     forbidden = 0o037 if info.st_uid == 0 else 0o077
     if mode & forbidden:
-        raise ConfigError(f"{key}: {path} is open to group or others (mode {mode:04o}); make it owner-only "
-                          f"(chmod 600), or owned by root and at most group-readable (0640).")
+        raise ConfigError(
+            f"{key}: {path} is open to group or others (mode {mode:04o}); make it owner-only "
+            f"(chmod 600), or owned by root and at most group-readable (0640)."
+        )

@@ -71,13 +71,17 @@ def load_tls(config: TlsConfig) -> TlsFiles:
         certificates = x509.load_pem_x509_certificates(chain)
     except ValueError:
         raise ConfigError(f"tls.cert_file: {config.cert_file} holds no PEM certificate.") from None
-    leaf, now = certificates[0], datetime.datetime.now(datetime.timezone.utc)
+    leaf, now = certificates[0], datetime.datetime.now(datetime.UTC)
     if leaf.not_valid_after_utc <= now:
-        raise ConfigError(f"tls.cert_file: the certificate in {config.cert_file} expired on "
-                          f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC.")
+        raise ConfigError(
+            f"tls.cert_file: the certificate in {config.cert_file} expired on "
+            f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC."
+        )
     if leaf.not_valid_before_utc > now:
-        raise ConfigError(f"tls.cert_file: the certificate in {config.cert_file} is not valid before "
-                          f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC.")
+        raise ConfigError(
+            f"tls.cert_file: the certificate in {config.cert_file} is not valid before "
+            f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC."
+        )
     try:
         serialization.load_pem_private_key(key, password=None)
     except (ValueError, TypeError):
@@ -87,8 +91,9 @@ def load_tls(config: TlsConfig) -> TlsFiles:
         # The stdlib loads from files only; the bytes already read are what gets checked.
         _load_chain(context, chain, key)
     except ssl.SSLError:
-        raise ConfigError(f"tls.key_file: {config.key_file} is not the key of the certificate in "
-                          f"tls.cert_file ({config.cert_file}).") from None
+        raise ConfigError(
+            f"tls.key_file: {config.key_file} is not the key of the certificate in tls.cert_file ({config.cert_file})."
+        ) from None
     client_ca = None
     if config.client_ca_file is not None:
         client_ca = _read(config.client_ca_file, "tls.client_ca_file")
@@ -170,8 +175,10 @@ class ServerTls:
                         check_private_file(self.config.key_file, "tls.key_file")
                         files = load_tls(self.config)
                     except ConfigError as err:
-                        log.error("TLS files changed but cannot be used; serving the previous ones",
-                                  extra={"problem": str(err)})
+                        log.error(
+                            "TLS files changed but cannot be used; serving the previous ones",
+                            extra={"problem": str(err)},
+                        )
                     else:
                         self._files, self._version = files, self._version + 1
                         log.info("TLS files reloaded", extra={"not_after": files.not_after.isoformat()})
@@ -182,8 +189,9 @@ class ServerTls:
         import grpc
 
         def configuration(files: TlsFiles):
-            return grpc.ssl_server_certificate_configuration([(files.key, files.cert_chain)],
-                                                             root_certificates=files.client_ca)
+            return grpc.ssl_server_certificate_configuration(
+                [(files.key, files.cert_chain)], root_certificates=files.client_ca
+            )
 
         served = [self._version]
 
@@ -194,8 +202,9 @@ class ServerTls:
             served[0] = version
             return configuration(files)
 
-        return grpc.dynamic_ssl_server_credentials(configuration(self._files), fetch,
-                                                   require_client_authentication=self.mutual)
+        return grpc.dynamic_ssl_server_credentials(
+            configuration(self._files), fetch, require_client_authentication=self.mutual
+        )
 
     def ssl_context(self) -> ssl.SSLContext:
         files, version = self._refresh()

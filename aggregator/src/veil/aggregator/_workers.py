@@ -68,8 +68,11 @@ class _Worker:
         os.set_blocking(read, False)
         try:
             self.process = subprocess.Popen(
-                [*command, "--worker-index", str(self.index), "--ready-fd", str(write)], env=env, pass_fds=(write,),
-                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None)
+                [*command, "--worker-index", str(self.index), "--ready-fd", str(write)],
+                env=env,
+                pass_fds=(write,),
+                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
+            )
         finally:
             os.close(write)
         self.ready, self.serving = read, False
@@ -107,6 +110,7 @@ def _die_with(parent: int) -> Callable[[], None]:
         prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the supervisor died before prctl took effect
             os.kill(os.getpid(), signal.SIGTERM)
+
     return preexec
 
 
@@ -120,8 +124,9 @@ def _check_free(address: str, key: str, wait: float) -> None:
     deadline = time.monotonic() + wait
     while True:
         try:
-            family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]") or None, int(port),
-                                                               type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            family, kind, proto, _, where = socket.getaddrinfo(
+                host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
             with socket.socket(family, kind, proto) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no listener
                 probe.bind(where)
@@ -153,9 +158,12 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
     try:
         for worker in workers:
             worker.start(command, env)
-        print(f"veil: {config.processes} worker processes share gRPC {config.grpc_address}"
-              + (f"; worker 0 serves HTTP on {config.http_address}" if config.http_address else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"veil: {config.processes} worker processes share gRPC {config.grpc_address}"
+            + (f"; worker 0 serves HTTP on {config.http_address}" if config.http_address else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         gave_up = _watch(workers, stop, hangup, command, env)
         clean = _stop_all(workers, config.grace_period)
         log.info("supervisor stopped", extra={"workers": config.processes})
@@ -166,8 +174,9 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _watch(workers: list[_Worker], stop: threading.Event, hangup: threading.Event, command: list[str],
-           env: dict[str, str]) -> bool:
+def _watch(
+    workers: list[_Worker], stop: threading.Event, hangup: threading.Event, command: list[str], env: dict[str, str]
+) -> bool:
     """Restart workers that exit until `stop` is set (False), or until one keeps failing at
     its start (True); pass SIGHUP on to every running worker whenever `hangup` is set."""
     while not stop.wait(_POLL):
@@ -194,10 +203,12 @@ def _watch(workers: list[_Worker], stop: threading.Event, hangup: threading.Even
             status = {"worker": worker.index, "pid": worker.process.pid, **_exit_status(code)}
             worker.process = None
             if worker.fast_exits >= _MAX_FAST_EXITS:
-                log.error("worker keeps exiting right after its start; stopping all workers",
-                          extra={**status, "fast_exits": worker.fast_exits})
+                log.error(
+                    "worker keeps exiting right after its start; stopping all workers",
+                    extra={**status, "fast_exits": worker.fast_exits},
+                )
                 return True
-            delay = min(_BACKOFF_MAX, _BACKOFF_FIRST * 2 ** worker.fast_exits)
+            delay = min(_BACKOFF_MAX, _BACKOFF_FIRST * 2**worker.fast_exits)
             log.warning("worker exited unexpectedly; restarting it", extra={**status, "restart_in": delay})
             worker.restart_at = now + delay
     return False
@@ -206,19 +217,19 @@ def _watch(workers: list[_Worker], stop: threading.Event, hangup: threading.Even
 def _stop_all(workers: list[_Worker], grace: float) -> bool:
     """SIGTERM every running worker and wait for it (killing it past the grace period plus
     _KILL_AFTER); True when all stopped cleanly."""
-    running = [w for w in workers if w.process is not None]
-    for worker in running:
-        if worker.process.poll() is None:
-            worker.process.send_signal(signal.SIGTERM)
+    running = [(w, w.process) for w in workers if w.process is not None]
+    for _, process in running:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace + _KILL_AFTER
     clean = True
-    for worker in running:
+    for worker, process in running:
         try:
-            code = worker.process.wait(max(0.0, deadline - time.monotonic()))
+            code = process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.error("worker did not stop in time; killing it", extra={"worker": worker.index})
-            worker.process.kill()
-            code = worker.process.wait()
+            process.kill()
+            code = process.wait()
         if code not in (0, -signal.SIGTERM):  # -SIGTERM: stopped while still importing, before serving
             clean = False
             log.warning("worker stopped uncleanly", extra={"worker": worker.index, **_exit_status(code)})

@@ -61,10 +61,10 @@
     token = "..."
 
 Relative file paths are relative to the config file's directory. Every error names the key it
-is about, never a token's value; tokens are kept only as SHA-256 digests. Precedence for the file and the store: an explicit
-argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults below. With no store URL at all the
-counts go to SQLite, veil.db in the data directory: the `data_dir` argument (`--data-dir`), else
-VEIL_DATA_DIR, else default_data_dir().
+is about, never a token's value; tokens are kept only as SHA-256 digests. Precedence for the
+file and the store: an explicit argument, then VEIL_CONFIG / VEIL_STORE_URL, then the defaults
+below. With no store URL at all the counts go to SQLite, veil.db in the data directory: the
+`data_dir` argument (`--data-dir`), else VEIL_DATA_DIR, else default_data_dir().
 """
 
 from __future__ import annotations
@@ -86,9 +86,23 @@ from ._tls import TlsConfig, load_tls
 from .errors import ConfigError, StoreMisconfigured
 from .store import store_options
 
-__all__ = ["AggregatorConfig", "AuthConfig", "MetricConfig", "TlsConfig", "TokenConfig", "Window", "load_config",
-           "parse_config", "parse_duration", "token_digest", "ENV_CONFIG",
-           "ENV_STORE_URL", "ENV_DATA_DIR", "default_data_dir", "default_store_url"]
+__all__ = [
+    "AggregatorConfig",
+    "AuthConfig",
+    "MetricConfig",
+    "TlsConfig",
+    "TokenConfig",
+    "Window",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "token_digest",
+    "ENV_CONFIG",
+    "ENV_STORE_URL",
+    "ENV_DATA_DIR",
+    "default_data_dir",
+    "default_store_url",
+]
 
 ENV_CONFIG = "VEIL_CONFIG"
 ENV_STORE_URL = "VEIL_STORE_URL"
@@ -131,8 +145,10 @@ def _dedupe_ttl(text: object) -> int:
 
     seconds = parse_duration(text, "server.dedupe_ttl")
     if seconds < RETRY_HORIZON_SECONDS:
-        raise ConfigError(f"server.dedupe_ttl: expected at least {RETRY_HORIZON_SECONDS // 3600}h, the SDK's retry "
-                          f"horizon (a batch retried after its id is forgotten counts twice), got {text!r}.")
+        raise ConfigError(
+            f"server.dedupe_ttl: expected at least {RETRY_HORIZON_SECONDS // 3600}h, the SDK's retry "
+            f"horizon (a batch retried after its id is forgotten counts twice), got {text!r}."
+        )
     return seconds
 
 
@@ -153,7 +169,7 @@ class Window:
 
     def expiry(self, now: float) -> int | None:
         """When the store may drop the bucket containing `now`."""
-        return None if self.span is None else self.bucket(now)[1] + self.retention
+        return None if self.span is None or self.retention is None else self.bucket(now)[1] + self.retention
 
 
 @dataclass(frozen=True)
@@ -230,8 +246,13 @@ class AggregatorConfig:
         return next((m for m in self.metrics if m.name == name), None)
 
 
-def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | None = None,
-                processes: int | None = None, data_dir: str | os.PathLike[str] | None = None) -> AggregatorConfig:
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    store_url: str | None = None,
+    processes: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> AggregatorConfig:
     """Read and check a config file (argument, else $VEIL_CONFIG); `processes` overrides
     server.processes (`veil serve --processes`); `data_dir` is where the default store goes."""
     path = path or os.environ.get(ENV_CONFIG)
@@ -249,8 +270,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *, store_url: str | 
     if isinstance(auth, Mapping) and ("upload_tokens" in auth or "read_tokens" in auth):
         # Tokens inline make the config file a secrets file, held to the same rule.
         check_private_file(Path(path), "auth (tokens inline)")
-    return parse_config(data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes,
-                        data_dir=data_dir)
+    return parse_config(
+        data, source=str(path), store_url=store_url, base=Path(path).parent, processes=processes, data_dir=data_dir
+    )
 
 
 def default_data_dir() -> Path:
@@ -272,18 +294,43 @@ def default_store_url(data_dir: str | os.PathLike[str] | None = None) -> str:
     return "sqlite://" + (directory / "veil.db").as_posix()
 
 
-def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_url: str | None = None,
-                 base: str | os.PathLike[str] | None = None, processes: int | None = None,
-                 data_dir: str | os.PathLike[str] | None = None) -> AggregatorConfig:
+def parse_config(
+    data: Mapping[str, object],
+    *,
+    source: str = "<config>",
+    store_url: str | None = None,
+    base: str | os.PathLike[str] | None = None,
+    processes: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> AggregatorConfig:
     """Check a parsed config; relative file paths are taken relative to `base` (default: the
     working directory)."""
     _only(data, {"server", "store", "metrics", "tls", "auth"}, "")
     server = _table(data, "server")
     store = _table(data, "store")
-    _only(server, {"grpc", "http", "min_n", "max_batch", "dedupe_ttl", "watch_interval", "grace_period",
-                   "workers", "max_concurrent_rpcs", "max_streams", "max_health_streams", "max_inflight_bytes",
-                   "http_max_connections", "http_request_timeout", "processes", "cors_origins", "metrics_top"},
-          "server.")
+    _only(
+        server,
+        {
+            "grpc",
+            "http",
+            "min_n",
+            "max_batch",
+            "dedupe_ttl",
+            "watch_interval",
+            "grace_period",
+            "workers",
+            "max_concurrent_rpcs",
+            "max_streams",
+            "max_health_streams",
+            "max_inflight_bytes",
+            "http_max_connections",
+            "http_request_timeout",
+            "processes",
+            "cors_origins",
+            "metrics_top",
+        },
+        "server.",
+    )
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise ConfigError("metrics: declare at least one [[metrics]] table.")
@@ -292,23 +339,29 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
-    url = store_url or os.environ.get(ENV_STORE_URL) or (
-        _text(store["url"], "store.url") if "url" in store else default_store_url(data_dir))
+    url = (
+        store_url
+        or os.environ.get(ENV_STORE_URL)
+        or (_text(store["url"], "store.url") if "url" in store else default_store_url(data_dir))
+    )
     base_dir = Path(base) if base is not None else Path.cwd()
     workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
     grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
     processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
     max_streams = _whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1)
-    max_health_streams = _whole(server.get("max_health_streams", _DEFAULT_HEALTH_STREAMS), "server.max_health_streams",
-                                low=1)
+    max_health_streams = _whole(
+        server.get("max_health_streams", _DEFAULT_HEALTH_STREAMS), "server.max_health_streams", low=1
+    )
     max_concurrent_rpcs = _whole(server.get("max_concurrent_rpcs", workers * 8), "server.max_concurrent_rpcs", low=1)
     if max_concurrent_rpcs < workers + max_streams + max_health_streams:
         # Open streams count as calls in progress: with fewer slots, streams alone could fill
         # them and every upload would be refused.
-        raise ConfigError(f"server.max_concurrent_rpcs: expected at least server.workers + max_streams + "
-                          f"max_health_streams ({workers} + {max_streams} + {max_health_streams}), so that streams "
-                          f"can never take every slot from uploads; got {max_concurrent_rpcs}.")
+        raise ConfigError(
+            f"server.max_concurrent_rpcs: expected at least server.workers + max_streams + "
+            f"max_health_streams ({workers} + {max_streams} + {max_health_streams}), so that streams "
+            f"can never take every slot from uploads; got {max_concurrent_rpcs}."
+        )
     return AggregatorConfig(
         metrics=metrics,
         grpc_address=grpc_address,
@@ -325,12 +378,19 @@ def parse_config(data: Mapping[str, object], *, source: str = "<config>", store_
         max_concurrent_rpcs=max_concurrent_rpcs,
         max_streams=max_streams,
         max_health_streams=max_health_streams,
-        max_inflight_bytes=(_whole(server["max_inflight_bytes"], "server.max_inflight_bytes", low=1)
-                            if "max_inflight_bytes" in server else None),
-        http_max_connections=_whole(server.get("http_max_connections", _DEFAULT_HTTP_CONNECTIONS),
-                                    "server.http_max_connections", low=1),
-        http_request_timeout=_seconds(server.get("http_request_timeout", _DEFAULT_HTTP_REQUEST_TIMEOUT),
-                                      "server.http_request_timeout", above_zero=True),
+        max_inflight_bytes=(
+            _whole(server["max_inflight_bytes"], "server.max_inflight_bytes", low=1)
+            if "max_inflight_bytes" in server
+            else None
+        ),
+        http_max_connections=_whole(
+            server.get("http_max_connections", _DEFAULT_HTTP_CONNECTIONS), "server.http_max_connections", low=1
+        ),
+        http_request_timeout=_seconds(
+            server.get("http_request_timeout", _DEFAULT_HTTP_REQUEST_TIMEOUT),
+            "server.http_request_timeout",
+            above_zero=True,
+        ),
         cors_origins=_origins(server.get("cors_origins", [])),
         processes=processes,
         tls=_tls(data, base_dir),
@@ -345,15 +405,21 @@ def _processes(value: object, url: str, grpc_address: str) -> int:
         return 1
     if url == "memory" or url.startswith("memory:"):
         # Each process would count into its own memory: estimates would see a share of the reports.
-        raise ConfigError(f"store.url: the memory store lives inside one process, so server.processes = "
-                          f"{processes} needs a shared store (redis://...); use server.processes = 1.")
+        raise ConfigError(
+            f"store.url: the memory store lives inside one process, so server.processes = "
+            f"{processes} needs a shared store (redis://...); use server.processes = 1."
+        )
     if url.startswith("sqlite:"):
         # One process writes a SQLite store (its file lock); the others could not count.
-        raise ConfigError(f"store.url: a SQLite store is written by one process, so server.processes = "
-                          f"{processes} needs a shared store (redis://...); use server.processes = 1.")
+        raise ConfigError(
+            f"store.url: a SQLite store is written by one process, so server.processes = "
+            f"{processes} needs a shared store (redis://...); use server.processes = 1."
+        )
     if grpc_address.rpartition(":")[2] == "0":
-        raise ConfigError(f"server.grpc: port 0 gives each of the server.processes = {processes} workers a port "
-                          f"of its own; give a fixed port.")
+        raise ConfigError(
+            f"server.grpc: port 0 gives each of the server.processes = {processes} workers a port "
+            f"of its own; give a fixed port."
+        )
     return processes
 
 
@@ -414,9 +480,14 @@ def _auth(data: Mapping[str, object], base: Path, declared: set[str], max_batch:
         digests.add(token.digest)
     # With authentication off, an explicit limit applies to all uploads together (anonymous).
     anonymous = limits if any(key in auth for key in _LIMIT_KEYS) else (0.0, 0.0, 0.0, 0.0)
-    return AuthConfig(tokens=tuple(t for t, _ in tokens), tokens_file=tokens_file,
-                      anonymous_rate_limit=anonymous[0], anonymous_rate_burst=anonymous[1],
-                      anonymous_upload_rate_limit=anonymous[2], anonymous_upload_rate_burst=anonymous[3])
+    return AuthConfig(
+        tokens=tuple(t for t, _ in tokens),
+        tokens_file=tokens_file,
+        anonymous_rate_limit=anonymous[0],
+        anonymous_rate_burst=anonymous[1],
+        anonymous_upload_rate_limit=anonymous[2],
+        anonymous_upload_rate_burst=anonymous[3],
+    )
 
 
 _LIMIT_KEYS = ("rate_limit", "rate_burst", "upload_rate_limit", "upload_rate_burst")
@@ -431,23 +502,28 @@ def _limits(table: Mapping[str, object], prefix: str, inherited: tuple, max_batc
     return (*reports, *uploads)
 
 
-def _rate(table: Mapping[str, object], prefix: str, kind: str, unit: str, inherited: tuple,
-          least_burst: int) -> tuple[float, float]:
+def _rate(
+    table: Mapping[str, object], prefix: str, kind: str, unit: str, inherited: tuple, least_burst: int
+) -> tuple[float, float]:
     """(rate, burst) of `kind`rate_limit and `kind`rate_burst in a table, or the inherited ones."""
     rate, burst = inherited
     if f"{kind}rate_limit" in table:
         value = table[f"{kind}rate_limit"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{prefix}{kind}rate_limit: expected {unit} per second (a number, 0 for no limit), "
-                              f"got {value!r}.")
+            raise ConfigError(
+                f"{prefix}{kind}rate_limit: expected {unit} per second (a number, 0 for no limit), got {value!r}."
+            )
         rate, burst = float(value), None  # a new rate has its own default burst
     if f"{kind}rate_burst" in table:
         value = table[f"{kind}rate_burst"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ConfigError(f"{prefix}{kind}rate_burst: expected a number of {unit}, got {value!r}.")
         if rate and value < least_burst:
-            need = f"server.max_batch ({least_burst}) reports, or a full batch" if unit == "reports" else \
-                f"{least_burst} upload, or no upload"
+            need = (
+                f"server.max_batch ({least_burst}) reports, or a full batch"
+                if unit == "reports"
+                else f"{least_burst} upload, or no upload"
+            )
             raise ConfigError(f"{prefix}{kind}rate_burst: expected at least {need} could never pass; got {value!r}.")
         burst = float(value)
     if burst is None:
@@ -455,8 +531,9 @@ def _rate(table: Mapping[str, object], prefix: str, kind: str, unit: str, inheri
     return rate, burst
 
 
-def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], limits: tuple[float, ...],
-            max_batch: int) -> list[tuple[TokenConfig, str]]:
+def _tokens(
+    table: Mapping[str, object], prefix: str, declared: set[str], limits: tuple[float, ...], max_batch: int
+) -> list[tuple[TokenConfig, str]]:
     found = []
     for role in ("upload", "read"):
         entries = table.get(f"{role}_tokens", [])
@@ -471,8 +548,10 @@ def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], limits
             _only(entry, allowed, f"{key}.")
             name = _text(entry.get("name"), f"{key}.name")
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}", name):
-                raise ConfigError(f"{key}.name: expected up to 64 letters, digits and _.@:- (a label in logs and "
-                                  f"metrics), got {name!r}.")
+                raise ConfigError(
+                    f"{key}.name: expected up to 64 letters, digits and _.@:- (a label in logs and "
+                    f"metrics), got {name!r}."
+                )
             digest = _token_value(entry.get("token"), f"{key}.token")
             if role == "read":
                 found.append((TokenConfig(name, role, digest), key))
@@ -483,8 +562,12 @@ def _tokens(table: Mapping[str, object], prefix: str, declared: set[str], limits
             for j, metric in enumerate(metrics):
                 if metric not in declared:
                     raise ConfigError(f"{key}.metrics[{j}]: {metric!r} is not a declared metric.")
-            found.append((TokenConfig(name, role, digest, frozenset(metrics),
-                                      *_limits(entry, f"{key}.", limits, max_batch)), key))
+            found.append(
+                (
+                    TokenConfig(name, role, digest, frozenset(metrics), *_limits(entry, f"{key}.", limits, max_batch)),
+                    key,
+                )
+            )
     return found
 
 
@@ -493,8 +576,10 @@ def _token_value(value: object, key: str) -> bytes:
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string.")
     if not _MIN_TOKEN_LENGTH <= len(value) <= _MAX_TOKEN_LENGTH or not all(0x20 < ord(c) < 0x7F for c in value):
-        raise ConfigError(f"{key}: expected {_MIN_TOKEN_LENGTH} to {_MAX_TOKEN_LENGTH} printable ASCII characters "
-                          f"without spaces (e.g. from `openssl rand -hex 32`).")
+        raise ConfigError(
+            f"{key}: expected {_MIN_TOKEN_LENGTH} to {_MAX_TOKEN_LENGTH} printable ASCII characters "
+            f"without spaces (e.g. from `openssl rand -hex 32`)."
+        )
     return token_digest(value)
 
 
@@ -510,8 +595,21 @@ def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:
 def _metric(raw: object, key: str) -> MetricConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{key}: expected a table with name, labels, mechanism, epsilon and windows.")
-    _only(raw, {"name", "labels", "mechanism", "epsilon", "windows", "period", "reports_per_period", "period_budget",
-                "lifetime_budget"}, f"{key}.")
+    _only(
+        raw,
+        {
+            "name",
+            "labels",
+            "mechanism",
+            "epsilon",
+            "windows",
+            "period",
+            "reports_per_period",
+            "period_budget",
+            "lifetime_budget",
+        },
+        f"{key}.",
+    )
     name = _text(raw.get("name"), f"{key}.name")
     labels = raw.get("labels")
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
@@ -529,19 +627,25 @@ def _metric(raw: object, key: str) -> MetricConfig:
     budgets = {}
     for budget in ("period_budget", "lifetime_budget"):
         value = raw.get(budget)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value < epsilon):
-            raise ConfigError(f"{key}.{budget}: expected an epsilon of at least the metric's ({epsilon!r}), "
-                              f"got {value!r}.")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < epsilon
+        ):
+            raise ConfigError(
+                f"{key}.{budget}: expected an epsilon of at least the metric's ({epsilon!r}), got {value!r}."
+            )
         budgets[budget] = None if value is None else float(value)
     try:
-        spec = MetricSpec.create(name, labels, mechanism, float(epsilon), period=period,
-                                 reports_per_period=reports_per_period, **budgets)
+        spec = MetricSpec.create(
+            name, labels, mechanism, float(epsilon), period=period, reports_per_period=reports_per_period, **budgets
+        )
     except MechanismError as err:
         raise ConfigError(f"{key}: {err}") from None
     raw_windows = raw.get("windows", list(_DEFAULT_WINDOWS))
     if not isinstance(raw_windows, list) or not raw_windows:
-        raise ConfigError(f"{key}.windows: expected a list such as [\"total\", \"1h\", \"1d\"].")
+        raise ConfigError(f'{key}.windows: expected a list such as ["total", "1h", "1d"].')
     windows = tuple(_window(w, f"{key}.windows[{i}]") for i, w in enumerate(raw_windows))
     if len({w.name for w in windows}) != len(windows):
         raise ConfigError(f"{key}.windows: a window is declared twice.")
@@ -585,7 +689,7 @@ def _address(value: object, key: str, *, allow_empty: bool) -> str:
     text = _text(value, key)
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{key}: expected host:port (e.g. \"127.0.0.1:50051\"), got {value!r}.")
+        raise ConfigError(f'{key}: expected host:port (e.g. "127.0.0.1:50051"), got {value!r}.')
     return text
 
 
@@ -596,17 +700,25 @@ def _whole(value: object, key: str, *, low: int) -> int:
 
 
 def _seconds(value: object, key: str, *, above_zero: bool = False) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-            or (above_zero and value == 0)):
-        raise ConfigError(f"{key}: expected a number of seconds ({'above' if above_zero else 'at least'} 0), "
-                          f"got {value!r}.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (above_zero and value == 0)
+    ):
+        raise ConfigError(
+            f"{key}: expected a number of seconds ({'above' if above_zero else 'at least'} 0), got {value!r}."
+        )
     return float(value)
 
 
 def _origins(value: object) -> tuple[str, ...]:
     """server.cors_origins: origins as browsers send them (scheme://host[:port], no path)."""
-    if not isinstance(value, list) or not all(isinstance(o, str) and o.count("/") == 2 and "://" in o
-                                              and not o.endswith("/") for o in value):
-        raise ConfigError(f"server.cors_origins: expected a list of origins like \"https://app.example.com\", "
-                          f"got {value!r}.")
+    if not isinstance(value, list) or not all(
+        isinstance(o, str) and o.count("/") == 2 and "://" in o and not o.endswith("/") for o in value
+    ):
+        raise ConfigError(
+            f'server.cors_origins: expected a list of origins like "https://app.example.com", got {value!r}.'
+        )
     return tuple(value)

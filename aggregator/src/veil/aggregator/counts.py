@@ -8,6 +8,7 @@ one weight (q); RAPPOR has 0..k; admissible RAPPOR 1..k-1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,15 @@ class Counts:
         rows = np.full(self.k + 1, -1, dtype=np.int64)
         rows[list(self.weights)] = np.arange(len(self.weights))
         return rows
+
+    @classmethod
+    def summed(cls, parts: Sequence[Counts]) -> Counts:
+        """The counts of several parts of one design added (a group of batches, a bucket's shards)."""
+        return cls(
+            parts[0].weights,
+            sum((p.n for p in parts[1:]), parts[0].n.copy()),
+            sum((p.v for p in parts[1:]), parts[0].v.copy()),
+        )
 
     def add(self, other: Counts) -> None:
         if other.weights != self.weights or other.k != self.k:

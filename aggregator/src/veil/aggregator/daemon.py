@@ -56,9 +56,9 @@ from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 from . import dashboard
 from ._auth import AccessInterceptor, Limits, token_limits
 from ._budget import ByteBudget
+from ._http_collector import HttpCollector
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
-from ._http_collector import HttpCollector
 from .errors import ConfigError, StoreError, StoreMisconfigured
 from .http import HttpListener, Page
 from .instruments import EstimatesCollector, Instruments
@@ -74,8 +74,11 @@ _HEALTH_PERIOD = 1.0  # seconds between store pings
 # A call's message waits in the HTTP/2 stream window until a worker asks for it. gRPC grows
 # windows with its bandwidth probe; without it they stay at the lookahead for calls not yet
 # read (a call being read is given its message's size), so queued calls hold little memory.
-_GRPC_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 64 << 10),
-                 ("grpc.max_concurrent_streams", 100))
+_GRPC_OPTIONS = (
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 64 << 10),
+    ("grpc.max_concurrent_streams", 100),
+)
 _SERVICES = tuple(s.full_name for s in veil_pb2.DESCRIPTOR.services_by_name.values())
 
 
@@ -89,7 +92,9 @@ def max_message_bytes(config: AggregatorConfig) -> int:
     fields; the largest over the metrics. gRPC refuses anything larger before it is read."""
     return max(
         config.max_batch * max_report_bytes(m.spec.mechanism)
-        + len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES
+        + len(m.name.encode())
+        + len(m.spec.fingerprint.encode())
+        + _FIELDS_BYTES
         for m in config.metrics
     )
 
@@ -101,8 +106,10 @@ def inflight_bytes(config: AggregatorConfig) -> int:
     if config.max_inflight_bytes is None:
         return max(_DEFAULT_INFLIGHT_BYTES, limit)
     if config.max_inflight_bytes < limit:
-        raise ConfigError(f"server.max_inflight_bytes: expected at least the largest valid upload of these metrics "
-                          f"({limit} bytes), or it could never be read; got {config.max_inflight_bytes}.")
+        raise ConfigError(
+            f"server.max_inflight_bytes: expected at least the largest valid upload of these metrics "
+            f"({limit} bytes), or it could never be read; got {config.max_inflight_bytes}."
+        )
     return config.max_inflight_bytes
 
 
@@ -128,14 +135,19 @@ def _worker_limits(auth: AuthConfig, processes: int) -> dict[str, Limits]:
     """This process's share of every token's rates and bursts. SO_REUSEPORT spreads connections,
     not calls, over the processes, so the N shares add up to the configured limit only while a
     token's connections are spread evenly (a token on one connection gets 1/N of it)."""
-    return {name: tuple(value / processes for value in limits) for name, limits in token_limits(auth).items()}
+    return {
+        name: (rate / processes, burst / processes, upload_rate / processes, upload_burst / processes)
+        for name, (rate, burst, upload_rate, upload_burst) in token_limits(auth).items()
+    }
 
 
 def _token_names(auth: AuthConfig) -> dict[str, object]:
     """The tokens for a log line: upload token names with their metrics, read token names;
     names, never values."""
-    return {"upload_tokens": {t.name: sorted(t.metrics) for t in auth.of_role("upload")},
-            "read_tokens": [t.name for t in auth.of_role("read")]}
+    return {
+        "upload_tokens": {t.name: sorted(t.metrics) for t in auth.of_role("upload")},
+        "read_tokens": [t.name for t in auth.of_role("read")],
+    }
 
 
 def _exported_registry(config: AggregatorConfig, instruments: Instruments, live: LiveEstimates) -> CollectorRegistry:
@@ -146,8 +158,10 @@ def _exported_registry(config: AggregatorConfig, instruments: Instruments, live:
         registry = instruments.registry
     else:
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            raise ConfigError(f"server.processes: {config.processes} worker processes are started by `veil serve`, "
-                              f"which gives them PROMETHEUS_MULTIPROC_DIR; use server.processes = 1 here.")
+            raise ConfigError(
+                f"server.processes: {config.processes} worker processes are started by `veil serve`, "
+                f"which gives them PROMETHEUS_MULTIPROC_DIR; use server.processes = 1 here."
+            )
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
@@ -160,9 +174,15 @@ def _exported_registry(config: AggregatorConfig, instruments: Instruments, live:
 
 
 class Aggregator:
-    def __init__(self, config: AggregatorConfig, *, store: Store | None = None,
-                 registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-                 pages: dict[str, tuple[str, Page]] | None = None) -> None:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        *,
+        store: Store | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        pages: dict[str, tuple[str, Page]] | None = None,
+    ) -> None:
         self.config = config
         limit = max_message_bytes(config)
         budget = inflight_bytes(config)
@@ -179,16 +199,24 @@ class Aggregator:
         self._store_ok: bool | None = None  # unknown until the first ping
 
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.access = AccessInterceptor(config.auth, metrics={m.name: m.spec for m in config.metrics},
-                                        max_streams=config.max_streams, max_health_streams=config.max_health_streams,
-                                        upload_bytes=limit, budget=ByteBudget(budget),
-                                        limits=_worker_limits(config.auth, config.processes),
-                                        registry=self.instruments.registry)
+        self.access = AccessInterceptor(
+            config.auth,
+            metrics={m.name: m.spec for m in config.metrics},
+            max_streams=config.max_streams,
+            max_health_streams=config.max_health_streams,
+            upload_bytes=limit,
+            budget=ByteBudget(budget),
+            limits=_worker_limits(config.auth, config.processes),
+            registry=self.instruments.registry,
+        )
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
             interceptors=[self.access],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", int(config.processes > 1)),
-                     *_GRPC_OPTIONS],
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.so_reuseport", int(config.processes > 1)),
+                *_GRPC_OPTIONS,
+            ],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         collector = CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False)
@@ -209,14 +237,20 @@ class Aggregator:
         self._http = None
         if config.http_address:
             try:
-                self._http = HttpListener(config.http_address, self.live, exported,
-                                          lambda: self._store_ok is True,
-                                          dashboard.pages() if pages is None else pages,
-                                          tls=self.tls, authenticator=self.access.authenticator,
-                                          max_connections=config.http_max_connections,
-                                          request_timeout=config.http_request_timeout,
-                                          collector=HttpCollector(self.access, collector), upload_bytes=limit,
-                                          cors_origins=config.cors_origins)
+                self._http = HttpListener(
+                    config.http_address,
+                    self.live,
+                    exported,
+                    lambda: self._store_ok is True,
+                    dashboard.pages() if pages is None else pages,
+                    tls=self.tls,
+                    authenticator=self.access.authenticator,
+                    max_connections=config.http_max_connections,
+                    request_timeout=config.http_request_timeout,
+                    collector=HttpCollector(self.access, collector),
+                    upload_bytes=limit,
+                    cors_origins=config.cors_origins,
+                )
             except OSError as err:
                 raise ConfigError(f"server.http: cannot listen on {config.http_address} ({err.strerror}).") from None
         self._pinger = threading.Thread(target=self._watch_store, name="veil-health", daemon=True)
@@ -251,8 +285,10 @@ class Aggregator:
         if self._http:
             self._http.start()
         self._pinger.start()
-        log.info("aggregator started", extra={"grpc_port": self.grpc_port, "http_port": self.http_port,
-                                              "metrics": len(self.config.metrics)})
+        log.info(
+            "aggregator started",
+            extra={"grpc_port": self.grpc_port, "http_port": self.http_port, "metrics": len(self.config.metrics)},
+        )
         self._log_access()
 
     def _log_access(self) -> None:
@@ -260,18 +296,32 @@ class Aggregator:
         config = self.config
         if self.tls is None:
             exposed = [a for a in (config.grpc_address, config.http_address) if a and not is_loopback(a)]
-            log.log(logging.WARNING if exposed else logging.INFO,
-                    "TLS is OFF: gRPC and HTTP are plaintext" + (
-                        " on a non-loopback address: reports and tokens travel in clear; configure [tls] unless "
-                        "a proxy in front terminates TLS" if exposed else " (loopback only)"))
+            log.log(
+                logging.WARNING if exposed else logging.INFO,
+                "TLS is OFF: gRPC and HTTP are plaintext"
+                + (
+                    " on a non-loopback address: reports and tokens travel in clear; configure [tls] unless "
+                    "a proxy in front terminates TLS"
+                    if exposed
+                    else " (loopback only)"
+                ),
+            )
         else:
-            days = (self.tls.not_after - datetime.datetime.now(datetime.timezone.utc)).days
-            log.log(logging.WARNING if days < 14 else logging.INFO, "TLS on", extra={
-                "mutual_tls": self.tls.mutual, "certificate_not_after": self.tls.not_after.isoformat(),
-                "certificate_days_left": days})
+            days = (self.tls.not_after - datetime.datetime.now(datetime.UTC)).days
+            log.log(
+                logging.WARNING if days < 14 else logging.INFO,
+                "TLS on",
+                extra={
+                    "mutual_tls": self.tls.mutual,
+                    "certificate_not_after": self.tls.not_after.isoformat(),
+                    "certificate_days_left": days,
+                },
+            )
         if not config.auth.enabled:
-            log.warning("authentication is OFF: no tokens are configured, so anyone who reaches the listeners can "
-                        "upload and read estimates; fine for the embedded demo, not for production ([auth])")
+            log.warning(
+                "authentication is OFF: no tokens are configured, so anyone who reaches the listeners can "
+                "upload and read estimates; fine for the embedded demo, not for production ([auth])"
+            )
             return
         log.info("authentication on", extra=_token_names(config.auth))
         if not config.auth.of_role("read"):
@@ -293,8 +343,10 @@ class Aggregator:
             status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
             for service in ("", *_SERVICES):
                 self._health.set(service, status)
-            log.log(logging.INFO if ok else logging.WARNING,
-                    "counter store reachable: SERVING" if ok else "counter store unavailable: NOT_SERVING")
+            log.log(
+                logging.INFO if ok else logging.WARNING,
+                "counter store reachable: SERVING" if ok else "counter store unavailable: NOT_SERVING",
+            )
         self._store_ok = ok
 
     def _watch_store(self) -> None:

@@ -26,8 +26,16 @@ from . import _kernels
 from .counts import Counts
 from .errors import InvalidBatch
 
-__all__ = ["BATCH_ID_BYTES", "UNPARSEABLE", "decode_upload", "decode_index_sets", "decode_bitmaps",
-           "parse_upload", "reports_held", "warm_up"]
+__all__ = [
+    "BATCH_ID_BYTES",
+    "UNPARSEABLE",
+    "decode_upload",
+    "decode_index_sets",
+    "decode_bitmaps",
+    "parse_upload",
+    "reports_held",
+    "warm_up",
+]
 
 BATCH_ID_BYTES = 16
 UNPARSEABLE = "The upload is not a valid UploadRequest message."
@@ -91,7 +99,7 @@ def _count_bitmaps(spec: MechanismSpec, count: int, bitmaps: veil_pb2.Bitmaps) -
         bad = _kernels.decode_bitmaps(data, count, spec.k, _rows_of_weight(spec), counts.n, counts.v)
     if bad >= 0:
         width = report_bytes(spec, BITMAPS)
-        raise InvalidBatch(_bitmap_fault(spec, data[bad * width:(bad + 1) * width]), report=bad)
+        raise InvalidBatch(_bitmap_fault(spec, data[bad * width : (bad + 1) * width]), report=bad)
     return counts
 
 
@@ -151,8 +159,12 @@ def _index_set_rows(spec: MechanismSpec, count: int, index_sets: veil_pb2.IndexS
     if index_sets.set_size != spec.q:
         raise InvalidBatch(f"set_size {index_sets.set_size} is not q = {spec.q}")
     data = index_sets.indices
-    _check_length("index_sets.indices", len(data), count * report_bytes(spec, INDEX_SETS),
-                  f"{count} reports of {spec.q} uint32 indices")
+    _check_length(
+        "index_sets.indices",
+        len(data),
+        count * report_bytes(spec, INDEX_SETS),
+        f"{count} reports of {spec.q} uint32 indices",
+    )
     return np.frombuffer(data, dtype="<u4").reshape(count, spec.q)
 
 

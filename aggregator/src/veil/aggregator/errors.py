@@ -23,8 +23,19 @@ INTERNAL.
 
 from __future__ import annotations
 
-__all__ = ["AggregatorError", "ConfigError", "InvalidBatch", "UnknownMetric", "UnknownWindow", "UnknownCategory",
-           "StaleSpec", "InvalidRange", "StoreError", "StoreUnavailable", "StoreMisconfigured"]
+__all__ = [
+    "AggregatorError",
+    "ConfigError",
+    "InvalidBatch",
+    "UnknownMetric",
+    "UnknownWindow",
+    "UnknownCategory",
+    "StaleSpec",
+    "InvalidRange",
+    "StoreError",
+    "StoreUnavailable",
+    "StoreMisconfigured",
+]
 
 
 _QUOTED_CHARACTERS = 64

@@ -50,8 +50,16 @@ from veil.mechanism import LinearEstimator, MechanismError, MechanismSpec
 from ._kernels import score_intervals, simplex_projections
 from .counts import Counts
 
-__all__ = ["Estimate", "GroupEstimate", "estimate", "estimate_many", "group_estimate", "rest_estimate",
-           "project_to_simplex", "Z95"]
+__all__ = [
+    "Estimate",
+    "GroupEstimate",
+    "estimate",
+    "estimate_many",
+    "group_estimate",
+    "rest_estimate",
+    "project_to_simplex",
+    "Z95",
+]
 
 Z95 = NormalDist().inv_cdf(0.975)  # 1.959964...: the two-sided 95% normal quantile
 
@@ -72,17 +80,30 @@ class Estimate:
     reports_per_device: int = 1  # c: the most reports one device can have in these counts
 
 
-def estimate(spec: MechanismSpec, counts: Counts, *, estimator: str = "minimax", project: bool = False,
-             reports_per_device: int = 1) -> Estimate:
+def estimate(
+    spec: MechanismSpec,
+    counts: Counts,
+    *,
+    estimator: str = "minimax",
+    project: bool = False,
+    reports_per_device: int = 1,
+) -> Estimate:
     """The unbiased estimate of the distribution behind ``counts`` (reports of ``spec``), with
     standard errors and intervals allowing for up to ``reports_per_device`` reports of one
     device among them (1: independent reports)."""
-    return estimate_many(spec, [counts], estimator=estimator, project=project,
-                         reports_per_device=[reports_per_device])[0]
+    return estimate_many(spec, [counts], estimator=estimator, project=project, reports_per_device=[reports_per_device])[
+        0
+    ]
 
 
-def estimate_many(spec: MechanismSpec, counts: Sequence[Counts], *, estimator: str = "minimax",
-                  project: bool = False, reports_per_device: Sequence[int] | None = None) -> list[Estimate]:
+def estimate_many(
+    spec: MechanismSpec,
+    counts: Sequence[Counts],
+    *,
+    estimator: str = "minimax",
+    project: bool = False,
+    reports_per_device: Sequence[int] | None = None,
+) -> list[Estimate]:
     """estimate() of each of several counts of one design (e.g. the buckets of a series), the
     same numbers, computed over a (buckets, k) matrix at once: the per-bucket cost of a long
     series is then a few numpy passes, not a few dozen numpy calls. reports_per_device: one per
@@ -96,15 +117,15 @@ def estimate_many(spec: MechanismSpec, counts: Sequence[Counts], *, estimator: s
     per_device = [1] * len(counts) if reports_per_device is None else list(reports_per_device)
     if len(per_device) != len(counts):
         raise MechanismError("estimate_many takes one reports_per_device per counts.")
-    for c, each in zip(per_device, counts):
+    for per, each in zip(per_device, counts):
         if each.weights != linear.weights or each.k != spec.k:
             raise MechanismError(f"These counts were not made by the {spec.name} design with k = {spec.k}.")
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise MechanismError(f"reports_per_device must be a whole number of at least 1, not {c!r}.")
+        if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+            raise MechanismError(f"reports_per_device must be a whole number of at least 1, not {per!r}.")
     totals = [each.total for each in counts]
     found: list[Estimate | None] = [None] * len(counts)
-    for i, n in enumerate(totals):
-        if n == 0:
+    for i, total in enumerate(totals):
+        if total == 0:
             nan = np.full(spec.k, np.nan)
             found[i] = Estimate(0, estimator, nan, nan, nan, nan, nan.copy() if project else None, per_device[i])
     rows = [i for i, n in enumerate(totals) if n]
@@ -156,8 +177,9 @@ class GroupEstimate:
     upper: float
 
 
-def group_estimate(spec: MechanismSpec, e: Estimate, members: Sequence[int], labels: Sequence[str] = ()
-                   ) -> GroupEstimate:
+def group_estimate(
+    spec: MechanismSpec, e: Estimate, members: Sequence[int], labels: Sequence[str] = ()
+) -> GroupEstimate:
     """The share of the categories ``members`` (indices, no repeats) from an estimate of
     ``spec``: sum_G pi_hat_j, whose per-report variance is s2_G(pi_G) = B_G + (A_G - B_G) pi_G
     - pi_G^2 with (A_G, B_G) = LinearEstimator.group_moments (the covariances of the categories
@@ -175,8 +197,7 @@ def group_estimate(spec: MechanismSpec, e: Estimate, members: Sequence[int], lab
     # A report moves the sum by alpha_t times the group members it holds: the same lattice.
     delta = _half_step(linear, np.array([float(e.reports_per_device)]), np.array([float(e.n)]))
     stderr, lower, upper = _score_interval(mean, delta, np.array([scale]), a, b)
-    return GroupEstimate(tuple(labels), float(mean[0, 0]), float(stderr[0, 0]), float(lower[0, 0]),
-                         float(upper[0, 0]))
+    return GroupEstimate(tuple(labels), float(mean[0, 0]), float(stderr[0, 0]), float(lower[0, 0]), float(upper[0, 0]))
 
 
 def rest_estimate(spec: MechanismSpec, e: Estimate, top: int, labels: Sequence[str] = ()) -> GroupEstimate:
@@ -207,8 +228,9 @@ def rest_estimate(spec: MechanismSpec, e: Estimate, top: int, labels: Sequence[s
     linear = spec.estimators()[e.estimator]
     _, _, a, b = linear.moments(spec.weight_law())
     c, n = np.array([float(e.reports_per_device)]), np.array([float(e.n)])
-    _, lower, _ = _score_interval(e.estimate[None, kept], _half_step(linear, c, n), c / n, a, b,
-                                  NormalDist().inv_cdf(1.0 - level))
+    _, lower, _ = _score_interval(
+        e.estimate[None, kept], _half_step(linear, c, n), c / n, a, b, NormalDist().inv_cdf(1.0 - level)
+    )
     lower = lower[0]
     if len(linear.weights) == 1 and linear.alpha[0] > 0:
         # One weight: pi_hat_j = alpha V_j / n + beta, and V_j ~ Binomial(n, pi_j / alpha - beta /
@@ -257,8 +279,9 @@ def _half_step(linear: LinearEstimator, c: np.ndarray, n: np.ndarray) -> np.ndar
     return np.zeros_like(n)
 
 
-def _score_interval(mean: np.ndarray, delta: np.ndarray, scale: np.ndarray, a: float, b: float, z: float = Z95
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _score_interval(
+    mean: np.ndarray, delta: np.ndarray, scale: np.ndarray, a: float, b: float, z: float = Z95
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Of each row i of mean (rows, k), with its half step delta[i] and variance scale[i]: the
     standard error sqrt(scale s2(pi~)) at the clipped share pi~, and the shares pi in [0, 1]
     with (|mean - pi| - delta)_+^2 <= w s2(pi), w = z^2 scale (z: Z95 unless asked): the union of three pieces, each
@@ -271,8 +294,17 @@ def _score_interval(mean: np.ndarray, delta: np.ndarray, scale: np.ndarray, a: f
     kernel (_kernels.score_intervals) over the matrix."""
     mean = np.ascontiguousarray(mean, dtype=np.float64)
     stderr, lower, upper = np.empty_like(mean), np.empty_like(mean), np.empty_like(mean)
-    score_intervals(mean, np.ascontiguousarray(delta, dtype=np.float64),
-                    np.ascontiguousarray(scale, dtype=np.float64), float(a), float(b), z, stderr, lower, upper)
+    score_intervals(
+        mean,
+        np.ascontiguousarray(delta, dtype=np.float64),
+        np.ascontiguousarray(scale, dtype=np.float64),
+        float(a),
+        float(b),
+        z,
+        stderr,
+        lower,
+        upper,
+    )
     return stderr, lower, upper
 
 

@@ -73,13 +73,26 @@ class HttpListener:
     """Serves the routes above on a thread of its own. The socket is bound when it is made
     (an OSError then), served from start() to stop()."""
 
-    def __init__(self, address: str, live: LiveEstimates, registry, healthy: Callable[[], bool],
-                 pages: dict[str, tuple[str, Page]] | None = None, *, tls=None, authenticator=None,
-                 max_connections: int = 256, request_timeout: float = 10.0, collector=None,
-                 upload_bytes: int = 0, cors_origins: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        address: str,
+        live: LiveEstimates,
+        registry,
+        healthy: Callable[[], bool],
+        pages: dict[str, tuple[str, Page]] | None = None,
+        *,
+        tls=None,
+        authenticator=None,
+        max_connections: int = 256,
+        request_timeout: float = 10.0,
+        collector=None,
+        upload_bytes: int = 0,
+        cors_origins: tuple[str, ...] = (),
+    ) -> None:
         host, _, port = address.rpartition(":")
-        self._socket = socket.create_server((host.strip("[]"), int(port)), backlog=128,
-                                            family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._socket = socket.create_server(
+            (host.strip("[]"), int(port)), backlog=128, family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
         self._routes = _Routes(live, registry, healthy, dict(pages or {}), authenticator)
         self._collector = collector  # _http_collector.HttpCollector, or None: no upload routes
         self._body_limit = max(64 << 10, upload_bytes)
@@ -122,12 +135,24 @@ class HttpListener:
         app.router.add_route("*", "/{path:.*}", self._answer)
         # access_log=None: nothing logged per request (no addresses); keepalive_timeout: idle
         # connections are closed by our deadline first, this is the library's backstop.
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_ProtocolLog(log, {}),
-                                     keepalive_timeout=self._timeout, max_line_size=8190, max_field_size=8190)
-        await self._runner.setup()
+        runner = self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            logger=_ProtocolLog(log, {}),
+            keepalive_timeout=self._timeout,
+            max_line_size=8190,
+            max_field_size=8190,
+        )
+        await runner.setup()
+        server = runner.server
+        assert server is not None  # made by setup(); the listener closes before the runner is cleaned up
         self._server = await self._loop.create_server(
-            lambda: _Connection(self, self._runner.server()), sock=self._socket, ssl=self._ssl_context(),
-            ssl_handshake_timeout=self._timeout if self._tls is not None else None)
+            lambda: _Connection(self, server()),
+            sock=self._socket,
+            ssl=self._ssl_context(),
+            ssl_handshake_timeout=self._timeout if self._tls is not None else None,
+        )
 
     async def _close(self) -> None:
         if self._server is not None:
@@ -155,8 +180,11 @@ class HttpListener:
         origin = request.headers.get("Origin", "")
         if origin not in self._cors_origins:
             return {}
-        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
-                "Access-Control-Expose-Headers": "retry-after-ms, Retry-After"}
+        return {
+            "Access-Control-Allow-Origin": origin,
+            "Vary": "Origin",
+            "Access-Control-Expose-Headers": "retry-after-ms, Retry-After",
+        }
 
     @web.middleware
     async def _deadline(self, request: web.Request, handler):
@@ -176,28 +204,52 @@ class HttpListener:
         collector_route = self._collector is not None and path in ("/v1/upload", "/v1/specs")
         cors = self._cors(request) if collector_route else {}
         if collector_route and request.method == "OPTIONS":  # a browser's CORS preflight
-            status, content_type, body, headers = 204, "text/plain", b"", {
-                **cors, "Access-Control-Allow-Methods": "GET, POST", "Access-Control-Max-Age": "600",
-                "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept"} if cors else {}
+            status, content_type, body, headers = (
+                204,
+                "text/plain",
+                b"",
+                {
+                    **cors,
+                    "Access-Control-Allow-Methods": "GET, POST",
+                    "Access-Control-Max-Age": "600",
+                    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept",
+                }
+                if cors
+                else {},
+            )
         elif self._collector is not None and path == "/v1/upload" and request.method == "POST":
             body = await request.read()  # at most client_max_size, else 413
             status, content_type, body, headers = await self._loop.run_in_executor(
-                self._pool, self._collector.upload, authorization, request.headers.get("Content-Type", ""), body)
+                self._pool, self._collector.upload, authorization, request.headers.get("Content-Type", ""), body
+            )
         elif self._collector is not None and path == "/v1/specs" and request.method in ("GET", "HEAD"):
             status, content_type, body, headers = await self._loop.run_in_executor(
-                self._pool, self._collector.specs, authorization, request.query.getall("metric", []),
-                request.headers.get("Accept", ""))
+                self._pool,
+                self._collector.specs,
+                authorization,
+                request.query.getall("metric", []),
+                request.headers.get("Accept", ""),
+            )
         elif request.method not in ("GET", "HEAD"):
-            status, content_type, body, headers = _json(405, {"error": "Only GET and HEAD are served here."},
-                                                        {"Allow": "GET, HEAD"})
+            status, content_type, body, headers = _json(
+                405, {"error": "Only GET and HEAD are served here."}, {"Allow": "GET, HEAD"}
+            )
         else:
             status, content_type, body, headers = await self._loop.run_in_executor(
-                self._pool, self._routes.answer, request.rel_url.raw_path, request.rel_url.raw_query_string,
-                authorization)
+                self._pool,
+                self._routes.answer,
+                request.rel_url.raw_path,
+                request.rel_url.raw_query_string,
+                authorization,
+            )
         if collector_route and status != 204:
             headers = {**headers, **cors}
-        response = web.Response(status=status, body=body, content_type=None,
-                                headers={**_SECURITY_HEADERS, **headers, "Content-Type": content_type})
+        response = web.Response(
+            status=status,
+            body=body,
+            content_type=None,
+            headers={**_SECURITY_HEADERS, **headers, "Content-Type": content_type},
+        )
         if len(body) >= _GZIP_AT_LEAST:
             response.headers["Vary"] = "Accept-Encoding"
             if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
@@ -212,7 +264,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, listener: HttpListener, inner: asyncio.Protocol) -> None:
         self._listener = listener
         self._inner = inner
-        self._transport: asyncio.BaseTransport | None = None
+        self._transport: asyncio.Transport | None = None  # a stream protocol's
         self._timer: asyncio.TimerHandle | None = None
         self._refused = False
         if len(listener._connections) >= listener._max_connections:
@@ -299,8 +351,14 @@ def _json(status: int, body: dict, headers: dict[str, str] | None = None) -> tup
 class _Routes:
     """The routes' answers as (status, content type, body, headers), computed off the loop."""
 
-    def __init__(self, live: LiveEstimates, registry, healthy: Callable[[], bool],
-                 pages: dict[str, tuple[str, Page]], authenticator) -> None:
+    def __init__(
+        self,
+        live: LiveEstimates,
+        registry,
+        healthy: Callable[[], bool],
+        pages: dict[str, tuple[str, Page]],
+        authenticator,
+    ) -> None:
         self.live, self.registry, self.healthy, self.pages = live, registry, healthy, pages
         self.authenticator = authenticator  # veil.aggregator._auth.Authenticator, or None: no tokens
 
@@ -311,11 +369,11 @@ class _Routes:
             if refusal is not None:
                 return refusal
         if path == "/v1/estimates" or path.startswith("/v1/estimates/"):
-            metric = unquote(path[len("/v1/estimates/"):]) if path != "/v1/estimates" else None
+            metric = unquote(path[len("/v1/estimates/") :]) if path != "/v1/estimates" else None
             status, body = estimates_answer(self.live, metric, parse_qs(raw_query))
             return status, "application/json", body, {}
         if path.startswith("/v1/series/"):
-            status, body = series_answer(self.live, unquote(path[len("/v1/series/"):]), parse_qs(raw_query))
+            status, body = series_answer(self.live, unquote(path[len("/v1/series/") :]), parse_qs(raw_query))
             return status, "application/json", body, {}
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
@@ -323,8 +381,8 @@ class _Routes:
             ok = self.healthy()
             return 200 if ok else 503, "text/plain; charset=utf-8", b"ok\n" if ok else b"store unavailable\n", {}
         if path in self.pages:
-            content_type, body = self.pages[path]
-            return 200, content_type, body(), {}
+            content_type, page = self.pages[path]
+            return 200, content_type, page(), {}
         return _json(404, {"error": f"No such resource: {raw_path[:200]}"})
 
     def _refusal(self, authorization: list[str]) -> tuple[int, str, bytes, dict] | None:
@@ -335,6 +393,9 @@ class _Routes:
         if token is None:
             return _json(401, {"error": problem}, {"WWW-Authenticate": 'Bearer realm="veil"'})
         if token.role != "read":
-            return _json(403, {"error": f"Token {token.name!r} is not a read token."},
-                         {"WWW-Authenticate": 'Bearer realm="veil", error="insufficient_scope"'})
+            return _json(
+                403,
+                {"error": f"Token {token.name!r} is not a read token."},
+                {"WWW-Authenticate": 'Bearer realm="veil", error="insufficient_scope"'},
+            )
         return None

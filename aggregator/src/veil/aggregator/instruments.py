@@ -31,27 +31,43 @@ class Instruments:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.uploads = Counter("veil_uploads", "Upload calls by metric and outcome.", ["metric", "outcome"],
-                               registry=self.registry)
-        self.reports = Counter("veil_reports_counted", "Reports counted (duplicates excluded).", ["metric"],
-                               registry=self.registry)
+        self.uploads = Counter(
+            "veil_uploads", "Upload calls by metric and outcome.", ["metric", "outcome"], registry=self.registry
+        )
+        self.reports = Counter(
+            "veil_reports_counted", "Reports counted (duplicates excluded).", ["metric"], registry=self.registry
+        )
         self.upload_seconds = Histogram(
-            "veil_upload_seconds", "Time to validate and count one upload.", ["metric"], registry=self.registry,
+            "veil_upload_seconds",
+            "Time to validate and count one upload.",
+            ["metric"],
+            registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
         # Store writes: one flush is one write of a group of batches (RedisStore: one script call).
         self.flush_seconds = Histogram(
-            "veil_store_flush_seconds", "Time of one store write of a group of batches.", registry=self.registry,
+            "veil_store_flush_seconds",
+            "Time of one store write of a group of batches.",
+            registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
         self.flush_batches = Histogram(
-            "veil_store_flush_batches", "Batches written together by one store write.", registry=self.registry,
+            "veil_store_flush_batches",
+            "Batches written together by one store write.",
+            registry=self.registry,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
         )
-        self.flush_failures = Counter("veil_store_flush_failures", "Store writes that failed (every batch of "
-                                      "the group was refused with UNAVAILABLE or INTERNAL).", registry=self.registry)
-        self.token_reloads = Counter("veil_token_reloads", "Reloads of the tokens (SIGHUP), by outcome: reloaded, "
-                                     "or failed (the tokens in use stayed).", ["outcome"], registry=self.registry)
+        self.flush_failures = Counter(
+            "veil_store_flush_failures",
+            "Store writes that failed (every batch of the group was refused with UNAVAILABLE or INTERNAL).",
+            registry=self.registry,
+        )
+        self.token_reloads = Counter(
+            "veil_token_reloads",
+            "Reloads of the tokens (SIGHUP), by outcome: reloaded, or failed (the tokens in use stayed).",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def observe_flush(self, batches: int, seconds: float, failed: bool) -> None:
         """One store write of ``batches`` batches took ``seconds``."""
@@ -71,22 +87,42 @@ class EstimatesCollector:
         self._top = top
 
     def collect(self):
-        estimate = GaugeMetricFamily("veil_estimate", "Unbiased estimate of a category's share.",
-                                     labels=["metric", "window", "category"])
-        stderr = GaugeMetricFamily("veil_estimate_stderr", "Standard error of the estimate.",
-                                   labels=["metric", "window", "category"])
-        reports = GaugeMetricFamily("veil_window_reports", "Reports counted in the window's current bucket.",
-                                    labels=["metric", "window"])
-        rest = GaugeMetricFamily("veil_estimate_rest", "Estimated share of the categories not exported one by one "
-                                 "(all but the metrics_top largest), as one group.", labels=["metric", "window"])
-        rest_stderr = GaugeMetricFamily("veil_estimate_rest_stderr", "Standard error of veil_estimate_rest.",
-                                        labels=["metric", "window"])
+        estimate = GaugeMetricFamily(
+            "veil_estimate", "Unbiased estimate of a category's share.", labels=["metric", "window", "category"]
+        )
+        stderr = GaugeMetricFamily(
+            "veil_estimate_stderr", "Standard error of the estimate.", labels=["metric", "window", "category"]
+        )
+        reports = GaugeMetricFamily(
+            "veil_window_reports", "Reports counted in the window's current bucket.", labels=["metric", "window"]
+        )
+        rest = GaugeMetricFamily(
+            "veil_estimate_rest",
+            "Estimated share of the categories not exported one by one "
+            "(all but the metrics_top largest), as one group.",
+            labels=["metric", "window"],
+        )
+        rest_stderr = GaugeMetricFamily(
+            "veil_estimate_rest_stderr", "Standard error of veil_estimate_rest.", labels=["metric", "window"]
+        )
         up = GaugeMetricFamily("veil_store_up", "1 when the counter store answered this scrape's reads, else 0.")
-        info = InfoMetricFamily("veil_metric", "A declared metric's spec.",
-                                labels=["metric", "mechanism", "epsilon", "k", "fingerprint", "period_seconds"])
+        info = InfoMetricFamily(
+            "veil_metric",
+            "A declared metric's spec.",
+            labels=["metric", "mechanism", "epsilon", "k", "fingerprint", "period_seconds"],
+        )
         for spec in dict.fromkeys(metric.spec for metric, _ in self._live.select()):
-            info.add_metric([spec.name, spec.mechanism.name, repr(spec.mechanism.epsilon), str(spec.mechanism.k),
-                             spec.fingerprint, str(spec.period)], {})
+            info.add_metric(
+                [
+                    spec.name,
+                    spec.mechanism.name,
+                    repr(spec.mechanism.epsilon),
+                    str(spec.mechanism.k),
+                    spec.fingerprint,
+                    str(spec.period),
+                ],
+                {},
+            )
         try:
             current = self._live.current()
             up.add_metric([], 1)

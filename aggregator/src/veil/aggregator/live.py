@@ -37,7 +37,7 @@ from .config import AggregatorConfig, MetricConfig, Window
 from .counts import Counts
 from .errors import InvalidRange, UnknownCategory, UnknownMetric, UnknownWindow, quoted
 from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, rest_estimate
-from .store import CountsKey, Store
+from .store import CountsKey, Store, Version
 
 __all__ = ["WindowEstimate", "LiveEstimates", "estimates_json", "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
 
@@ -49,9 +49,6 @@ _PAST_KEPT = 1 << 21  # categories of the bucket estimates series() keeps (some 
 _SETTLED_AFTER = 60
 
 log = logging.getLogger("veil.aggregator")
-
-Version = int | tuple[int, ...]  # a bucket's, or the tuple of its shards' (a sharded store)
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,9 +96,25 @@ class WindowEstimate:
             "estimand": self.estimand,
             "period": spec.period,
             "reports_per_device": self.reports_per_device,
-            **({} if self.group is None else {"group": {
-                "labels": list(self.group.labels), **dict(zip(("estimate", "stderr", "lower", "upper"), _finite(
-                    np.array([self.group.estimate, self.group.stderr, self.group.lower, self.group.upper]))))}}),
+            **(
+                {}
+                if self.group is None
+                else {
+                    "group": {
+                        "labels": list(self.group.labels),
+                        **dict(
+                            zip(
+                                ("estimate", "stderr", "lower", "upper"),
+                                _finite(
+                                    np.array(
+                                        [self.group.estimate, self.group.stderr, self.group.lower, self.group.upper]
+                                    )
+                                ),
+                            )
+                        ),
+                    }
+                }
+            ),
         }
 
     @functools.cached_property
@@ -109,10 +122,19 @@ class WindowEstimate:
         if self.estimate is None:
             return []
         e = self.estimate
+        assert e.projection is not None  # live estimates are always projected (see _compute_many)
         columns = [_finite(x) for x in (e.estimate, e.stderr, e.lower, e.upper, e.projection)]
-        return [{"label": label, "estimate": estimate, "stderr": stderr, "lower": lower, "upper": upper,
-                 "projected": projected}
-                for label, estimate, stderr, lower, upper, projected in zip(self.metric.spec.labels, *columns)]
+        return [
+            {
+                "label": label,
+                "estimate": estimate,
+                "stderr": stderr,
+                "lower": lower,
+                "upper": upper,
+                "projected": projected,
+            }
+            for label, estimate, stderr, lower, upper, projected in zip(self.metric.spec.labels, *columns)
+        ]
 
     @functools.cached_property
     def json_text(self) -> str:
@@ -127,13 +149,15 @@ class WindowEstimate:
         if e is None or e.projection is None:
             return json.dumps(self.to_json(), allow_nan=False)
         head = json.dumps(self._head(), allow_nan=False)  # "categories" goes where its closing brace was
-        columns = [json.dumps(_finite(x), allow_nan=False)[1:-1].split(", ")
-                   for x in (e.estimate, e.stderr, e.lower, e.upper, e.projection)]
+        columns = [
+            json.dumps(_finite(x), allow_nan=False)[1:-1].split(", ")
+            for x in (e.estimate, e.stderr, e.lower, e.upper, e.projection)
+        ]
         records = ", ".join([_RECORD % fields for fields in zip(_labels_json(self.metric.spec.labels), *columns)])
         return head[:-1] + ', "categories": [' + records + "]}"
 
 
-_RECORD = ('{"label": %s, "estimate": %s, "stderr": %s, "lower": %s, "upper": %s, "projected": %s}')
+_RECORD = '{"label": %s, "estimate": %s, "stderr": %s, "lower": %s, "upper": %s, "projected": %s}'
 
 
 @functools.lru_cache(maxsize=256)
@@ -176,8 +200,9 @@ class LiveEstimates:
         self._past: dict[CountsKey, WindowEstimate] = {}  # series(): each bucket's estimate at its version
         self._lock = threading.Lock()
 
-    def applied(self, key: CountsKey, before: int | tuple | None, after: int | tuple | None,
-                counts: Counts | None) -> None:
+    def applied(
+        self, key: CountsKey, before: int | tuple | None, after: int | tuple | None, counts: Counts | None
+    ) -> None:
         """A write of this process took bucket `key` from version `before` to `after` by adding
         `counts`, atomically (a store's observe_applied hook calls this). The known counts of
         that bucket at exactly `before` become those at `after`; any other known counts of the
@@ -236,18 +261,22 @@ class LiveEstimates:
                 failed[i] = err
         guess = [i for i, name in enumerate(names) if name in self._changing and i in shapes]
         versions, guessed = self._store.versioned_read(keys, [(keys[i], *shapes[i]) for i in guess])
-        read: dict[int, tuple[int, Counts]] = dict(zip(guess, guessed))
+        read: dict[int, tuple[Version, Counts]] = dict(zip(guess, guessed))
         results: list[WindowEstimate | None] = []
         stale = []
         for i, ((m, w), (start, end), version) in enumerate(zip(pairs, buckets, versions)):
             cached = self._cache.get(names[i])
-            if cached is None or cached.start != start or cached.version != version or (
-                    cached.n and cached.reports_per_device != self._reports_per_device(m, w, start, end, now)):
+            if (
+                cached is None
+                or cached.start != start
+                or cached.version != version
+                or (cached.n and cached.reports_per_device != self._reports_per_device(m, w, start, end, now))
+            ):
                 # (the second line: a period began, so one device can have sent more reports)
                 stale.append(i)
                 cached = None
             results.append(cached)
-        source: dict[int, tuple[int, Counts]] = {}
+        source: dict[int, tuple[Version, Counts]] = {}
         unread = []
         changed = set()  # changed, and had to be read
         for i in stale:
@@ -287,8 +316,9 @@ class LiveEstimates:
                     self._changing.discard(name)
         return results  # type: ignore[return-value]
 
-    def series(self, metric: str, window: str, start: float | None = None, end: float | None = None
-               ) -> list[WindowEstimate]:
+    def series(
+        self, metric: str, window: str, start: float | None = None, end: float | None = None
+    ) -> list[WindowEstimate]:
         """The estimate of each retained bucket of a window that overlaps [start, end) (default:
         every retained bucket, the current one included), oldest first, each under the same
         rules as the current one.
@@ -298,7 +328,7 @@ class LiveEstimates:
         Redis; none on a first read), a second reads, with their versions, the counts of the
         others and of those no longer at the version kept (those that ended a while ago as
         settled: see _read_buckets), and those are estimated together."""
-        m, w, starts, now = self._buckets(metric, window, start, end)
+        m, w, span, starts, now = self._buckets(metric, window, start, end)
         keys = [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts]
         with self._lock:
             held = [self._past.get(key) for key in keys]
@@ -306,40 +336,47 @@ class LiveEstimates:
         versions = dict(zip(kept, self._store.versions([keys[i] for i in kept]))) if kept else {}
         found: list[WindowEstimate | None] = []
         for i, (key, e) in enumerate(zip(keys, held)):
-            fresh = e is not None and e.version == versions[i] and (
-                not e.n or e.reports_per_device == self._reports_per_device(m, w, key.bucket, key.bucket + w.span, now))
+            fresh = (
+                e is not None
+                and e.version == versions[i]
+                and (
+                    not e.n
+                    or e.reports_per_device == self._reports_per_device(m, w, key.bucket, key.bucket + span, now)
+                )
+            )
             found.append(e if fresh else None)
         stale = [i for i, e in enumerate(found) if e is None]
         read = self._read_buckets(m, w, [keys[i] for i in stale], now)
-        fresh = self._compute_many(m, w, [(starts[i], starts[i] + w.span) for i in stale], read, now)
-        for i, estimate_ in zip(stale, fresh):
+        computed = self._compute_many(m, w, [(starts[i], starts[i] + span) for i in stale], read, now)
+        for i, estimate_ in zip(stale, computed):
             found[i] = estimate_
         with self._lock:
             if len(self._past) + len(stale) > _PAST_KEPT // m.spec.mechanism.k:
                 self._past.clear()  # buckets age out; forgetting them all now and then bounds the memory
-            self._past.update((keys[i], found[i]) for i in stale)
+            self._past.update(zip([keys[i] for i in stale], computed))
         return found  # type: ignore[return-value]
 
-    def merged(self, metric: str, window: str, start: float | None = None, end: float | None = None
-               ) -> WindowEstimate:
+    def merged(self, metric: str, window: str, start: float | None = None, end: float | None = None) -> WindowEstimate:
         """One estimate of the buckets series() gives, their counts added (exactly: 7 daily
         buckets give the 7-day estimate), its reports_per_device that of the whole range."""
-        m, w, starts, now = self._buckets(metric, window, start, end)
+        m, w, span, starts, now = self._buckets(metric, window, start, end)
         if not starts:
             raise InvalidRange(f"No retained {w.name} bucket of {m.name} overlaps that range.")
         read = self._read_buckets(m, w, [CountsKey(m.name, m.spec.fingerprint, w.name, b) for b in starts], now)
         counts = [c for _, c in read]
-        total = Counts(counts[0].weights, sum(c.n for c in counts), sum(c.v for c in counts))
-        return self._compute_many(m, w, [(starts[0], starts[-1] + w.span)], [(0, total)], now,
-                                  buckets=len(starts))[0]
+        total = Counts.summed(counts)
+        return self._compute_many(m, w, [(starts[0], starts[-1] + span)], [(0, total)], now, buckets=len(starts))[0]
 
-    def _read_buckets(self, metric: MetricConfig, window: Window, keys: list[CountsKey], now: float
-                      ) -> list[tuple[Version, Counts]]:
+    def _read_buckets(
+        self, metric: MetricConfig, window: Window, keys: list[CountsKey], now: float
+    ) -> list[tuple[Version, Counts]]:
         """Each bucket's counts with their version: the buckets that ended a while ago through
         Store.settled_read (a store may serve them from a compact copy), the others as usual."""
         weights, k = self._shape(metric)
-        settled = [i for i, key in enumerate(keys) if key.bucket + window.span + _SETTLED_AFTER <= now]
-        others = [i for i, key in enumerate(keys) if key.bucket + window.span + _SETTLED_AFTER > now]
+        span = window.span
+        assert span is not None  # a range's window has buckets (see _buckets)
+        settled = [i for i, key in enumerate(keys) if key.bucket + span + _SETTLED_AFTER <= now]
+        others = [i for i, key in enumerate(keys) if key.bucket + span + _SETTLED_AFTER > now]
         found: list[tuple[Version, Counts] | None] = [None] * len(keys)
         if settled:
             got = self._store.settled_read([(keys[i], weights, k, window.expiry(keys[i].bucket)) for i in settled])
@@ -350,14 +387,15 @@ class LiveEstimates:
                 found[i] = each
         return found  # type: ignore[return-value]
 
-    def _buckets(self, metric: str, window: str, start: float | None, end: float | None
-                 ) -> tuple[MetricConfig, Window, list[int], float]:
-        """The metric, window, starts of the retained buckets overlapping [start, end), and now."""
+    def _buckets(
+        self, metric: str, window: str, start: float | None, end: float | None
+    ) -> tuple[MetricConfig, Window, int, list[int], float]:
+        """The metric, window, its span, the starts of its retained buckets overlapping [start, end), and now."""
         pairs = self.select(metric, window)
         if not metric or not window:
             raise InvalidRange("A range names one metric and one window.")
         m, w = pairs[0]
-        if w.span is None:
+        if w.span is None or w.retention is None:  # (both None: the total window)
             raise InvalidRange(f"The {w.name} window has no buckets; ask for a window such as 1h.")
         now = self._clock()
         span = w.span
@@ -370,7 +408,7 @@ class LiveEstimates:
         starts = list(range(first, last + 1, span))
         if len(starts) > MAX_BUCKETS:
             raise InvalidRange(f"That range holds {len(starts)} {w.name} buckets; ask for at most {MAX_BUCKETS}.")
-        return m, w, starts, now
+        return m, w, span, starts, now
 
     @staticmethod
     def _shape(metric: MetricConfig) -> tuple[tuple[int, ...], int]:
@@ -399,12 +437,20 @@ class LiveEstimates:
             since = self._since[name] = self._store.since(metric.name, metric.spec.fingerprint, int(now))
         return since
 
-    def _compute(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version,
-                 counts: Counts, now: float) -> WindowEstimate:
+    def _compute(
+        self, metric: MetricConfig, window: Window, start: int, end: int, version: Version, counts: Counts, now: float
+    ) -> WindowEstimate:
         return self._compute_many(metric, window, [(start, end)], [(version, counts)], now)[0]
 
-    def _compute_many(self, metric: MetricConfig, window: Window, spans: list[tuple[int, int]],
-                      read: list[tuple[Version, Counts]], now: float, buckets: int = 1) -> list[WindowEstimate]:
+    def _compute_many(
+        self,
+        metric: MetricConfig,
+        window: Window,
+        spans: list[tuple[int, int]],
+        read: list[tuple[Version, Counts]],
+        now: float,
+        buckets: int = 1,
+    ) -> list[WindowEstimate]:
         """The estimate of each (start, end) span from its (version, counts), those with enough
         reports computed together (estimate_many: one pass over a (spans, k) matrix)."""
         spec = metric.spec.mechanism
@@ -413,19 +459,33 @@ class LiveEstimates:
         shown = []
         for i, ((start, end), (version, counts)) in enumerate(zip(spans, read)):
             n = counts.total
-            per_device = (self._reports_per_device(metric, window, start, end, now) if n
-                          else metric.spec.reports_per_period)
+            per_device = (
+                self._reports_per_device(metric, window, start, end, now) if n else metric.spec.reports_per_period
+            )
             if n >= least:
                 shown.append((i, per_device))
                 continue
-            reason = (f"{n} reports so far; estimates are shown from {least} reports on, so that "
-                      "no small group is singled out and the error bars mean something.")
-            found[i] = WindowEstimate(metric, window, start, end, version, n, None, reason, per_device,
-                                      estimand(metric, window, per_device, buckets))
+            reason = (
+                f"{n} reports so far; estimates are shown from {least} reports on, so that "
+                "no small group is singled out and the error bars mean something."
+            )
+            found[i] = WindowEstimate(
+                metric,
+                window,
+                start,
+                end,
+                version,
+                n,
+                None,
+                reason,
+                per_device,
+                estimand(metric, window, per_device, buckets),
+            )
         if shown:
             try:
-                computed = estimate_many(spec, [read[i][1] for i, _ in shown], project=True,
-                                         reports_per_device=[c for _, c in shown])
+                computed = estimate_many(
+                    spec, [read[i][1] for i, _ in shown], project=True, reports_per_device=[c for _, c in shown]
+                )
             except Exception as err:  # noqa: BLE001 (any failure is this metric's alone)
                 for i, per_device in shown:
                     (start, end), (version, counts) = spans[i], read[i]
@@ -434,13 +494,23 @@ class LiveEstimates:
                 said: dict[int, str] = {}  # estimand() of each reports_per_device: most buckets share one
                 for (i, per_device), e in zip(shown, computed):
                     (start, end), version = spans[i], read[i][0]
-                    what = said.get(per_device) or said.setdefault(per_device,
-                                                                    estimand(metric, window, per_device, buckets))
+                    what = said.get(per_device) or said.setdefault(
+                        per_device, estimand(metric, window, per_device, buckets)
+                    )
                     found[i] = WindowEstimate(metric, window, start, end, version, e.n, e, "", per_device, what)
         return found  # type: ignore[return-value]
 
-    def _failed(self, metric: MetricConfig, window: Window, start: int, end: int, version: Version, n: int,
-                err: Exception, per_device: int | None = None) -> WindowEstimate:
+    def _failed(
+        self,
+        metric: MetricConfig,
+        window: Window,
+        start: int,
+        end: int,
+        version: Version,
+        n: int,
+        err: Exception,
+        per_device: int | None = None,
+    ) -> WindowEstimate:
         """The estimate withheld because computing it raised `err`; logged once per metric and
         kind of error (it is cached like any estimate, so tried again only when counts change)."""
         logged = (metric.name, type(err).__name__)
@@ -448,12 +518,16 @@ class LiveEstimates:
             first = logged not in self._logged
             self._logged.add(logged)
         if first:
-            log.error("estimate failed; the metric is served withheld, the others as usual",
-                      exc_info=err, extra={"metric": metric.name, "window": window.name})
+            log.error(
+                "estimate failed; the metric is served withheld, the others as usual",
+                exc_info=err,
+                extra={"metric": metric.name, "window": window.name},
+            )
         reason = f"The estimate could not be computed ({type(err).__name__}: {err}); other metrics are unaffected."
         per_device = metric.spec.reports_per_period if per_device is None else per_device
-        return WindowEstimate(metric, window, start, end, version, n, None, reason, per_device,
-                              estimand(metric, window, per_device))
+        return WindowEstimate(
+            metric, window, start, end, version, n, None, reason, per_device, estimand(metric, window, per_device)
+        )
 
 
 def estimand(metric: MetricConfig, window: Window, reports_per_device: int, buckets: int = 1) -> str:
@@ -468,10 +542,17 @@ def estimand(metric: MetricConfig, window: Window, reports_per_device: int, buck
         text = f"share of reports, each device sending its first {m} values of each {period} period"
     periods = reports_per_device // m
     if periods > 1:
-        scope = ("since counting began" if window.span is None else "in this bucket" if buckets == 1
-                 else f"in these {buckets} {window.name} buckets")
-        text += (f", pooled over the {periods} periods {scope} (a device counts once per period; the intervals "
-                 f"allow for one device's {reports_per_device} reports being alike)")
+        scope = (
+            "since counting began"
+            if window.span is None
+            else "in this bucket"
+            if buckets == 1
+            else f"in these {buckets} {window.name} buckets"
+        )
+        text += (
+            f", pooled over the {periods} periods {scope} (a device counts once per period; the intervals "
+            f"allow for one device's {reports_per_device} reports being alike)"
+        )
     return text
 
 
@@ -482,12 +563,14 @@ def with_group(e: WindowEstimate, labels: list[str]) -> WindowEstimate:
     index = {label: j for j, label in enumerate(spec.labels)}
     missing = [label for label in labels if label not in index]
     if missing or not labels:
-        raise UnknownCategory(f"{spec.name} has no category {missing[0]!r}." if missing
-                              else "A group names at least one category.")
+        raise UnknownCategory(
+            f"{spec.name} has no category {missing[0]!r}." if missing else "A group names at least one category."
+        )
     if e.estimate is None:
         return e
-    return dataclasses.replace(e, group=group_estimate(spec.mechanism, e.estimate, [index[x] for x in labels],
-                                                       tuple(dict.fromkeys(labels))))
+    return dataclasses.replace(
+        e, group=group_estimate(spec.mechanism, e.estimate, [index[x] for x in labels], tuple(dict.fromkeys(labels)))
+    )
 
 
 def with_rest(e: WindowEstimate, top: int) -> WindowEstimate:

@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import grpc
 import numpy as np
@@ -29,10 +30,16 @@ from .decode import warm_up as decode_warm_up
 from .errors import InvalidBatch, InvalidRange, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
 from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate, with_group
-from .store import BatchWrite, CountsKey, Store
+from .store import BatchWrite, CountsKey, Store, Version
 
-__all__ = ["MAX_WATCH_INTERVAL", "CollectorService", "EstimatesService", "ResponseCache", "add_estimates_to_server",
-           "encode_window"]
+__all__ = [
+    "MAX_WATCH_INTERVAL",
+    "CollectorService",
+    "EstimatesService",
+    "ResponseCache",
+    "add_estimates_to_server",
+    "encode_window",
+]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -41,8 +48,14 @@ MAX_WATCH_INTERVAL = 3600.0  # seconds: a longer WatchRequest.min_interval_secon
 
 
 class CollectorService(veil_pb2_grpc.CollectorServicer):
-    def __init__(self, config: AggregatorConfig, store: Store, instruments: Instruments,
-                 clock: Callable[[], float] = time.time, store_down: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        store: Store,
+        instruments: Instruments,
+        clock: Callable[[], float] = time.time,
+        store_down: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._config = config
         self._store = store
         # True while the daemon's last ping of the store failed: uploads are then refused without
@@ -50,8 +63,9 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         self._store_down = store_down
         self._instruments = instruments
         self._clock = clock
-        self._specs = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(m.spec) for m in config.metrics],
-                                                      max_batch=config.max_batch)
+        self._specs = veil_pb2.GetMetricSpecsResponse(
+            specs=[spec_to_proto(m.spec) for m in config.metrics], max_batch=config.max_batch
+        )
         self._metrics = {m.name: m for m in config.metrics}
         self._targets: dict[str, tuple[float, float, tuple[tuple[CountsKey, int | None], ...]]] = {}
         self._since_recorded: set[str] = set()
@@ -62,8 +76,9 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         if not request.metrics:
             return self._specs
         wanted = set(request.metrics)
-        return veil_pb2.GetMetricSpecsResponse(specs=[s for s in self._specs.specs if s.name in wanted],
-                                               max_batch=self._specs.max_batch)
+        return veil_pb2.GetMetricSpecsResponse(
+            specs=[s for s in self._specs.specs if s.name in wanted], max_batch=self._specs.max_batch
+        )
 
     def Upload(self, request, context):
         started = time.perf_counter()
@@ -72,10 +87,13 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         outcome = "error"
         try:
             if metric is None:
-                raise UnknownMetric(f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs "
-                                    f"again.")
+                raise UnknownMetric(
+                    f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs again."
+                )
             if request.spec_fingerprint != metric.spec.fingerprint:
-                raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
+                raise StaleSpec(
+                    f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again."
+                )
             if self._store_down():
                 raise StoreUnavailable(_UNAVAILABLE)
             counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
@@ -90,7 +108,9 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                 self._store.since(metric.name, metric.spec.fingerprint, int(now))
                 self._since_recorded.add(metric.name)
             targets = self._targets_at(metric, now)
-            applied = self._store.add(BatchWrite(metric.name, request.batch_id, counts, targets, self._config.dedupe_ttl))
+            applied = self._store.add(
+                BatchWrite(metric.name, request.batch_id, counts, targets, self._config.dedupe_ttl)
+            )
             outcome = "accepted" if applied else "duplicate"
             if applied:
                 self._counters(name, outcome)[2].inc(request.count)
@@ -132,8 +152,10 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         held = self._targets.get(metric.name)
         if held is not None and held[0] <= now < held[1]:
             return held[2]
-        targets = tuple((CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), w.expiry(now))
-                        for w in metric.windows)
+        targets = tuple(
+            (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), w.expiry(now))
+            for w in metric.windows
+        )
         spans = [w.bucket(now) for w in metric.windows if w.span is not None]
         since = max((start for start, _ in spans), default=-math.inf)
         until = min((end for _, end in spans), default=math.inf)
@@ -151,7 +173,7 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
         self._ended: set[threading.Event] = set()  # one per Watch stream in progress
         warm_up()  # the first Get must not wait for numba
 
-    def _current(self, request, context) -> list[WindowEstimate]:
+    def _current(self, request, context: grpc.ServicerContext) -> list[WindowEstimate]:
         try:
             return self._live.current(request.metric, request.window)
         except UnknownMetric as err:
@@ -192,8 +214,11 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
     def Watch(self, request, context) -> Iterator[bytes]:
         asked = request.min_interval_seconds
         if not math.isfinite(asked) or asked < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_interval_seconds: expected a number of seconds "
-                          f"from 0 (at most {MAX_WATCH_INTERVAL:g} is used), got {asked}.")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"min_interval_seconds: expected a number of seconds "
+                f"from 0 (at most {MAX_WATCH_INTERVAL:g} is used), got {asked}.",
+            )
         interval = max(min(asked, MAX_WATCH_INTERVAL), self._config.watch_interval)
         # Woken when the call ends (a cancel, its deadline) or the aggregator stops: a stream
         # closed between two updates frees its thread and slot at once, not an interval later.
@@ -225,13 +250,16 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
 def add_estimates_to_server(servicer: EstimatesService, server: grpc.Server) -> None:
     """Register the Estimates service as the generated add_EstimatesServicer_to_server does,
     except that its responses are already serialized (ResponseCache): no response serializer."""
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler] = {
         "Get": grpc.unary_unary_rpc_method_handler(
-            servicer.Get, request_deserializer=veil_pb2.EstimatesRequest.FromString),
+            servicer.Get, request_deserializer=veil_pb2.EstimatesRequest.FromString
+        ),
         "Watch": grpc.unary_stream_rpc_method_handler(
-            servicer.Watch, request_deserializer=veil_pb2.WatchRequest.FromString),
+            servicer.Watch, request_deserializer=veil_pb2.WatchRequest.FromString
+        ),
         "Series": grpc.unary_unary_rpc_method_handler(
-            servicer.Series, request_deserializer=veil_pb2.SeriesRequest.FromString),
+            servicer.Series, request_deserializer=veil_pb2.SeriesRequest.FromString
+        ),
     }
     name = veil_pb2.DESCRIPTOR.services_by_name["Estimates"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
@@ -274,8 +302,10 @@ class _Prefixes:
 
     def __init__(self, labels: tuple[str, ...]) -> None:
         label_fields = [_field(0x0A, label.encode()) if label else b"" for label in labels]
-        rows = [[bytes((_CATEGORY_TAG,)) + _varint(len(f) + _NUMBER_BYTES * c) + f for f in label_fields]
-                for c in range(len(_NUMBERS) + 1)]
+        rows = [
+            [bytes((_CATEGORY_TAG,)) + _varint(len(f) + _NUMBER_BYTES * c) + f for f in label_fields]
+            for c in range(len(_NUMBERS) + 1)
+        ]
         width = max(len(b) for row in rows for b in row)
         self.length = np.array([[len(b) for b in row] for row in rows], np.int64)
         self.bytes = np.zeros((len(rows), len(labels), width), np.uint8)
@@ -315,21 +345,39 @@ def encode_window(e: WindowEstimate) -> bytes:
     """One WindowEstimate message, serialized exactly as the message SerializeToString would."""
     spec = e.metric.spec
     head = veil_pb2.WindowEstimate(
-        metric=spec.name, window=e.window.name, start_unix=e.start, end_unix=e.end, n=e.n,
-        mechanism=wire_shape(spec.mechanism.name).proto,
-        epsilon=spec.mechanism.epsilon, spec_fingerprint=spec.fingerprint, withheld=e.withheld, reason=e.reason,
+        metric=spec.name,
+        window=e.window.name,
+        start_unix=e.start,
+        end_unix=e.end,
+        n=e.n,
+        mechanism=cast(veil_pb2.Mechanism, wire_shape(spec.mechanism.name).proto),  # protoc's .pyi: no int
+        epsilon=spec.mechanism.epsilon,
+        spec_fingerprint=spec.fingerprint,
+        withheld=e.withheld,
+        reason=e.reason,
     ).SerializeToString()
-    group = None if e.group is None else veil_pb2.GroupEstimate(
-        labels=e.group.labels, estimate=e.group.estimate, stderr=e.group.stderr, lower=e.group.lower,
-        upper=e.group.upper)
-    tail = veil_pb2.WindowEstimate(estimand=e.estimand, reports_per_device=e.reports_per_device,
-                                   period_seconds=spec.period, group=group).SerializeToString()
+    group = (
+        None
+        if e.group is None
+        else veil_pb2.GroupEstimate(
+            labels=e.group.labels,
+            estimate=e.group.estimate,
+            stderr=e.group.stderr,
+            lower=e.group.lower,
+            upper=e.group.upper,
+        )
+    )
+    tail = veil_pb2.WindowEstimate(
+        estimand=e.estimand, reports_per_device=e.reports_per_device, period_seconds=spec.period, group=group
+    ).SerializeToString()
     if e.estimate is None:
         return head + tail
     est = e.estimate
+    assert est.projection is not None  # live estimates are always projected
     # Fields go in number order: 1..10, then 11 (the categories), then 12.. .
-    return head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) \
-        + tail
+    return (
+        head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) + tail
+    )
 
 
 class ResponseCache:
@@ -340,7 +388,7 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[int, int, int, bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[int, Version, int, bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:

@@ -17,7 +17,7 @@ numpy.unpackbits(..., bitorder="little") reads them, with the padding bits zero.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,12 +47,13 @@ class _Design(NamedTuple):
     words_per_report: int  # the fewest words one report takes
 
 
-def _q_subset(spec: MechanismSpec) -> _Design:
+# A sampler reads what every design registered with it has (duck-typed: any class may register).
+def _q_subset(spec: Any) -> _Design:
     args = (spec.k, spec.q, np.uint64(spec.keep_threshold))
     return _Design(_kernels.subset_counts, _kernels.subset_reports, args, 2 + spec.q)
 
 
-def _rappor(spec: MechanismSpec) -> _Design:
+def _rappor(spec: Any) -> _Design:
     args = (spec.k, np.uint64(spec.flip_threshold), spec.admissible)
     return _Design(_kernels.rappor_counts, _kernels.rappor_reports, args, 2 * spec.k)
 
@@ -85,8 +86,9 @@ def _checked_counts(spec: MechanismSpec, out: Counts | None) -> Counts:
     return out
 
 
-def _drive(step: Callable[[np.ndarray, int], tuple[int, int]], n: int, keystream: Keystream,
-           words_per_report: int) -> None:
+def _drive(
+    step: Callable[[np.ndarray, int], tuple[int, int]], n: int, keystream: Keystream, words_per_report: int
+) -> None:
     """Call step(words, start) -> (reports done, words used) until n reports are done, with
     every call's words continuing the stream where the previous call's used words end."""
     if n == 0:
@@ -111,8 +113,9 @@ def _drive(step: Callable[[np.ndarray, int], tuple[int, int]], n: int, keystream
         keystream.fill(words[tail:])
 
 
-def simulate_counts(spec: MechanismSpec, values: np.ndarray, *, keystream: Keystream | None = None,
-                    out: Counts | None = None) -> Counts:
+def simulate_counts(
+    spec: MechanismSpec, values: np.ndarray, *, keystream: Keystream | None = None, out: Counts | None = None
+) -> Counts:
     """Randomize each true category index in values and count the reports, per weight, without
     ever holding them; adds into out when given. The default keystream is a fresh
     AesCtrKeystream."""

@@ -26,7 +26,10 @@ _COMMANDS = {
     "estimates": ("_estimates", "print the current estimates of a running aggregator"),
     "specs": ("_specs", "list the metric specs a running aggregator serves"),
     "health": ("_health", "ask an aggregator's gRPC health service (grpc.health.v1); exit 0 when SERVING"),
-    "release": ("_release", "release a table of records you hold so no one can be re-identified: pram, dp-pram, mask, example"),
+    "release": (
+        "_release",
+        "release a table of records you hold so no one can be re-identified: pram, dp-pram, mask, example",
+    ),
     "demo": ("_demo", "the whole system on this machine: aggregator, simulated devices, live estimates"),
     "store": ("_store", "check a counter store (a SQLite file's integrity and schema, or Redis) and what it holds"),
 }
@@ -35,12 +38,27 @@ _COMMANDS = {
 # The extra that brings what a subcommand imports beyond the SDK, and the top-level modules of
 # that extra's packages (pyproject.toml's lists; a test keeps the two the same). Each is looked
 # up, not imported, before the subcommand runs, so a missing one is named before any other work.
-_EXTRAS = {"serve": "aggregator", "demo": "aggregator", "simulate": "aggregator", "store": "aggregator",
-           "health": "aggregator", "release": "release"}
+_EXTRAS = {
+    "serve": "aggregator",
+    "demo": "aggregator",
+    "simulate": "aggregator",
+    "store": "aggregator",
+    "health": "aggregator",
+    "release": "release",
+}
 EXTRA_MODULES = {
     "release": ("numpy",),
-    "aggregator": ("numpy", "numba", "redis", "hiredis", "cryptography", "grpc_health", "grpc_reflection",
-                   "prometheus_client", "aiohttp"),
+    "aggregator": (
+        "numpy",
+        "numba",
+        "redis",
+        "hiredis",
+        "cryptography",
+        "grpc_health",
+        "grpc_reflection",
+        "prometheus_client",
+        "aiohttp",
+    ),
 }
 
 
@@ -91,8 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = _EXTRAS.get(args.command)
     missing = extra and _missing(extra)
     if missing:
-        print(f"veil {args.command}: needs the {extra} packages ({missing} is not installed): "
-              f"pip install 'veil[{extra}]'.", file=sys.stderr)
+        print(
+            f"veil {args.command}: needs the {extra} packages ({missing} is not installed): "
+            f"pip install 'veil[{extra}]'.",
+            file=sys.stderr,
+        )
         return 2
     try:
         return importlib.import_module(f"{__name__}.{args._module}").run(args)

@@ -47,55 +47,108 @@ def _zipf(k: int, s: float) -> tuple[float, ...]:
 
 
 DEMO_METRICS = (
-    DemoMetric("browser", ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "yandex", "brave",
-                           "other"), "subset", 1.0, _zipf(10, 1.2)),
+    DemoMetric(
+        "browser",
+        ("chrome", "safari", "edge", "firefox", "samsung", "opera", "uc", "yandex", "brave", "other"),
+        "subset",
+        1.0,
+        _zipf(10, 1.2),
+    ),
     DemoMetric("country", tuple(f"country-{i:03d}" for i in range(100)), "subset", 2.0, _zipf(100, 1.1)),
     DemoMetric("crash_screen", tuple(f"screen-{i:02d}" for i in range(16)), "rappor", 2.0, _zipf(16, 0.8)),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=0.0, metavar="SECONDS",
-                        help="stop after this long and exit 0 (default 0: run until Ctrl-C)")
-    parser.add_argument("--devices", type=int, default=500,
-                        help="simulated devices, each a Reporter with its own values (default 500)")
-    parser.add_argument("--period", default="10s", metavar="DURATION",
-                        help="the demo metrics' reporting period: each device sends one report of each metric per "
-                             "period (default 10s, so that periods turn while you watch; real metrics use 1d)")
-    parser.add_argument("--calls", type=float, default=5.0, metavar="N",
-                        help="report() calls of each metric per device and period, as an app makes them; all but "
-                             "the first are kept on the device (default 5)")
-    parser.add_argument("--churn", type=float, default=0.05, metavar="P",
-                        help="share of devices that draw a new value at each period's turn (default 0.05)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="stop after this long and exit 0 (default 0: run until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--devices", type=int, default=500, help="simulated devices, each a Reporter with its own values (default 500)"
+    )
+    parser.add_argument(
+        "--period",
+        default="10s",
+        metavar="DURATION",
+        help="the demo metrics' reporting period: each device sends one report of each metric per "
+        "period (default 10s, so that periods turn while you watch; real metrics use 1d)",
+    )
+    parser.add_argument(
+        "--calls",
+        type=float,
+        default=5.0,
+        metavar="N",
+        help="report() calls of each metric per device and period, as an app makes them; all but "
+        "the first are kept on the device (default 5)",
+    )
+    parser.add_argument(
+        "--churn",
+        type=float,
+        default=0.05,
+        metavar="P",
+        help="share of devices that draw a new value at each period's turn (default 0.05)",
+    )
     parser.add_argument("--redis", metavar="URL", help="count in this Redis instead of the embedded SQLite store")
-    parser.add_argument("--data-dir", metavar="PATH",
-                        help="keep the SQLite store (veil.db) in this directory, and its counts across runs "
-                             "(default: a temporary directory, removed at exit)")
-    parser.add_argument("--grpc", default="127.0.0.1:50051", metavar="HOST:PORT",
-                        help="gRPC listener (default 127.0.0.1:50051; a free port if taken)")
-    parser.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
-                        help="HTTP listener with the dashboard (default 127.0.0.1:8080; a free port if taken)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                        help="seconds between table refreshes (default 1)")
+    parser.add_argument(
+        "--data-dir",
+        metavar="PATH",
+        help="keep the SQLite store (veil.db) in this directory, and its counts across runs "
+        "(default: a temporary directory, removed at exit)",
+    )
+    parser.add_argument(
+        "--grpc",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="gRPC listener (default 127.0.0.1:50051; a free port if taken)",
+    )
+    parser.add_argument(
+        "--http",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="HTTP listener with the dashboard (default 127.0.0.1:8080; a free port if taken)",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between table refreshes (default 1)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the hidden population's draws")
 
 
 def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_address: str):
     from veil.aggregator.config import parse_config
 
-    return parse_config({
-        "server": {"grpc": grpc_address, "http": http_address, "min_n": 100, "watch_interval": 0.5,
-                   "grace_period": 2.0},
-        "store": {"url": store_url},
-        "metrics": [{"name": m.name, "labels": list(m.labels), "mechanism": m.mechanism, "epsilon": m.epsilon,
-                     "period": args.period, "windows": ["total", args.period, "1h"]} for m in DEMO_METRICS],
-    })
+    return parse_config(
+        {
+            "server": {
+                "grpc": grpc_address,
+                "http": http_address,
+                "min_n": 100,
+                "watch_interval": 0.5,
+                "grace_period": 2.0,
+            },
+            "store": {"url": store_url},
+            "metrics": [
+                {
+                    "name": m.name,
+                    "labels": list(m.labels),
+                    "mechanism": m.mechanism,
+                    "epsilon": m.epsilon,
+                    "period": args.period,
+                    "windows": ["total", args.period, "1h"],
+                }
+                for m in DEMO_METRICS
+            ],
+        }
+    )
 
 
 def _start_aggregator(args: argparse.Namespace, store_url: str):
     """The aggregator on the asked-for ports, or free ones where those are taken."""
-    from veil.aggregator.errors import ConfigError
     from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.errors import ConfigError
 
     for grpc_address, http_address in ((args.grpc, args.http), ("127.0.0.1:0", "127.0.0.1:0")):
         try:
@@ -157,18 +210,24 @@ def _draw(rng: random.Random, metric: DemoMetric) -> int:
 def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
     """The table of one metric (a WindowEstimate message), and how many categories' truths
     lie inside their 95% intervals, out of how many."""
-    head = f"{metric.name}  ({metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g})  n = {window.n:,}"
+    head = (
+        f"{metric.name}  ({metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g})  n = {window.n:,}"
+    )
     if window.withheld:
         return [head, f"  withheld: {window.reason}"], 0, 0
     inside = [c.lower <= t <= c.upper for c, t in zip(window.categories, metric.truth)]
-    lines = [f"{head}  truth inside its 95% interval: {sum(inside)}/{len(inside)}",
-             f"  estimates the {window.estimand}",
-             f"  {'category':<14}{'truth':>8}{'estimate':>10}{'95% interval':>22}"]
+    lines = [
+        f"{head}  truth inside its 95% interval: {sum(inside)}/{len(inside)}",
+        f"  estimates the {window.estimand}",
+        f"  {'category':<14}{'truth':>8}{'estimate':>10}{'95% interval':>22}",
+    ]
     order = sorted(range(len(metric.labels)), key=lambda j: -metric.truth[j])
     for j in order[:_ROWS_SHOWN]:
         c = window.categories[j]
-        lines.append(f"  {c.label:<14}{metric.truth[j]:>8.4f}{c.estimate:>10.4f}   [{c.lower:>8.4f}, {c.upper:>8.4f}]"
-                     + ("" if inside[j] else "  outside"))
+        lines.append(
+            f"  {c.label:<14}{metric.truth[j]:>8.4f}{c.estimate:>10.4f}   [{c.lower:>8.4f}, {c.upper:>8.4f}]"
+            + ("" if inside[j] else "  outside")
+        )
     if len(order) > _ROWS_SHOWN:
         lines.append(f"  ... and {len(order) - _ROWS_SHOWN} more categories")
     return lines, sum(inside), len(inside)
@@ -180,8 +239,9 @@ def run(args: argparse.Namespace) -> int:
     from . import CliError
 
     if args.calls <= 0 or args.devices < 1 or args.interval <= 0 or args.duration < 0 or not 0 <= args.churn <= 1:
-        raise CliError("--calls and --interval must be above 0, --devices at least 1, --duration at least 0, "
-                       "--churn from 0 to 1.")
+        raise CliError(
+            "--calls and --interval must be above 0, --devices at least 1, --duration at least 0, --churn from 0 to 1."
+        )
     try:
         period = parse_duration(args.period)
     except MechanismError as err:
@@ -204,9 +264,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> int:
     import grpc
 
+    from veil.aggregator.errors import StoreError
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
-    from veil.aggregator.errors import StoreError
     from . import CliError
 
     aggregator = _start_aggregator(args, store_url)
@@ -224,9 +284,11 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
     dashboard = f"http://127.0.0.1:{aggregator.http_port}/"
     print(f"Veil demo: aggregator on {where}, gRPC {endpoint}.")
     print(f"Dashboard: {dashboard}   (JSON: /v1/estimates, Prometheus: /metrics)")
-    print(f"{args.devices} simulated devices, each a Reporter with the SDK's defaults, call report() about "
-          f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per period. "
-          + ("Ctrl-C stops." if not args.duration else ""))
+    print(
+        f"{args.devices} simulated devices, each a Reporter with the SDK's defaults, call report() about "
+        f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per period. "
+        + ("Ctrl-C stops." if not args.duration else "")
+    )
     deadline = time.monotonic() + args.duration if args.duration else None
     inside = total = 0
     try:
@@ -234,8 +296,11 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
             stub = veil_pb2_grpc.EstimatesStub(channel)
             while not stop.wait(args.interval):
                 # The redrawn screen keeps where everything is (the ports may not be the defaults).
-                lines = [f"{time.strftime('%H:%M:%S')}  Veil demo: dashboard {dashboard}  gRPC {endpoint}"
-                         + ("  (Ctrl-C stops)" if not args.duration else ""), ""]
+                lines = [
+                    f"{time.strftime('%H:%M:%S')}  Veil demo: dashboard {dashboard}  gRPC {endpoint}"
+                    + ("  (Ctrl-C stops)" if not args.duration else ""),
+                    "",
+                ]
                 try:
                     response = stub.Get(veil_pb2.EstimatesRequest(window="total"), timeout=10)
                 except grpc.RpcError as err:  # e.g. Redis went away: say so and keep going

@@ -15,6 +15,7 @@ import math
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from ._remote import add_address_argument, call, channel, text_argument
 
@@ -23,16 +24,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_address_argument(parser)
     parser.add_argument("metric", nargs="?", default="", help="one metric (default: all)")
     parser.add_argument("--window", default="", help="one window, e.g. total or 1h (default: all)")
-    parser.add_argument("--projection", action="store_true",
-                        help="also show the projection onto the simplex (a distribution, but biased)")
-    parser.add_argument("--group", default="", metavar="LABELS",
-                        help="also the share of these categories together, e.g. chrome,edge")
-    parser.add_argument("--last", default="", metavar="DURATION",
-                        help="the window's buckets of the last DURATION (e.g. 24h, 30d), one row each")
-    parser.add_argument("--from", dest="start", type=int, default=0, metavar="UNIX",
-                        help="buckets from this time (Unix seconds; default: the oldest retained)")
-    parser.add_argument("--to", dest="end", type=int, default=0, metavar="UNIX",
-                        help="buckets before this time (Unix seconds; default: the current one included)")
+    parser.add_argument(
+        "--projection",
+        action="store_true",
+        help="also show the projection onto the simplex (a distribution, but biased)",
+    )
+    parser.add_argument(
+        "--group", default="", metavar="LABELS", help="also the share of these categories together, e.g. chrome,edge"
+    )
+    parser.add_argument(
+        "--last",
+        default="",
+        metavar="DURATION",
+        help="the window's buckets of the last DURATION (e.g. 24h, 30d), one row each",
+    )
+    parser.add_argument(
+        "--from",
+        dest="start",
+        type=int,
+        default=0,
+        metavar="UNIX",
+        help="buckets from this time (Unix seconds; default: the oldest retained)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        type=int,
+        default=0,
+        metavar="UNIX",
+        help="buckets before this time (Unix seconds; default: the current one included)",
+    )
     parser.add_argument("--merged", action="store_true", help="one estimate of those buckets, counts added")
     parser.add_argument("--top", type=int, default=5, help="categories shown per bucket in a series table")
     output = parser.add_mutually_exclusive_group()
@@ -40,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--csv", action="store_true", help="print CSV: one row per window or bucket and category")
 
 
-def to_json(window) -> dict[str, object]:
+def to_json(window) -> dict[str, Any]:  # a JSON document
     """A WindowEstimate message as /v1/estimates shows it (undefined numbers as null)."""
     from veil.mechanism import wire_shape_of
 
@@ -48,17 +69,43 @@ def to_json(window) -> dict[str, object]:
         return x if math.isfinite(x) else None
 
     return {
-        "metric": window.metric, "window": window.window, "start": window.start_unix, "end": window.end_unix,
-        "n": window.n, "mechanism": wire_shape_of(window.mechanism).name,
-        "epsilon": window.epsilon, "spec_fingerprint": window.spec_fingerprint, "withheld": window.withheld,
-        "reason": window.reason, "estimand": window.estimand, "period": window.period_seconds,
+        "metric": window.metric,
+        "window": window.window,
+        "start": window.start_unix,
+        "end": window.end_unix,
+        "n": window.n,
+        "mechanism": wire_shape_of(window.mechanism).name,
+        "epsilon": window.epsilon,
+        "spec_fingerprint": window.spec_fingerprint,
+        "withheld": window.withheld,
+        "reason": window.reason,
+        "estimand": window.estimand,
+        "period": window.period_seconds,
         "reports_per_device": window.reports_per_device,
-        **({"group": {"labels": list(window.group.labels), "estimate": number(window.group.estimate),
-                      "stderr": number(window.group.stderr), "lower": number(window.group.lower),
-                      "upper": number(window.group.upper)}} if window.HasField("group") else {}),
-        "categories": [{"label": c.label, "estimate": number(c.estimate), "stderr": number(c.stderr),
-                        "lower": number(c.lower), "upper": number(c.upper), "projected": number(c.projected)}
-                       for c in window.categories],
+        **(
+            {
+                "group": {
+                    "labels": list(window.group.labels),
+                    "estimate": number(window.group.estimate),
+                    "stderr": number(window.group.stderr),
+                    "lower": number(window.group.lower),
+                    "upper": number(window.group.upper),
+                }
+            }
+            if window.HasField("group")
+            else {}
+        ),
+        "categories": [
+            {
+                "label": c.label,
+                "estimate": number(c.estimate),
+                "stderr": number(c.stderr),
+                "lower": number(c.lower),
+                "upper": number(c.upper),
+                "projected": number(c.projected),
+            }
+            for c in window.categories
+        ],
     }
 
 
@@ -82,9 +129,13 @@ def run(args: argparse.Namespace) -> int:
         stub = veil_pb2_grpc.EstimatesStub(remote)
         metric, window = text_argument(args.metric, "METRIC"), text_argument(args.window, "--window")
         if ranged:
-            response = call(args, stub.Series, veil_pb2.SeriesRequest(
-                metric=metric, window=window, from_unix=start, to_unix=args.end, merged=args.merged,
-                group=group))
+            response = call(
+                args,
+                stub.Series,
+                veil_pb2.SeriesRequest(
+                    metric=metric, window=window, from_unix=start, to_unix=args.end, merged=args.merged, group=group
+                ),
+            )
         else:
             response = call(args, stub.Get, veil_pb2.EstimatesRequest(metric=metric, window=window, group=group))
     windows = [to_json(w) for w in response.estimates]
@@ -107,13 +158,17 @@ def run(args: argparse.Namespace) -> int:
         head = f"  {'category':<24}{'estimate':>10}{'stderr':>10}{'95% interval':>24}"
         print(head + (f"{'projected*':>12}" if args.projection else ""))
         for c in w["categories"]:
-            line = (f"  {c['label'][:23]:<24}{c['estimate']:>10.4f}{_f(c['stderr']):>10}"
-                    f"   [{c['lower']:>8.4f}, {c['upper']:>8.4f}]")
+            line = (
+                f"  {c['label'][:23]:<24}{c['estimate']:>10.4f}{_f(c['stderr']):>10}"
+                f"   [{c['lower']:>8.4f}, {c['upper']:>8.4f}]"
+            )
             print(line + (f"{c['projected']:>12.4f}" if args.projection else ""))
         if "group" in w:
             g = w["group"]
-            print(f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}"
-                  f"   [{_f(g['lower']):>8}, {_f(g['upper']):>8}]")
+            print(
+                f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}"
+                f"   [{_f(g['lower']):>8}, {_f(g['upper']):>8}]"
+            )
         print()
     if args.projection:
         print(f"* {PROJECTION_NOTE}")
@@ -149,7 +204,7 @@ def _series_table(windows: list[dict], top: int) -> None:
     for w in shown:
         for c in w["categories"]:
             sums[c["label"]] = sums.get(c["label"], 0.0) + (c["estimate"] or 0.0)
-    labels = sorted(sums, key=lambda label: -sums[label])[:max(top, 0)]
+    labels = sorted(sums, key=lambda label: -sums[label])[: max(top, 0)]
     columns = labels + ([_group_name(w0["group"])] if any("group" in w for w in windows) else [])
     print(f"{'bucket start':<18}{'n':>10}{'c':>4}" + "".join(f"  {label[:25]:<25}" for label in columns))
     for w in windows:
@@ -166,14 +221,32 @@ def _series_table(windows: list[dict], top: int) -> None:
 def _csv(windows: list[dict]) -> None:
     """One row per window (or bucket) and category, the group's (if asked) after them."""
     out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow(["metric", "window", "start", "end", "n", "reports_per_device", "withheld", "label", "estimate",
-                  "stderr", "lower", "upper", "estimand"])
+    out.writerow(
+        [
+            "metric",
+            "window",
+            "start",
+            "end",
+            "n",
+            "reports_per_device",
+            "withheld",
+            "label",
+            "estimate",
+            "stderr",
+            "lower",
+            "upper",
+            "estimand",
+        ]
+    )
     for w in windows:
         head = [w["metric"], w["window"], w["start"], w["end"], w["n"], w["reports_per_device"], w["withheld"]]
         rows = list(w["categories"]) + ([{**w["group"], "label": _group_name(w["group"])}] if "group" in w else [])
         if not rows:
             out.writerow(head + ["", "", "", "", "", w["estimand"]])
         for c in rows:
-            out.writerow(head + [c["label"]] + ["" if c[x] is None else repr(c[x])
-                                                 for x in ("estimate", "stderr", "lower", "upper")]
-                         + [w["estimand"]])
+            out.writerow(
+                head
+                + [c["label"]]
+                + ["" if c[x] is None else repr(c[x]) for x in ("estimate", "stderr", "lower", "upper")]
+                + [w["estimand"]]
+            )

@@ -19,15 +19,30 @@ DEFAULT_TIMEOUT = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", metavar="HOST:PORT", default=DEFAULT_ADDRESS,
-                        help=f"the aggregator's gRPC listener (default {DEFAULT_ADDRESS})")
-    parser.add_argument("--service", metavar="NAME", default="",
-                        help='the service to ask about, e.g. veil.wire.v1.Collector (default "": the whole server)')
-    parser.add_argument("--timeout", metavar="S", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"seconds to wait for the answer, connecting included (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        default=DEFAULT_ADDRESS,
+        help=f"the aggregator's gRPC listener (default {DEFAULT_ADDRESS})",
+    )
+    parser.add_argument(
+        "--service",
+        metavar="NAME",
+        default="",
+        help='the service to ask about, e.g. veil.wire.v1.Collector (default "": the whole server)',
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for the answer, connecting included (default {DEFAULT_TIMEOUT:g})",
+    )
     add_tls_arguments(parser)  # health needs no token, but a TLS listener needs TLS (and mTLS a certificate)
-    parser.epilog = ("Prints SERVING, NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN or UNREACHABLE. "
-                     "Exit status: 0 SERVING, 1 anything else, 2 a usage error.")
+    parser.epilog = (
+        "Prints SERVING, NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN or UNREACHABLE. "
+        "Exit status: 0 SERVING, 1 anything else, 2 a usage error."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     with channel(args, target=args.address, options=options) as health_channel:
         stub = health_pb2_grpc.HealthStub(health_channel)
         try:
-            response = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+            # (types-grpcio-health-checking declares no methods on the stub)
+            response = stub.Check(  # type: ignore[attr-defined]
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
         except grpc.RpcError as err:
             code = err.code()
             if code == grpc.StatusCode.NOT_FOUND:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import TypedDict
 
 from veil.mechanism import EPSILON_RANGE, MECHANISMS, MechanismSpec, epsilon_to_gamma, posterior_bounds, spec_for
 
@@ -13,10 +14,15 @@ PRIORS = (0.01, 0.1, 0.5)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, required=True, help="number of categories (at least 2)")
-    parser.add_argument("--epsilon", type=float, required=True,
-                        help="privacy level of one report (from %g to %g)" % EPSILON_RANGE)
-    parser.add_argument("--mechanism", choices=MECHANISMS,
-                        help="one mechanism only (default: every mechanism that applies to k)")
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        required=True,
+        help=f"privacy level of one report (from {EPSILON_RANGE[0]:g} to {EPSILON_RANGE[1]:g})",
+    )
+    parser.add_argument(
+        "--mechanism", choices=MECHANISMS, help="one mechanism only (default: every mechanism that applies to k)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.epilog = (
         "n*risk is n times the sum over categories of the minimax estimator's variance: divide by "
@@ -27,7 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def describe(spec: MechanismSpec) -> dict[str, object]:
+class MechanismRow(TypedDict):
+    """One mechanism's row of `veil privacy` (the keys of --json)."""
+
+    name: str
+    q: int | None
+    outputs: int
+    parity: float
+    admissible: bool
+    parity_equals_gamma: bool
+    risk_uniform: float
+    risk_worst: float
+    posterior_upper: dict[str, float]  # by prior, as text
+
+
+def describe(spec: MechanismSpec) -> MechanismRow:
     """One mechanism's row, with the stable keys of `veil privacy --json`."""
     return {
         "name": spec.name,
@@ -62,15 +82,17 @@ def run(args: argparse.Namespace) -> int:
     table = [head]
     for row in rows:
         parity = f"{row['parity']:.6g}" + (" =gamma" if row["parity_equals_gamma"] and row["admissible"] else "")
-        table.append([
-            row["name"] + ("" if row["admissible"] else " (not admissible)"),
-            "-" if row["q"] is None else str(row["q"]),
-            _size(row["outputs"]),
-            parity,
-            f"{row['risk_uniform']:.4g}",
-            f"{row['risk_worst']:.4g}",
-            *(f"{row['posterior_upper'][str(a)]:.4f}" for a in PRIORS),
-        ])
+        table.append(
+            [
+                row["name"] + ("" if row["admissible"] else " (not admissible)"),
+                "-" if row["q"] is None else str(row["q"]),
+                _size(row["outputs"]),
+                parity,
+                f"{row['risk_uniform']:.4g}",
+                f"{row['risk_worst']:.4g}",
+                *(f"{row['posterior_upper'][str(a)]:.4f}" for a in PRIORS),
+            ]
+        )
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))

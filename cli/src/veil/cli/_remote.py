@@ -29,24 +29,43 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def add_address_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", metavar="HOST:PORT",
-                        help=f"the aggregator's gRPC address (default: ${ENV_ENDPOINT}, then {_DEFAULT_ADDRESS})")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="how long to wait for the aggregator (default 10)")
+    parser.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help=f"the aggregator's gRPC address (default: ${ENV_ENDPOINT}, then {_DEFAULT_ADDRESS})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the aggregator (default 10)",
+    )
     add_tls_arguments(parser)
-    parser.add_argument("--token", metavar="TOKEN", default=None,
-                        help=f"a token of the aggregator's (an upload token to upload, a read token to read "
-                             f"estimates; default: ${ENV_TOKEN})")
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        default=None,
+        help=f"a token of the aggregator's (an upload token to upload, a read token to read "
+        f"estimates; default: ${ENV_TOKEN})",
+    )
 
 
 def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("TLS")
-    group.add_argument("--tls", action="store_true", default=None,
-                       help=f"connect with TLS, trusting the system's roots unless --ca-file (default: on when "
-                            f"a CA file or client certificate is given, or ${ENV_TLS} is true)")
+    group.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help=f"connect with TLS, trusting the system's roots unless --ca-file (default: on when "
+        f"a CA file or client certificate is given, or ${ENV_TLS} is true)",
+    )
     group.add_argument("--ca-file", metavar="PEM", help=f"trust this CA for the aggregator (default: ${ENV_CA_FILE})")
-    group.add_argument("--client-cert", metavar="PEM",
-                       help=f"present this client certificate, for mutual TLS (default: ${ENV_CLIENT_CERT})")
+    group.add_argument(
+        "--client-cert",
+        metavar="PEM",
+        help=f"present this client certificate, for mutual TLS (default: ${ENV_CLIENT_CERT})",
+    )
     group.add_argument("--client-key", metavar="PEM", help=f"the client certificate's key (default: ${ENV_CLIENT_KEY})")
 
 
@@ -108,8 +127,11 @@ def credentials(args: argparse.Namespace):
     key_file = _setting(args, "client_key", ENV_CLIENT_KEY)
     if (cert_file is None) != (key_file is None):
         raise CliError("--client-cert and --client-key go together.")
-    tls = getattr(args, "tls", None) or bool(ca_file or cert_file) or \
-        (os.environ.get(ENV_TLS, "").strip().lower() in _TRUE)
+    tls = (
+        getattr(args, "tls", None)
+        or bool(ca_file or cert_file)
+        or (os.environ.get(ENV_TLS, "").strip().lower() in _TRUE)
+    )
     if not tls:
         return None
 
@@ -128,7 +150,8 @@ def credentials(args: argparse.Namespace):
     return grpc.ssl_channel_credentials(
         root_certificates=read(ca_file, "--ca-file", b"-----BEGIN CERTIFICATE-----", "certificate"),
         private_key=read(key_file, "--client-key", b"PRIVATE KEY-----", "private key"),
-        certificate_chain=read(cert_file, "--client-cert", b"-----BEGIN CERTIFICATE-----", "certificate"))
+        certificate_chain=read(cert_file, "--client-cert", b"-----BEGIN CERTIFICATE-----", "certificate"),
+    )
 
 
 def channel(args: argparse.Namespace, *, target: str | None = None, options: list | tuple = ()):

@@ -10,37 +10,52 @@ import threading
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="PATH", help="the config file (default: $VEIL_CONFIG)")
-    parser.add_argument("--store", metavar="URL",
-                        help="override [store] url: sqlite:///path/veil.db, redis://host:port/db, rediss://..., or "
-                             "memory (volatile: lost at exit) (default: $VEIL_STORE_URL, then the config, then "
-                             "SQLite in the data directory)")
-    parser.add_argument("--data-dir", metavar="PATH",
-                        help="where the default store (SQLite, veil.db) goes when no store URL is given (default: "
-                             "$VEIL_DATA_DIR, else /var/lib/veil as root, else ~/.local/share/veil)")
-    parser.add_argument("--check-config", action="store_true",
-                        help="check the config file and the store URL, say whether the store answers from here, "
-                             "and exit: 0 when the config is good")
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="override [store] url: sqlite:///path/veil.db, redis://host:port/db, rediss://..., or "
+        "memory (volatile: lost at exit) (default: $VEIL_STORE_URL, then the config, then "
+        "SQLite in the data directory)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="PATH",
+        help="where the default store (SQLite, veil.db) goes when no store URL is given (default: "
+        "$VEIL_DATA_DIR, else /var/lib/veil as root, else ~/.local/share/veil)",
+    )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the config file and the store URL, say whether the store answers from here, "
+        "and exit: 0 when the config is good",
+    )
     parser.add_argument("--log-format", choices=("json", "text"), default="json", help="log line format (default json)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    parser.add_argument("--processes", type=int, metavar="N",
-                        help="override server.processes: N worker processes share the gRPC port (SO_REUSEPORT), "
-                             "about one per core; N > 1 needs a Redis store and a fixed gRPC port, and makes "
-                             "server.workers, max_concurrent_rpcs and max_streams per process and each token's "
-                             "rate limit 1/N per process (default: the config, else 1)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="override server.processes: N worker processes share the gRPC port (SO_REUSEPORT), "
+        "about one per core; N > 1 needs a Redis store and a fixed gRPC port, and makes "
+        "server.workers, max_concurrent_rpcs and max_streams per process and each token's "
+        "rate limit 1/N per process (default: the config, else 1)",
+    )
     # A worker of a `--processes N` supervisor; set by the supervisor only.
     parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # written to once the worker serves
-    parser.epilog = ("SIGTERM or Ctrl-C stops it gracefully: health turns NOT_SERVING, in-flight uploads get "
-                     "server.grace_period seconds to finish, then it exits 0. SIGHUP reloads the tokens ([auth] and "
-                     "auth.tokens_file) without a restart; a config that fails its checks keeps the tokens in use "
-                     "and logs why, and other changes take a restart. With --processes N the supervisor forwards "
-                     "both signals to every worker, restarts a worker that dies, and exits when all have stopped.")
+    parser.epilog = (
+        "SIGTERM or Ctrl-C stops it gracefully: health turns NOT_SERVING, in-flight uploads get "
+        "server.grace_period seconds to finish, then it exits 0. SIGHUP reloads the tokens ([auth] and "
+        "auth.tokens_file) without a restart; a config that fails its checks keeps the tokens in use "
+        "and logs why, and other changes take a restart. With --processes N the supervisor forwards "
+        "both signals to every worker, restarts a worker that dies, and exits when all have stopped."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.aggregator.errors import StoreError, StoreMisconfigured
     from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
+    from veil.aggregator.errors import StoreError, StoreMisconfigured
 
     configure_logging(args.log_format, args.log_level)
 
@@ -56,9 +71,22 @@ def run(args: argparse.Namespace) -> int:
     if config.processes > 1 and not args.check_config:
         from veil.aggregator._workers import supervise  # imports no gRPC: the workers are fresh interpreters
 
-        return supervise(config, [sys.executable, "-m", "veil.aggregator", "--config", config.source,
-                                  "--processes", str(config.processes), "--log-format", args.log_format,
-                                  "--log-level", args.log_level])
+        return supervise(
+            config,
+            [
+                sys.executable,
+                "-m",
+                "veil.aggregator",
+                "--config",
+                config.source,
+                "--processes",
+                str(config.processes),
+                "--log-format",
+                args.log_format,
+                "--log-level",
+                args.log_level,
+            ],
+        )
     from veil.aggregator.daemon import inflight_bytes, open_configured_store
 
     if args.check_config:
@@ -108,6 +136,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
 
         def reload():  # a reloaded config is this worker's as well: no HTTP listener
             return replace(load(), http_address="")
+
     aggregator = Aggregator(config)
     aggregator.start()
     if ready_fd is not None:
@@ -116,9 +145,13 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
         tell_supervisor_serving(ready_fd)
     freeze_startup_heap()
     scheme = " with TLS" if config.tls else ""
-    print(f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
-          + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
-          + f" ({_access(config)})", file=sys.stderr, flush=True)
+    print(
+        f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
+        + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
+        + f" ({_access(config)})",
+        file=sys.stderr,
+        flush=True,
+    )
     while not stop.wait(0.2):
         if hangup.is_set():
             hangup.clear()
@@ -133,4 +166,4 @@ def _access(config) -> str:
     if not config.auth.enabled:
         return f"{tls}; authentication OFF: no tokens"
     uploads, reads = len(config.auth.of_role("upload")), len(config.auth.of_role("read"))
-    return (f"{tls}; {uploads} upload token{'s' * (uploads != 1)}, {reads} read token{'s' * (reads != 1)}")
+    return f"{tls}; {uploads} upload token{'s' * (uploads != 1)}, {reads} read token{'s' * (reads != 1)}"

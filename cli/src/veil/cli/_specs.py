@@ -22,15 +22,28 @@ def run(args: argparse.Namespace) -> int:
 
     wanted = [text_argument(m, "METRIC") for m in args.metrics]
     with channel(args) as remote:
-        response = call(args, veil_pb2_grpc.CollectorStub(remote).GetMetricSpecs,
-                        veil_pb2.GetMetricSpecsRequest(metrics=wanted))
+        response = call(
+            args, veil_pb2_grpc.CollectorStub(remote).GetMetricSpecs, veil_pb2.GetMetricSpecsRequest(metrics=wanted)
+        )
     missing = sorted(set(wanted) - {s.name for s in response.specs})
     if missing:
-        raise CliError(f"The aggregator at {address(args)} declares no metric "
-                       f"{', '.join(repr(m) for m in missing)} (or this token may not see it).")
+        raise CliError(
+            f"The aggregator at {address(args)} declares no metric "
+            f"{', '.join(repr(m) for m in missing)} (or this token may not see it)."
+        )
     specs = [spec_from_proto(s) for s in response.specs]
-    rows = [{"name": s.name, "mechanism": s.mechanism.name, "k": s.k, "epsilon": s.mechanism.epsilon,
-             "q": s.mechanism.q, "fingerprint": s.fingerprint, "labels": list(s.labels)} for s in specs]
+    rows = [
+        {
+            "name": s.name,
+            "mechanism": s.mechanism.name,
+            "k": s.k,
+            "epsilon": s.mechanism.epsilon,
+            "q": s.mechanism.q,
+            "fingerprint": s.fingerprint,
+            "labels": list(s.labels),
+        }
+        for s in specs
+    ]
     if args.json:
         print(json.dumps({"specs": rows}, indent=2))
         return 0

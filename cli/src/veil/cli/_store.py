@@ -15,12 +15,18 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    check = actions.add_parser("check", help="check a store and summarize what it holds; exit 0 when it is good",
-                               description="Check a store (a SQLite file: schema and integrity_check; Redis: that it "
-                                           "answers) and summarize what it holds. Exit 0 when good, 1 when not.")
-    check.add_argument("--store", metavar="URL",
-                       help="the store: sqlite:///path/veil.db or redis://... (default: $VEIL_STORE_URL, then the "
-                            "config's, then SQLite in the data directory)")
+    check = actions.add_parser(
+        "check",
+        help="check a store and summarize what it holds; exit 0 when it is good",
+        description="Check a store (a SQLite file: schema and integrity_check; Redis: that it "
+        "answers) and summarize what it holds. Exit 0 when good, 1 when not.",
+    )
+    check.add_argument(
+        "--store",
+        metavar="URL",
+        help="the store: sqlite:///path/veil.db or redis://... (default: $VEIL_STORE_URL, then the "
+        "config's, then SQLite in the data directory)",
+    )
     check.add_argument("--config", metavar="PATH", help="take the store of this config file (default: $VEIL_CONFIG)")
     check.add_argument("--data-dir", metavar="PATH", help="the data directory of the default store (as veil serve)")
 
@@ -51,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         store.close()
-    print(f"{url.split('@')[-1]}: OK (answers)" + (" (volatile: holds nothing once its process exits)"
-                                                  if url == "memory" else ""))
+    print(
+        f"{url.split('@')[-1]}: OK (answers)"
+        + (" (volatile: holds nothing once its process exits)" if url == "memory" else "")
+    )
     return 0
 
 

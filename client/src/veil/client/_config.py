@@ -80,8 +80,7 @@ def _from_env(environ: Mapping[str, str], name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _integer(arg_name: str, explicit: object, environ: Mapping[str, str], var: str, default: int,
-             minimum: int) -> int:
+def _integer(arg_name: str, explicit: object, environ: Mapping[str, str], var: str, default: int, minimum: int) -> int:
     if explicit is not None:
         if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < minimum:
             raise ConfigError(f"{arg_name} must be a whole number of at least {minimum}.")
@@ -159,8 +158,9 @@ def resolve_config(environ: Mapping[str, str] | None = None, **explicit: object)
     export_timeout = integer("export_timeout_ms", env.VEIL_EXPORT_TIMEOUT_MS, _DEFAULT_EXPORT_TIMEOUT_MS, 1)
     spec_ttl = integer("spec_ttl_ms", env.VEIL_SPEC_TTL_MS, _DEFAULT_SPEC_TTL_MS, 1)
     max_disk = integer("max_disk_bytes", env.VEIL_MAX_DISK_BYTES, _DEFAULT_MAX_DISK_BYTES, 0)
-    backoff_initial = integer("retry_initial_backoff_ms", env.VEIL_RETRY_INITIAL_BACKOFF_MS,
-                              _DEFAULT_RETRY_INITIAL_BACKOFF_MS, 1)
+    backoff_initial = integer(
+        "retry_initial_backoff_ms", env.VEIL_RETRY_INITIAL_BACKOFF_MS, _DEFAULT_RETRY_INITIAL_BACKOFF_MS, 1
+    )
     backoff_max = integer("retry_max_backoff_ms", env.VEIL_RETRY_MAX_BACKOFF_MS, _DEFAULT_RETRY_MAX_BACKOFF_MS, 1)
     return Config(
         endpoint=endpoint,

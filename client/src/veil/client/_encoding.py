@@ -45,10 +45,12 @@ def _bitmaps(reports: Sequence[tuple[int, ...]], k: int) -> veil_pb2.Bitmaps:
 
 def encode_batch(spec: MetricSpec, reports: Sequence[tuple[int, ...]], batch_id: bytes) -> bytes:
     """The serialized UploadRequest of ``reports`` (randomized under ``spec``)."""
-    request = veil_pb2.UploadRequest(batch_id=batch_id, metric=spec.name, spec_fingerprint=spec.fingerprint,
-                                     count=len(reports))
-    if encoding(spec.mechanism) == BITMAPS:
+    request = veil_pb2.UploadRequest(
+        batch_id=batch_id, metric=spec.name, spec_fingerprint=spec.fingerprint, count=len(reports)
+    )
+    q = spec.mechanism.q
+    if q is None or encoding(spec.mechanism) == BITMAPS:
         request.bitmaps.CopyFrom(_bitmaps(reports, spec.k))
     else:
-        request.index_sets.CopyFrom(_index_sets(reports, spec.mechanism.q))
+        request.index_sets.CopyFrom(_index_sets(reports, q))
     return request.SerializeToString()

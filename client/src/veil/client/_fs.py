@@ -132,7 +132,7 @@ class DeviceLog:
         """What was appended past ``offset`` (by any process). One pread where nothing was: this
         runs under the lock for every appended record, so each system call counts."""
         assert self.fd is not None
-        chunks = []
+        chunks: list[bytes] = []
         while chunk := os.pread(self.fd, 1 << 16, self.offset + sum(map(len, chunks))):
             chunks.append(chunk)
             if len(chunk) < 1 << 16:
@@ -207,8 +207,9 @@ class DeviceFileOwner:
             try:
                 self._file.after_fork()
             except OSError:
-                self._log.warning(f"{self._KIND}:open", f"{self._WHAT} cannot be reopened after fork; "
-                                  f"{self._IN_MEMORY}")
+                self._log.warning(
+                    f"{self._KIND}:open", f"{self._WHAT} cannot be reopened after fork; {self._IN_MEMORY}"
+                )
                 self._file = None
 
     def close(self) -> None:

@@ -66,8 +66,10 @@ class _State:
     def line(self, metric: str) -> bytes:
         # Formatted by hand, as json.dumps would write it (floats by repr), at a third of its cost:
         # this runs in report() for every admitted report.
-        return (f'{{"metric":{_json_string(metric)},"period":{self.period},"reports":{self.reports},'
-                f'"period_epsilon":{self.period_epsilon!r},"lifetime_epsilon":{self.lifetime_epsilon!r}}}\n').encode()
+        return (
+            f'{{"metric":{_json_string(metric)},"period":{self.period},"reports":{self.reports},'
+            f'"period_epsilon":{self.period_epsilon!r},"lifetime_epsilon":{self.lifetime_epsilon!r}}}\n'
+        ).encode()
 
     def moved_to(self, period: int) -> _State:
         return self if period == self.period else _State(period, lifetime_epsilon=self.lifetime_epsilon)
@@ -92,8 +94,11 @@ class Ledger(DeviceFileOwner):
                 with self._file.lock():
                     self._read_new()
             except OSError:
-                log.warning("ledger:open", "The Veil privacy ledger cannot be kept under the queue directory; it "
-                            "lives in memory, and a restart starts a new one.")
+                log.warning(
+                    "ledger:open",
+                    "The Veil privacy ledger cannot be kept under the queue directory; it "
+                    "lives in memory, and a restart starts a new one.",
+                )
                 self._close()
 
     # --- report()'s questions ---------------------------------------------------------------
@@ -103,8 +108,9 @@ class Ledger(DeviceFileOwner):
         state = self._states.get(metric)
         return state is not None and state.period == period and state.reports >= reports_per_period
 
-    def admit(self, spec: MetricSpec, period: int, cost: float, period_budget: float, lifetime_budget: float
-              ) -> str | None:
+    def admit(
+        self, spec: MetricSpec, period: int, cost: float, period_budget: float, lifetime_budget: float
+    ) -> str | None:
         """Record one report of ``spec`` in ``period`` spending ``cost``, or refuse it: PERIOD when
         the period's reports were sent, BUDGET when a budget would be exceeded; None: admitted."""
         with self._lock:
@@ -118,22 +124,28 @@ class Ledger(DeviceFileOwner):
                         self._file.append(self._states[spec.name].line(spec.name))
                     return refused
             except OSError:
-                self._log.warning("ledger:write", "The Veil privacy ledger cannot be written; refusing reports "
-                                  "whose spending it cannot record.")
+                self._log.warning(
+                    "ledger:write",
+                    "The Veil privacy ledger cannot be written; refusing reports whose spending it cannot record.",
+                )
                 return BUDGET
 
-    def _admit(self, spec: MetricSpec, period: int, cost: float, period_budget: float, lifetime_budget: float
-               ) -> str | None:
+    def _admit(
+        self, spec: MetricSpec, period: int, cost: float, period_budget: float, lifetime_budget: float
+    ) -> str | None:
         state = self._states.get(spec.name, _State(period)).moved_to(period)
         if period < state.period:  # the clock went back: count against the later period
             state = self._states[spec.name]
         if state.reports >= spec.reports_per_period:
             return PERIOD
-        if cost > 0 and (state.period_epsilon + cost > period_budget * (1 + _SLACK)
-                         or state.lifetime_epsilon + cost > lifetime_budget * (1 + _SLACK)):
+        if cost > 0 and (
+            state.period_epsilon + cost > period_budget * (1 + _SLACK)
+            or state.lifetime_epsilon + cost > lifetime_budget * (1 + _SLACK)
+        ):
             return BUDGET
-        self._states[spec.name] = _State(state.period, state.reports + 1, state.period_epsilon + cost,
-                                         state.lifetime_epsilon + cost)
+        self._states[spec.name] = _State(
+            state.period, state.reports + 1, state.period_epsilon + cost, state.lifetime_epsilon + cost
+        )
         return None
 
     def spent(self, spec: MetricSpec, now: float, period_budget: float, lifetime_budget: float) -> PrivacySpent:
@@ -146,9 +158,17 @@ class Ledger(DeviceFileOwner):
                 except OSError:
                     pass
         state = self._states.get(spec.name, _State(period)).moved_to(period)
-        return PrivacySpent(spec.name, state.period * spec.period, (state.period + 1) * spec.period, state.reports,
-                            spec.reports_per_period, state.period_epsilon, period_budget, state.lifetime_epsilon,
-                            lifetime_budget)
+        return PrivacySpent(
+            spec.name,
+            state.period * spec.period,
+            (state.period + 1) * spec.period,
+            state.reports,
+            spec.reports_per_period,
+            state.period_epsilon,
+            period_budget,
+            state.lifetime_epsilon,
+            lifetime_budget,
+        )
 
     # --- the file ----------------------------------------------------------------------------
 
@@ -159,8 +179,12 @@ class Ledger(DeviceFileOwner):
         while (end := data.find(b"\n", position)) >= 0:
             try:
                 record = json.loads(data[position:end])
-                state = _State(int(record["period"]), int(record["reports"]), float(record["period_epsilon"]),
-                               float(record["lifetime_epsilon"]))
+                state = _State(
+                    int(record["period"]),
+                    int(record["reports"]),
+                    float(record["period_epsilon"]),
+                    float(record["lifetime_epsilon"]),
+                )
                 if not all(map(math.isfinite, (state.period_epsilon, state.lifetime_epsilon))):
                     raise ValueError
             except (ValueError, KeyError, TypeError):
@@ -177,8 +201,10 @@ class Ledger(DeviceFileOwner):
         # spending: keep the later period, and the larger lifetime spending.
         known = self._states.get(metric)
         if known is not None and (known.period > state.period or known.lifetime_epsilon > state.lifetime_epsilon):
-            state = _State(max(known.period, state.period),
-                           known.reports if known.period > state.period else state.reports,
-                           known.period_epsilon if known.period > state.period else state.period_epsilon,
-                           max(known.lifetime_epsilon, state.lifetime_epsilon))
+            state = _State(
+                max(known.period, state.period),
+                known.reports if known.period > state.period else state.reports,
+                known.period_epsilon if known.period > state.period else state.period_epsilon,
+                max(known.lifetime_epsilon, state.lifetime_epsilon),
+            )
         self._states[metric] = state

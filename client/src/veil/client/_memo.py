@@ -75,8 +75,11 @@ class MemoStore(DeviceFileOwner):
                 with self._file.lock():
                     self._read_new()
             except OSError:
-                log.warning("memo:open", "The Veil memo store cannot be used under the queue directory; "
-                            "responses are memoized in memory only.")
+                log.warning(
+                    "memo:open",
+                    "The Veil memo store cannot be used under the queue directory; "
+                    "responses are memoized in memory only.",
+                )
                 self._close()
         self._secret = secret if secret is not None else secrets.token_bytes(SECRET_BYTES)
 
@@ -118,8 +121,11 @@ class MemoStore(DeviceFileOwner):
                         self._memo[key] = found
                 return found
             except OSError:
-                self._log.warning("memo:write", "The Veil memo store cannot be written; a restart may draw new "
-                                  "responses for values first reported now.")
+                self._log.warning(
+                    "memo:write",
+                    "The Veil memo store cannot be written; a restart may draw new "
+                    "responses for values first reported now.",
+                )
                 found = self._memo.setdefault(key, found if found is not None else randomize())
                 return found
 
@@ -143,7 +149,7 @@ class MemoStore(DeviceFileOwner):
             (crc,) = _HEAD.unpack_from(data, end)
             if crc != zlib.crc32(data[position:end]):
                 break
-            key = data[position:position + _KEY]
+            key = data[position : position + _KEY]
             self._memo.setdefault(key, struct.unpack_from(f"<{n}I", data, position + _KEY + 4))
             position = end + 4
         self._file.offset += position

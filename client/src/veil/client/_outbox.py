@@ -62,8 +62,9 @@ class Spool:
                 size = entry.stat().st_size
             except OSError:
                 continue
-            found.append((entry.name, Path(entry.path), int(match[1]) / 1000, int(match[2]),
-                          bytes.fromhex(match[3]), size))
+            found.append(
+                (entry.name, Path(entry.path), int(match[1]) / 1000, int(match[2]), bytes.fromhex(match[3]), size)
+            )
         found.sort()
         self.bytes = sum(item[-1] for item in found)
         for _, path, created, count, batch_id, size in found:
@@ -133,8 +134,10 @@ class Outbox:
                 batch.path = self.spool.write(batch, payload)
                 batch.size = len(payload)
             except OSError:
-                self._log.warning("spool:write", "Unsent Veil batches cannot be written under the queue directory; "
-                                  "keeping them in memory.")
+                self._log.warning(
+                    "spool:write",
+                    "Unsent Veil batches cannot be written under the queue directory; keeping them in memory.",
+                )
         if batch.path is None:
             batch.payload = payload
             self.in_memory += batch.count

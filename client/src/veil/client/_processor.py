@@ -21,8 +21,8 @@ from veil.mechanism import MetricSpec
 
 from ._config import Config
 from ._counters import Counters
-from ._log import LogOnce, logger
 from ._ledger import BUDGET, PERIOD, Ledger
+from ._log import LogOnce, logger
 from ._memo import MemoStore
 from ._outbox import Outbox, Spool
 from ._specs import SpecCache
@@ -38,9 +38,8 @@ _DROP_MESSAGES = {
     # A metric or category can vanish from a running app's specs (an operator removed or renamed
     # it): never an exception in the host, and a misspelt name shows up here too.
     "unknown-metric": "The aggregator declares no Veil metric named %r (removed, renamed or misspelt); "
-                      "dropping its reports.",
-    "unknown-category": "A value is not a category of Veil metric %r in the aggregator's spec; dropping "
-                        "such reports.",
+    "dropping its reports.",
+    "unknown-category": "A value is not a category of Veil metric %r in the aggregator's spec; dropping such reports.",
     "error": "An unexpected error prevented a Veil report; dropping it.",
 }
 
@@ -74,8 +73,9 @@ class BatchProcessor:
             try:
                 spool = Spool(config.queue_dir, config.max_disk_bytes, log)
             except OSError:
-                log.warning("spool:open",
-                            "The Veil queue directory cannot hold unsent batches; keeping them in memory.")
+                log.warning(
+                    "spool:open", "The Veil queue directory cannot hold unsent batches; keeping them in memory."
+                )
         self.outbox = Outbox(spool, log)
         self.stopped = False
         self._new_state()
@@ -129,8 +129,11 @@ class BatchProcessor:
             else:
                 self.over_budget += 1
         if reason == BUDGET:
-            self.log.warning("refuse:budget", "A Veil metric's privacy budget is spent for now; its reports are "
-                             "dropped until it allows more (see Reporter.privacy_spent()).")
+            self.log.warning(
+                "refuse:budget",
+                "A Veil metric's privacy budget is spent for now; its reports are "
+                "dropped until it allows more (see Reporter.privacy_spent()).",
+            )
 
     def drop_logged(self, reason: str, count: bool = True, metric: str | None = None) -> None:
         if count:
@@ -143,8 +146,16 @@ class BatchProcessor:
 
     def counters(self) -> Counters:
         with self.lock:
-            return Counters(self.accepted, self.dropped, self.sent, self.retried, self.failed,
-                            len(self.pending) + self.outbox_reports, self.limited, self.over_budget)
+            return Counters(
+                self.accepted,
+                self.dropped,
+                self.sent,
+                self.retried,
+                self.failed,
+                len(self.pending) + self.outbox_reports,
+                self.limited,
+                self.over_budget,
+            )
 
     def force_flush(self, timeout: float | None) -> bool:
         if self.stopped or threading.current_thread() is self.thread:
@@ -175,9 +186,14 @@ class BatchProcessor:
         if ok:
             logger.info("Veil Reporter shut down (all reports delivered).")
         else:
-            logger.warning("Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d unsent%s.",
-                           counters.sent, counters.dropped, counters.failed, counters.queued,
-                           " (kept under the queue directory)" if counters.queued else "")
+            logger.warning(
+                "Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d unsent%s.",
+                counters.sent,
+                counters.dropped,
+                counters.failed,
+                counters.queued,
+                " (kept under the queue directory)" if counters.queued else "",
+            )
         return ok
 
     # --- fork -------------------------------------------------------------------------------

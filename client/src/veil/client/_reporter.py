@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import SupportsIndex
 
 from veil.mechanism import MetricSpec, RandomSource
 
@@ -86,11 +87,21 @@ class Reporter:
         clock: Callable[[], float] | None = None,
     ) -> None:
         config = resolve_config(
-            endpoint=endpoint, token=token, tls=tls, ca_file=ca_file, client_cert=client_cert,
-            client_key=client_key, queue_dir=queue_dir, max_queue_size=max_queue_size,
-            max_batch_size=max_batch_size, schedule_delay_ms=schedule_delay_ms,
-            export_timeout_ms=export_timeout_ms, spec_ttl_ms=spec_ttl_ms, max_disk_bytes=max_disk_bytes,
-            retry_initial_backoff_ms=retry_initial_backoff_ms, retry_max_backoff_ms=retry_max_backoff_ms,
+            endpoint=endpoint,
+            token=token,
+            tls=tls,
+            ca_file=ca_file,
+            client_cert=client_cert,
+            client_key=client_key,
+            queue_dir=queue_dir,
+            max_queue_size=max_queue_size,
+            max_batch_size=max_batch_size,
+            schedule_delay_ms=schedule_delay_ms,
+            export_timeout_ms=export_timeout_ms,
+            spec_ttl_ms=spec_ttl_ms,
+            max_disk_bytes=max_disk_bytes,
+            retry_initial_backoff_ms=retry_initial_backoff_ms,
+            retry_max_backoff_ms=retry_max_backoff_ms,
         )
         if isinstance(memoize, bool):
             self._memoize_default, self._memoize = memoize, {}
@@ -112,8 +123,9 @@ class Reporter:
         self._specs.load()
         self._memo = MemoStore(directory, log)
         self._ledger = Ledger(directory, log)
-        self._processor = BatchProcessor(replace(config, queue_dir=directory), self._specs, self._memo, self._ledger,
-                                         log)
+        self._processor = BatchProcessor(
+            replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log
+        )
         ref = weakref.ref(self)
         self._exit_hook = lambda: (reporter := ref()) is not None and reporter.shutdown(_DEFAULT_SHUTDOWN_TIMEOUT_S)
         atexit.register(self._exit_hook)
@@ -165,7 +177,7 @@ class Reporter:
             if refused is not None:
                 return self._processor.refuse(refused)
             self._processor.submit(spec, self._randomize(spec, index, memo_key))
-        except Exception:
+        except Exception:  # noqa: BLE001 (never raised into the app: the report is dropped, counted)
             self._processor.drop_logged("error")
 
     def _memoizes(self, spec: MetricSpec) -> bool:
@@ -173,8 +185,10 @@ class Reporter:
 
     def _budgets(self, spec: MetricSpec) -> tuple[float, float]:
         """The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower."""
-        return (min(spec.epsilon_per_period, self._period_budget(spec.name)),
-                min(spec.epsilon_lifetime, self._lifetime_budget(spec.name)))
+        return (
+            min(spec.epsilon_per_period, self._period_budget(spec.name)),
+            min(spec.epsilon_lifetime, self._lifetime_budget(spec.name)),
+        )
 
     def _randomize(self, spec: MetricSpec, index: int, memo_key: bytes | None) -> tuple[int, ...]:
         mechanism, source = spec.mechanism, self._source
@@ -234,7 +248,7 @@ def _index(spec: MetricSpec | None, value: object) -> int | None:
     """The index ``value`` names in ``spec``; None when the spec has no such index (a server-side
     matter); UnknownCategoryError when ``value`` could never be a category index."""
     try:
-        index = None if isinstance(value, bool) else operator.index(value)
+        index = operator.index(value) if isinstance(value, SupportsIndex) and not isinstance(value, bool) else None
     except TypeError:
         index = None
     if index is None or index < 0:
@@ -245,6 +259,7 @@ def _index(spec: MetricSpec | None, value: object) -> int | None:
 
 def _app_budget(value: float | Mapping[str, float] | None, name: str) -> Callable[[str], float]:
     """An app's budget setting (an epsilon for every metric, or one per metric) as metric -> epsilon."""
+
     def checked(budget: object) -> float:
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
             raise ConfigError(f"{name} must be an epsilon above 0, or a mapping of metric name to one.")

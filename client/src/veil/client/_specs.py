@@ -1,10 +1,11 @@
 """Metric specs from the aggregator: rebuilt, checked against their fingerprint, cached.
 
 Every spec the aggregator sends is rebuilt as a ``veil.mechanism.MetricSpec`` from its name,
-labels, mechanism, epsilon, reporting period, reports per period and budgets; its recomputed fingerprint (and q) must equal the aggregator's,
-or the spec is refused (a device never randomizes under a spec it cannot reproduce). With a
-queue directory the last response is kept on disk, so a restart without the network still
-knows its specs; a cached spec past its TTL is still used while fetching fails.
+labels, mechanism, epsilon, reporting period, reports per period and budgets; its recomputed
+fingerprint (and q) must equal the aggregator's, or the spec is refused (a device never
+randomizes under a spec it cannot reproduce). With a queue directory the last response is kept
+on disk, so a restart without the network still knows its specs; a cached spec past its TTL is
+still used while fetching fails.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from veil.mechanism import DEFAULT_PERIOD, MechanismError, MetricSpec, spec_for, wire_shape, wire_shape_of
 from veil.wire.v1 import veil_pb2
@@ -30,9 +32,15 @@ def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
         mechanism = wire_shape_of(message.mechanism).name
     except MechanismError:
         raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.") from None
-    spec = MetricSpec(message.name, tuple(message.labels), spec_for(mechanism, len(message.labels), message.epsilon),
-                      message.period_seconds or DEFAULT_PERIOD, message.reports_per_period or 1,
-                      message.period_budget or None, message.lifetime_budget or None)
+    spec = MetricSpec(
+        message.name,
+        tuple(message.labels),
+        spec_for(mechanism, len(message.labels), message.epsilon),
+        message.period_seconds or DEFAULT_PERIOD,
+        message.reports_per_period or 1,
+        message.period_budget or None,
+        message.lifetime_budget or None,
+    )
     if spec.fingerprint != message.fingerprint or (spec.mechanism.q or 0) != message.q:
         raise MechanismError(f"Metric {message.name!r} has a fingerprint this device does not reproduce.")
     return spec
@@ -40,11 +48,21 @@ def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
 
 def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     """The proto of a spec, as the aggregator serves it."""
-    return veil_pb2.MetricSpec(name=spec.name, labels=spec.labels, mechanism=wire_shape(spec.mechanism.name).proto,
-                               epsilon=spec.mechanism.epsilon, q=spec.mechanism.q or 0,
-                               fingerprint=spec.fingerprint, period_seconds=spec.period,
-                               reports_per_period=spec.reports_per_period, period_budget=spec.period_budget or 0.0,
-                               lifetime_budget=spec.lifetime_budget or 0.0)
+    # An enum value, maybe one this proto's enum does not name (proto3 keeps it): protoc's .pyi
+    # types enum values as the enum.
+    mechanism = cast(veil_pb2.Mechanism, wire_shape(spec.mechanism.name).proto)
+    return veil_pb2.MetricSpec(
+        name=spec.name,
+        labels=spec.labels,
+        mechanism=mechanism,
+        epsilon=spec.mechanism.epsilon,
+        q=spec.mechanism.q or 0,
+        fingerprint=spec.fingerprint,
+        period_seconds=spec.period,
+        reports_per_period=spec.reports_per_period,
+        period_budget=spec.period_budget or 0.0,
+        lifetime_budget=spec.lifetime_budget or 0.0,
+    )
 
 
 class SpecCache:
@@ -74,7 +92,7 @@ class SpecCache:
             response = veil_pb2.GetMetricSpecsResponse.FromString(data)
         except FileNotFoundError:
             return
-        except Exception:  # unreadable or corrupt: the network will tell
+        except Exception:  # noqa: BLE001 (unreadable or corrupt: the network will tell)
             self._log.warning("specs:disk", "The cached Veil metric specs cannot be read; waiting for the aggregator.")
             return
         self._install(response, fetched_at)
@@ -96,11 +114,13 @@ class SpecCache:
                 specs[message.name] = spec_from_proto(message)
             except (MechanismError, ValueError):
                 refused.add(message.name)
-                self._log.warning(f"specs:refused:{message.name}:{message.fingerprint}",
-                                  "Refusing the aggregator's spec of metric %r: it does not match its fingerprint "
-                                  "or is invalid; its reports are dropped.", message.name)
-        self.entries = {name: (spec, {label: i for i, label in enumerate(spec.labels)})
-                        for name, spec in specs.items()}
+                self._log.warning(
+                    f"specs:refused:{message.name}:{message.fingerprint}",
+                    "Refusing the aggregator's spec of metric %r: it does not match its fingerprint "
+                    "or is invalid; its reports are dropped.",
+                    message.name,
+                )
+        self.entries = {name: (spec, {label: i for i, label in enumerate(spec.labels)}) for name, spec in specs.items()}
         self.specs = specs
         self.refused = frozenset(refused)
         self.max_batch = response.max_batch or None

@@ -20,8 +20,7 @@ from ._config import Config
 
 __all__ = ["Transport", "FINAL", "TOKEN_REFUSED"]
 
-FINAL = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                   grpc.StatusCode.OUT_OF_RANGE})
+FINAL = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE})
 TOKEN_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 _SERVICE = "/veil.wire.v1.Collector/"
@@ -33,8 +32,10 @@ class Transport:
         self._config = config
         self._metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
         self._channel: grpc.Channel | None = None
-        self._get_specs = None
-        self._upload = None
+        self._get_specs: (
+            grpc.UnaryUnaryMultiCallable[veil_pb2.GetMetricSpecsRequest, veil_pb2.GetMetricSpecsResponse] | None
+        ) = None
+        self._upload: grpc.UnaryUnaryMultiCallable[bytes, veil_pb2.UploadResponse] | None = None
 
     def _connect(self) -> None:
         config = self._config
@@ -46,9 +47,11 @@ class Transport:
             ("grpc.max_reconnect_backoff_ms", max(initial_ms, int(config.backoff_max * 1000))),
         ]
         if config.tls:
-            credentials = grpc.ssl_channel_credentials(root_certificates=config.root_certificates,
-                                                       private_key=config.client_key,
-                                                       certificate_chain=config.client_cert)
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=config.root_certificates,
+                private_key=config.client_key,
+                certificate_chain=config.client_cert,
+            )
             channel = grpc.secure_channel(config.endpoint, credentials, options=options)
         else:
             channel = grpc.insecure_channel(config.endpoint, options=options)
@@ -64,16 +67,18 @@ class Transport:
         )
         self._channel = channel
 
-    def fetch_specs(self, timeout: float) -> grpc.Future:
+    def fetch_specs(self, timeout: float) -> grpc.Future[veil_pb2.GetMetricSpecsResponse]:
         """A future of the GetMetricSpecsResponse."""
         if self._channel is None:
             self._connect()
+        assert self._get_specs is not None
         return self._get_specs.future(veil_pb2.GetMetricSpecsRequest(), timeout=timeout, metadata=self._metadata)
 
-    def upload(self, payload: bytes, timeout: float) -> grpc.Future:
+    def upload(self, payload: bytes, timeout: float) -> grpc.Future[veil_pb2.UploadResponse]:
         """A future of the UploadResponse."""
         if self._channel is None:
             self._connect()
+        assert self._upload is not None
         return self._upload.future(payload, timeout=timeout, metadata=self._metadata)
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ import random
 import secrets
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -36,6 +37,7 @@ from ._transport import FINAL, TOKEN_REFUSED
 
 __all__ = ["Worker", "Backoff"]
 
+_Response = TypeVar("_Response")  # what a call answers: _await waits for any
 _BATCHES_PER_TURN = 64  # uploads between two looks at the queue
 
 
@@ -58,7 +60,7 @@ def _code(error: BaseException) -> grpc.StatusCode | None:
     code = getattr(error, "code", None)
     try:
         return code() if callable(code) else None
-    except Exception:
+    except Exception:  # noqa: BLE001 (a code() that fails names no code)
         return None
 
 
@@ -72,7 +74,7 @@ def _retry_hint(error: BaseException) -> float:
         for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
             if key == _RETRY_AFTER_KEY:
                 return min(max(int(value) / 1000.0, 0.0), _MAX_RETRY_HINT)
-    except Exception:  # not a call, or a malformed hint: back off as usual
+    except Exception:  # noqa: BLE001 (not a call, or a malformed hint: back off as usual)
         pass
     return 0.0
 
@@ -99,8 +101,9 @@ class Worker:
                 if len(p.outbox):
                     logger.info("Veil found %d unsent batch(es) under the queue directory.", len(p.outbox))
             except Exception:
-                p.log.warning("spool:load", "Unsent Veil batches cannot be read from the queue directory.",
-                              exc_info=True)
+                p.log.warning(
+                    "spool:load", "Unsent Veil batches cannot be read from the queue directory.", exc_info=True
+                )
         while True:
             try:
                 if not self._turn():
@@ -157,8 +160,13 @@ class Worker:
             now = time.monotonic()
             closing = any(r.closing for r in self.active)
             due = self._drain_due(now)
-            if (p.requests or due or (len(p.outbox) and now >= self.retry_at)
-                    or (not closing and now >= self.spec_due) or any(now >= r.deadline for r in self.active)):
+            if (
+                p.requests
+                or due
+                or (len(p.outbox) and now >= self.retry_at)
+                or (not closing and now >= self.spec_due)
+                or any(now >= r.deadline for r in self.active)
+            ):
                 break
             wake = math.inf if closing else self.spec_due
             if self.next_drain is not None:
@@ -170,7 +178,7 @@ class Worker:
         requests, p.requests = p.requests, []
         return (self._take() if due or requests else []), requests
 
-    def _await(self, future: grpc.Future) -> None:
+    def _await(self, future: grpc.Future[_Response]) -> None:
         """Wait for a call in flight, batching (and spooling) the queued reports as they fall due
         (also after a quick call: a backlog's uploads follow each other without a turn between)."""
         p = self.p
@@ -210,16 +218,23 @@ class Worker:
         before = p.outbox.in_memory
         dropped = failed = 0
         for spec, group in groups.values():
-            size = max(1, min(p.config.max_batch_size, p.specs.max_batch or p.config.max_batch_size,
-                              MAX_BATCH_BYTES // report_bytes(spec.mechanism, encoding(spec.mechanism))))
+            size = max(
+                1,
+                min(
+                    p.config.max_batch_size,
+                    p.specs.max_batch or p.config.max_batch_size,
+                    MAX_BATCH_BYTES // report_bytes(spec.mechanism, encoding(spec.mechanism)),
+                ),
+            )
             for start in range(0, len(group), size):
-                chunk = group[start:start + size]
+                chunk = group[start : start + size]
                 try:
                     dropped += self._add(spec, chunk)
                 except Exception:
                     failed += len(chunk)
-                    p.log.warning("encode", "Veil reports could not be encoded; counting them as failed.",
-                                  exc_info=True)
+                    p.log.warning(
+                        "encode", "Veil reports could not be encoded; counting them as failed.", exc_info=True
+                    )
         if dropped:
             p.log.warning("drop:disk", "The Veil queue directory is at its size cap; dropping new batches.")
         with p.lock:
@@ -260,11 +275,19 @@ class Worker:
             self.spec_due = time.monotonic() + self.fetches.next_delay()
             code = _code(error)
             if code in TOKEN_REFUSED:
-                p.log.warning(f"specs:fetch:{code}", "The aggregator refused the Veil token (%s) when fetching "
-                              "metric specs: check the token; retrying with backoff.", code.name)
+                p.log.warning(
+                    f"specs:fetch:{code}",
+                    "The aggregator refused the Veil token (%s) when fetching "
+                    "metric specs: check the token; retrying with backoff.",
+                    code.name,
+                )
             else:
-                p.log.warning(f"specs:fetch:{code}", "Cannot fetch Veil metric specs (%s); retrying with backoff.",
-                              code.name if code else type(error).__name__, exc_info=code is None)
+                p.log.warning(
+                    f"specs:fetch:{code}",
+                    "Cannot fetch Veil metric specs (%s); retrying with backoff.",
+                    code.name if code else type(error).__name__,
+                    exc_info=code is None,
+                )
             return
         p.specs.update(response)
         self.spec_due = time.monotonic() + p.config.spec_ttl
@@ -285,8 +308,9 @@ class Worker:
             if p.specs.max_batch and batch.count > p.specs.max_batch:
                 # Made before the aggregator lowered its limit (a spooled batch): it would be refused
                 # on every attempt, and splitting it could count reports an earlier attempt counted.
-                p.log.warning("upload:oversize", "A Veil batch is larger than the aggregator accepts; counting it "
-                              "as failed.")
+                p.log.warning(
+                    "upload:oversize", "A Veil batch is larger than the aggregator accepts; counting it as failed."
+                )
                 self._finish(batch, "failed")
                 continue
             timeout = self._timeout()
@@ -303,7 +327,7 @@ class Worker:
                 future = p.transport.upload(payload, timeout)
                 self._await(future)
                 future.result()
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
                 if not self._failed(batch, error):
                     return
             else:
@@ -319,19 +343,35 @@ class Worker:
         if code not in FINAL:
             self.retry_at = time.monotonic() + max(self.uploads.next_delay(), _retry_hint(error))
             if code in TOKEN_REFUSED:
-                p.log.warning(f"upload:{name}", "The aggregator refused the Veil token (%s): check the token; "
-                              "keeping the batches and retrying with backoff.", name)
+                p.log.warning(
+                    f"upload:{name}",
+                    "The aggregator refused the Veil token (%s): check the token; "
+                    "keeping the batches and retrying with backoff.",
+                    name,
+                )
             else:
-                p.log.warning(f"upload:{name}", "Veil upload failed (%s); retrying the same batch with backoff.",
-                              name, exc_info=code is None)
+                p.log.warning(
+                    f"upload:{name}",
+                    "Veil upload failed (%s); retrying the same batch with backoff.",
+                    name,
+                    exc_info=code is None,
+                )
             return False
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             self.spec_due = 0.0  # the spec is stale: fetch again; these reports cannot be re-randomized
-            p.log.warning(f"upload:{name}", "The aggregator refused a Veil batch for a stale spec (%s); fetching "
-                          "specs again and counting the batch as failed.", name)
+            p.log.warning(
+                f"upload:{name}",
+                "The aggregator refused a Veil batch for a stale spec (%s); fetching "
+                "specs again and counting the batch as failed.",
+                name,
+            )
         else:
-            p.log.warning(f"upload:{name}", "The aggregator refused a Veil batch (%s); counting it as failed.",
-                          name, exc_info=code is None)
+            p.log.warning(
+                f"upload:{name}",
+                "The aggregator refused a Veil batch (%s); counting it as failed.",
+                name,
+                exc_info=code is None,
+            )
         self._finish(batch, "failed")
         return True
 
@@ -352,8 +392,11 @@ class Worker:
         for request in self.active:
             if head is None or head.seq > request.target:
                 request.finish(True)
-            elif (now >= request.deadline or self.retry_at > request.deadline
-                  or (request.closing and spooled and self.retry_at > now)):
+            elif (
+                now >= request.deadline
+                or self.retry_at > request.deadline
+                or (request.closing and spooled and self.retry_at > now)
+            ):
                 request.finish(False)  # with a spool, shutdown leaves the batches on disk
             else:
                 still.append(request)
@@ -373,7 +416,7 @@ class Worker:
         for close in (p.memo.close, p.ledger.close, p.transport.close):
             try:
                 close()
-            except Exception:
+            except Exception:  # noqa: BLE001 (shutting down: the others are closed all the same)
                 pass
         for request in p.requests:
             request.finish(False)

@@ -40,7 +40,7 @@ def parse_duration(text: object) -> int:
         return text
     match = _DURATION.match(text) if isinstance(text, str) else None
     if not match or int(match.group(1)) == 0:
-        raise MechanismError(f"expected a duration such as \"15m\", \"1h\" or \"1d\", got {text!r}.")
+        raise MechanismError(f'expected a duration such as "15m", "1h" or "1d", got {text!r}.')
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -78,28 +78,53 @@ class MetricSpec:
             )
         object.__setattr__(self, "labels", labels)
         if not _whole(self.period) or not 1 <= self.period <= MAX_PERIOD:
-            raise MechanismError(f"Metric {self.name!r} needs a reporting period of 1 s to 366 days, "
-                                 f"not {self.period!r}.")
+            raise MechanismError(
+                f"Metric {self.name!r} needs a reporting period of 1 s to 366 days, not {self.period!r}."
+            )
         if not _whole(self.reports_per_period) or not 1 <= self.reports_per_period <= _MAX_REPORTS_PER_PERIOD:
-            raise MechanismError(f"Metric {self.name!r} needs at least 1 report per period (and at most 2**32 - 1), "
-                                 f"not {self.reports_per_period!r}.")
+            raise MechanismError(
+                f"Metric {self.name!r} needs at least 1 report per period (and at most 2**32 - 1), "
+                f"not {self.reports_per_period!r}."
+            )
         epsilon = self.mechanism.epsilon
         for key in ("period_budget", "lifetime_budget"):
             budget = getattr(self, key)
             if budget is None:
                 continue
-            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or math.isnan(budget) \
-                    or budget < epsilon:
-                raise MechanismError(f"Metric {self.name!r} needs a {key.replace('_', ' ')} of at least its epsilon "
-                                     f"({epsilon!r}), or none, not {budget!r}: a smaller one allows no report.")
+            if (
+                isinstance(budget, bool)
+                or not isinstance(budget, (int, float))
+                or math.isnan(budget)
+                or budget < epsilon
+            ):
+                raise MechanismError(
+                    f"Metric {self.name!r} needs a {key.replace('_', ' ')} of at least its epsilon "
+                    f"({epsilon!r}), or none, not {budget!r}: a smaller one allows no report."
+                )
             object.__setattr__(self, key, float(budget))
 
     @classmethod
-    def create(cls, name: str, labels: Sequence[str], mechanism: str = DEFAULT_MECHANISM,
-               epsilon: float = 1.0, *, period: int = DEFAULT_PERIOD, reports_per_period: int = 1,
-               period_budget: float | None = None, lifetime_budget: float | None = None) -> MetricSpec:
-        return cls(name, tuple(labels), spec_for(mechanism, len(labels), epsilon), period, reports_per_period,
-                   period_budget, lifetime_budget)
+    def create(
+        cls,
+        name: str,
+        labels: Sequence[str],
+        mechanism: str = DEFAULT_MECHANISM,
+        epsilon: float = 1.0,
+        *,
+        period: int = DEFAULT_PERIOD,
+        reports_per_period: int = 1,
+        period_budget: float | None = None,
+        lifetime_budget: float | None = None,
+    ) -> MetricSpec:
+        return cls(
+            name,
+            tuple(labels),
+            spec_for(mechanism, len(labels), epsilon),
+            period,
+            reports_per_period,
+            period_budget,
+            lifetime_budget,
+        )
 
     @property
     def k(self) -> int:
@@ -122,8 +147,13 @@ class MetricSpec:
         return int(unix_time // self.period)
 
     def canonical(self) -> dict[str, object]:
-        return {"name": self.name, "labels": list(self.labels), **self.mechanism.canonical(),
-                "period": self.period, "reports_per_period": self.reports_per_period}
+        return {
+            "name": self.name,
+            "labels": list(self.labels),
+            **self.mechanism.canonical(),
+            "period": self.period,
+            "reports_per_period": self.reports_per_period,
+        }
 
     @cached_property
     def fingerprint(self) -> str:

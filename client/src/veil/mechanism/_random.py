@@ -86,7 +86,15 @@ class SystemRandomSource(_WordDraws):
 
 
 _BLOCK_WORDS = 1024
-_blocks = threading.local()  # this thread's block of OS words and the next position in it
+
+
+class _Blocks(threading.local):
+    words: array[int]
+    forks: int
+    position: int
+
+
+_blocks = _Blocks()  # this thread's block of OS words and the next position in it
 _forks = 0  # bumped in a forked child: blocks read before the fork are stale
 
 

@@ -41,7 +41,7 @@ class RapporSpec(MechanismSpec):
 
     @property
     def outputs(self) -> int:
-        return 2**self.k
+        return 1 << self.k
 
     @property
     def parity(self) -> float:
@@ -122,7 +122,7 @@ class AdmissibleRapporSpec(RapporSpec):
 
     @property
     def outputs(self) -> int:
-        return 2**self.k - 2
+        return (1 << self.k) - 2
 
     def randomize(self, value: int, source: RandomSource = _SYSTEM) -> Report:
         value = self.check_value(value)

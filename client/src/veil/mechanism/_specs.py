@@ -199,7 +199,7 @@ class SubsetSpec(MechanismSpec):
     admissible: ClassVar[bool] = True
 
     @cached_property
-    def q(self) -> int:  # type: ignore[override]
+    def q(self) -> int:
         return minimax_q(self.k, self.gamma)
 
     @cached_property
@@ -272,7 +272,7 @@ class KrrSpec(SubsetSpec):
     name: ClassVar[str] = "krr"
 
     @cached_property
-    def q(self) -> int:  # type: ignore[override]
+    def q(self) -> int:
         return 1
 
 

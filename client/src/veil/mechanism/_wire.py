@@ -29,8 +29,20 @@ from ._errors import MechanismError
 from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec
 
-__all__ = ["WireShape", "MECHANISMS", "SAMPLERS", "INDEX_SETS", "BITMAPS", "register", "wire_shape", "wire_shape_of",
-           "encodings", "encoding", "report_bytes", "max_report_bytes"]
+__all__ = [
+    "WireShape",
+    "MECHANISMS",
+    "SAMPLERS",
+    "INDEX_SETS",
+    "BITMAPS",
+    "register",
+    "wire_shape",
+    "wire_shape_of",
+    "encodings",
+    "encoding",
+    "report_bytes",
+    "max_report_bytes",
+]
 
 INDEX_SETS = "index_sets"
 BITMAPS = "bitmaps"
@@ -108,7 +120,7 @@ def report_bytes(spec: MechanismSpec, encoding: str) -> int:
     """The size of one report of this design in an encoding it may take."""
     if encoding not in encodings(spec):
         raise MechanismError(f"Reports of {spec.name} are not sent as {encoding}.")
-    return (spec.k + 7) // 8 if encoding == BITMAPS else _INDEX_BYTES * spec.q
+    return (spec.k + 7) // 8 if encoding == BITMAPS or spec.q is None else _INDEX_BYTES * spec.q
 
 
 def max_report_bytes(spec: MechanismSpec) -> int:

@@ -83,12 +83,14 @@ class CorrectMatchTable:
             label = f"tau*={a + 1}" if a < k else "any tau*"
             lines.append([label, *("-" if np.isnan(x) else f"{x:.4f}" for x in self.probability[a])])
         widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-        return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                         for r in lines)
+        return "\n".join(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in lines
+        )
 
 
-def correct_match_from_cells(original_cell: np.ndarray, released_cell: np.ndarray,
-                             max_frequency: int = 2) -> CorrectMatchTable:
+def correct_match_from_cells(
+    original_cell: np.ndarray, released_cell: np.ndarray, max_frequency: int = 2
+) -> CorrectMatchTable:
     """The table from each record's original and released key cell (integer ids in one space)."""
     orig = np.asarray(original_cell, dtype=np.int64)
     rel = np.asarray(released_cell, dtype=np.int64)
@@ -122,13 +124,13 @@ def correct_match_from_cells(original_cell: np.ndarray, released_cell: np.ndarra
         put(k, b, tau == b + 1)
     put(k, k, small)
     changed = np.array([np.mean(~kept[tau == b + 1]) if np.any(tau == b + 1) else np.nan for b in range(k)])
-    no_match = np.array([np.mean(tau_star[tau == b + 1] == 0) if np.any(tau == b + 1) else np.nan
-                         for b in range(k)])
+    no_match = np.array([np.mean(tau_star[tau == b + 1] == 0) if np.any(tau == b + 1) else np.nan for b in range(k)])
     return CorrectMatchTable(k, prob, units, changed, no_match)
 
 
-def _cells(original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray],
-           columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def _cells(
+    original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray], columns: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
     orig, rel = as_table(original), as_table(released)
     require_columns(orig, columns)
     require_columns(rel, columns, "released column")
@@ -144,16 +146,24 @@ def _cells(original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray
     return cell[:n], cell[n:]
 
 
-def correct_match_table(original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray],
-                        columns: Sequence[str], max_frequency: int = 2) -> CorrectMatchTable:
+def correct_match_table(
+    original: Mapping[str, np.ndarray],
+    released: Mapping[str, np.ndarray],
+    columns: Sequence[str],
+    max_frequency: int = 2,
+) -> CorrectMatchTable:
     """Empirical P(CM | tau, tau*) of a release, matching on ``columns`` (001 sec. 7.1)."""
     if not columns:
         raise TableError("the correct-match table needs at least one key column.")
     return correct_match_from_cells(*_cells(original, released, list(columns)), max_frequency)
 
 
-def marginal_table(original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray], column: str,
-                   perturbation_variance: Mapping[str, float] | None = None) -> list[dict[str, object]]:
+def marginal_table(
+    original: Mapping[str, np.ndarray],
+    released: Mapping[str, np.ndarray],
+    column: str,
+    perturbation_variance: Mapping[str, float] | None = None,
+) -> list[dict[str, object]]:
     """One variable's categories before and after, as 001's Tables 4-5: counts, shares, the
     difference original - released, and the sampling SD sqrt(n p (1 - p)) of a count under
     simple random sampling with replacement, p the original share. Given the perturbation
@@ -165,20 +175,32 @@ def marginal_table(original: Mapping[str, np.ndarray], released: Mapping[str, np
     if rel[column].size != n:
         raise TableError(f"the released table has {rel[column].size} records, the original {n}.")
     cats, code = encode(np.concatenate([orig[column], rel[column]]))
-    return marginal_rows(cats, np.bincount(code[:n], minlength=cats.size), np.bincount(code[n:], minlength=cats.size),
-                         perturbation_variance)
+    return marginal_rows(
+        cats,
+        np.bincount(code[:n], minlength=cats.size),
+        np.bincount(code[n:], minlength=cats.size),
+        perturbation_variance,
+    )
 
 
-def marginal_rows(categories: np.ndarray, before: np.ndarray, after: np.ndarray,
-                  perturbation_variance: Mapping[str, float] | None = None) -> list[dict[str, object]]:
+def marginal_rows(
+    categories: np.ndarray,
+    before: np.ndarray,
+    after: np.ndarray,
+    perturbation_variance: Mapping[str, float] | None = None,
+) -> list[dict[str, object]]:
     """marginal_table's rows from the counts of each category before and after."""
     n = int(np.sum(before))
     rows = []
     for c, b, a in zip(np.asarray(categories).tolist(), np.asarray(before).tolist(), np.asarray(after).tolist()):
         share = b / n
         row: dict[str, object] = {
-            "category": c, "original": int(b), "original_share": share, "released": int(a),
-            "released_share": a / n, "difference": int(b - a),
+            "category": c,
+            "original": int(b),
+            "original_share": share,
+            "released": int(a),
+            "released_share": a / n,
+            "difference": int(b - a),
             "sampling_sd": float(np.sqrt(n * share * (1 - share))),
         }
         if perturbation_variance is not None:
@@ -187,8 +209,9 @@ def marginal_rows(categories: np.ndarray, before: np.ndarray, after: np.ndarray,
     return rows
 
 
-def total_variation_distance(original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray],
-                             columns: Sequence[str]) -> float:
+def total_variation_distance(
+    original: Mapping[str, np.ndarray], released: Mapping[str, np.ndarray], columns: Sequence[str]
+) -> float:
     """TVD = (1/2n) sum over the cells of ``columns`` of |f_i - f~_i| (001 eq. 7.1)."""
     return tvd_of_codes(*_cells(original, released, list(columns)))
 
@@ -196,5 +219,6 @@ def total_variation_distance(original: Mapping[str, np.ndarray], released: Mappi
 def tvd_of_codes(before: np.ndarray, after: np.ndarray) -> float:
     """TVD of two aligned arrays of cell ids (one id space)."""
     size = int(max(before.max(initial=-1), after.max(initial=-1))) + 1
-    return float(np.abs(np.bincount(before, minlength=size) - np.bincount(after, minlength=size)).sum()
-                 / (2 * before.size))
+    return float(
+        np.abs(np.bincount(before, minlength=size) - np.bincount(after, minlength=size)).sum() / (2 * before.size)
+    )

@@ -36,6 +36,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -138,8 +139,7 @@ def mutual_information(q: Sequence[float] | np.ndarray, p: Sequence[float] | np.
 
 def _levels(s: int, epsilon: float) -> dict[str, float]:
     a, n = math.exp(epsilon), s - 1
-    return {"v_a": a / (a + n), "v_-a": 1.0 / (1.0 + a * n), "v_min": 1.0 / (a * (a + n)),
-            "v_max": a / (1.0 / a + n)}
+    return {"v_a": a / (a + n), "v_-a": 1.0 / (1.0 + a * n), "v_min": 1.0 / (a * (a + n)), "v_max": a / (1.0 / a + n)}
 
 
 def binary_keep_probability(epsilon: float) -> float:
@@ -197,11 +197,11 @@ def vertex_candidates(s: int, epsilon: float) -> np.ndarray:
         rows, rhs = [], []
 
         def add(coefs: Sequence[tuple[int, float]], bound: float) -> None:
-            r = np.zeros(d)
+            r = np.zeros(d)  # noqa: B023 (add runs within this iteration)
             for v, c in coefs:
                 r[v] += c
-            rows.append(r)
-            rhs.append(bound)
+            rows.append(r)  # noqa: B023 (add runs within this iteration)
+            rhs.append(bound)  # noqa: B023 (add runs within this iteration)
 
         add([(top, n), (second, a)], a)  # n q_max + a q_second <= a
         add([(second, n), (top, a)], a)
@@ -278,7 +278,7 @@ def _ordered_assignments(values: np.ndarray, counts: np.ndarray, order: np.ndarr
                 if lone_hi:
                     q[k] = values[-1]
                 for g in range(g0, g1):
-                    q[rest[start:start + counts[g]]] = values[g]
+                    q[rest[start : start + counts[g]]] = values[g]
                     start += counts[g]
                 out.append(q)
     return np.array(out)
@@ -334,8 +334,9 @@ def _shrink(q: np.ndarray) -> np.ndarray:
     return q + _SHRINK * (1.0 / q.size - q)
 
 
-def dp_pram_design(p: Sequence[float] | np.ndarray, epsilon: float, *,
-                   exhaustive_up_to: int = _EXHAUSTIVE_UP_TO) -> DpPramDesign:
+def dp_pram_design(
+    p: Sequence[float] | np.ndarray, epsilon: float, *, exhaustive_up_to: int = _EXHAUSTIVE_UP_TO
+) -> DpPramDesign:
     """The keep-probabilities maximising I(X; Z) under epsilon-DP for X ~ p (004 program 7).
 
     p may be probabilities or counts (it is normalised). Closed forms for S = 2 and for a
@@ -370,8 +371,9 @@ def dp_pram_design(p: Sequence[float] | np.ndarray, epsilon: float, *,
     if not exhaustive:
         best_q = _swap_search(best_q, prob)
     q = _shrink(best_q)
-    return DpPramDesign(q, epsilon, prob, float(_mi(q, prob)), "exhaustive" if exhaustive else "ordered+swaps",
-                        exhaustive)
+    return DpPramDesign(
+        q, epsilon, prob, float(_mi(q, prob)), "exhaustive" if exhaustive else "ordered+swaps", exhaustive
+    )
 
 
 def dp_pram(codes: np.ndarray, q: Sequence[float] | np.ndarray, rng: RngLike = None) -> np.ndarray:
@@ -390,8 +392,13 @@ def dp_pram(codes: np.ndarray, q: Sequence[float] | np.ndarray, rng: RngLike = N
     return out
 
 
-def dp_pram_mle(released_counts: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray, *,
-                tol: float = 1e-12, max_iter: int = 100_000) -> np.ndarray:
+def dp_pram_mle(
+    released_counts: Sequence[float] | np.ndarray,
+    q: Sequence[float] | np.ndarray,
+    *,
+    tol: float = 1e-12,
+    max_iter: int = 100_000,
+) -> np.ndarray:
     """The maximum-likelihood estimate of p from the released category counts (004 sec. 4).
 
     The released counts are multinomial with probabilities P p. When the unbiased estimate
@@ -432,7 +439,7 @@ class DpPramRelease:
     designs: dict[str, DpPramDesign]
     prior: str
 
-    def report(self) -> dict[str, object]:
+    def report(self) -> dict[str, Any]:  # a JSON document
         cols = {}
         for c in self.columns:
             cats, design = self.categories[c], self.designs[c]
@@ -466,9 +473,15 @@ class DpPramRelease:
         }
 
 
-def release_dp_pram(table: Mapping[str, Sequence[object] | np.ndarray], columns: Sequence[str], epsilon: float, *,
-                    domain: Mapping[str, Sequence[str]] | None = None, prior: str = "data",
-                    rng: RngLike = None) -> DpPramRelease:
+def release_dp_pram(
+    table: Mapping[str, Sequence[object] | np.ndarray],
+    columns: Sequence[str],
+    epsilon: float,
+    *,
+    domain: Mapping[str, Sequence[str]] | None = None,
+    prior: str = "data",
+    rng: RngLike = None,
+) -> DpPramRelease:
     """Release each of ``columns`` by epsilon-DP PRAM, independently (a record's released values
     are then (len(columns) * epsilon)-DP together).
 
@@ -509,4 +522,3 @@ def release_dp_pram(table: Mapping[str, Sequence[object] | np.ndarray], columns:
         out[c] = cats[dp_pram(codes, design.q, gen)]
         categories[c], designs[c] = cats, design
     return DpPramRelease(out, tab, columns, categories, designs, prior)
-

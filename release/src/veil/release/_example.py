@@ -19,8 +19,17 @@ from ._table import Table
 
 __all__ = ["synthetic_population", "RACES", "MARITAL", "AREAS", "EDUCATION", "WORK"]
 
-RACES = ("White", "Black", "American Indian", "Alaska Native", "AIAN other", "Asian", "Pacific Islander",
-         "Other", "Two or more")
+RACES = (
+    "White",
+    "Black",
+    "American Indian",
+    "Alaska Native",
+    "AIAN other",
+    "Asian",
+    "Pacific Islander",
+    "Other",
+    "Two or more",
+)
 _RACE_SHARES = np.array([0.6302, 0.2581, 0.0016, 0.00002, 0.0007, 0.0586, 0.0004, 0.0228, 0.0275])
 MARITAL = ("married", "widowed", "divorced", "separated", "never married")
 AREAS = tuple(f"{1100 + i:05d}" for i in range(1, 45))
@@ -88,29 +97,32 @@ def synthetic_population(records: int = 60_000, rng: RngLike = 2016) -> Table:
     band = np.zeros(AGES.size, dtype=np.int64)
     shares = np.zeros((2 * len(_MARITAL_BANDS), len(MARITAL)))
     for b, (lo, hi, p) in enumerate(_MARITAL_BANDS):
-        band[lo:hi + 1] = b
-        p = np.array(p)
+        band[lo : hi + 1] = b
         shares[2 * b] = p
-        female = p.copy()
+        female = np.array(p)
         female[1] *= 1.6  # women are widowed more often
         shares[2 * b + 1] = female / female.sum()
     marital = _draw(gen, shares, 2 * band[age] + sex)
 
-    edu_by_age = np.array([
-        [0.70, 0.30, 0, 0, 0, 0, 0, 0],  # under 15
-        [0.02, 0.50, 0.33, 0.15, 0, 0, 0, 0],  # 15-21
-        [0.03, 0.08, 0.27, 0.21, 0.08, 0.21, 0.10, 0.02],  # 22-64
-        [0.06, 0.13, 0.33, 0.17, 0.06, 0.14, 0.09, 0.02],  # 65 and over
-    ])
+    edu_by_age = np.array(
+        [
+            [0.70, 0.30, 0, 0, 0, 0, 0, 0],  # under 15
+            [0.02, 0.50, 0.33, 0.15, 0, 0, 0, 0],  # 15-21
+            [0.03, 0.08, 0.27, 0.21, 0.08, 0.21, 0.10, 0.02],  # 22-64
+            [0.06, 0.13, 0.33, 0.17, 0.06, 0.14, 0.09, 0.02],  # 65 and over
+        ]
+    )
     edu_band = np.select([age < 15, age < 22, age < 65], [0, 1, 2], 3)
     education = _draw(gen, edu_by_age, edu_band)
 
-    work_by_age = np.array([
-        [1.0, 0, 0, 0, 0],
-        [0.45, 0.40, 0.05, 0.04, 0.06],
-        [0.25, 0.52, 0.14, 0.08, 0.01],
-        [0.80, 0.10, 0.03, 0.07, 0.0],
-    ])
+    work_by_age = np.array(
+        [
+            [1.0, 0, 0, 0, 0],
+            [0.45, 0.40, 0.05, 0.04, 0.06],
+            [0.25, 0.52, 0.14, 0.08, 0.01],
+            [0.80, 0.10, 0.03, 0.07, 0.0],
+        ]
+    )
     work = _draw(gen, work_by_age, np.select([age < 16, age < 22, age < 65], [0, 1, 2], 3))
 
     adult = age >= 18

@@ -119,5 +119,7 @@ def ifpr_subset_variance(counts: np.ndarray, theta: float, subset: np.ndarray) -
         raise ReleaseError("the subset mask must have one entry per cell of the block.")
     m, b = t.size, int(a.sum())
     inv = 1.0 / t
-    return float(2 * theta * b * (m - b) / (m - 1)
-                 - theta**2 / (m - 1) ** 2 * (b * b * inv[~a].sum() + (m - b) ** 2 * inv[a].sum()))
+    return float(
+        2 * theta * b * (m - b) / (m - 1)
+        - theta**2 / (m - 1) ** 2 * (b * b * inv[~a].sum() + (m - b) ** 2 * inv[a].sum())
+    )

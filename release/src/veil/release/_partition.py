@@ -56,8 +56,9 @@ class Partition:
                 normal[var] = KEEP
                 continue
             if isinstance(groups, str):
-                raise PartitionError(f"partition: the groups of {var!r} must be a list of groups, not the string "
-                                     f"{groups!r}.")
+                raise PartitionError(
+                    f"partition: the groups of {var!r} must be a list of groups, not the string {groups!r}."
+                )
             out = []
             for group in groups:
                 elements = tuple(e.strip() for e in (group.split("|") if isinstance(group, str) else group))
@@ -154,8 +155,10 @@ class Partition:
                 else:
                     match = _RANGE.match(e)
                     if match is None:
-                        raise PartitionError(f"partition: {e!r} is not a value of column {variable!r} (its values: "
-                                             f"{_quote_values(cats)}) nor a range LO-HI or LO-.")
+                        raise PartitionError(
+                            f"partition: {e!r} is not a value of column {variable!r} (its values: "
+                            f"{_quote_values(cats)}) nor a range LO-HI or LO-."
+                        )
                     lo = float(match.group(1))
                     hi = float(match.group(2)) if match.group(2) else float("inf")
                     if hi < lo:
@@ -163,13 +166,17 @@ class Partition:
                     members = [i for i, x in enumerate(numbers) if x is not None and lo <= x <= hi]
                 for i in members:
                     if group_of[i] not in (-1, g):
-                        raise PartitionError(f"partition: value {cats[i]!r} of column {variable!r} falls in two groups "
-                                             f"({labels[group_of[i]]!r} and {labels[g]!r}).")
+                        raise PartitionError(
+                            f"partition: value {cats[i]!r} of column {variable!r} falls in two groups "
+                            f"({labels[group_of[i]]!r} and {labels[g]!r})."
+                        )
                     group_of[i] = g
         missing = [cats[i] for i in np.flatnonzero(group_of < 0)]
         if missing:
             if rest is None:
-                raise PartitionError(f"partition: value {missing[0]!r} of column {variable!r} is in no group; add it "
-                                     f"to a group or add a '*' group.")
+                raise PartitionError(
+                    f"partition: value {missing[0]!r} of column {variable!r} is in no group; add it "
+                    f"to a group or add a '*' group."
+                )
             group_of[group_of < 0] = rest
         return group_of, labels

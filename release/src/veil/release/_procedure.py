@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -95,8 +96,13 @@ class PramRelease:
         outside = t[self.block_of_cell < 0]
         unperturbed = float(1.0 / outside.min()) if outside.size else 0.0
         largest = max(r1_max, r2_max, unperturbed) if self.goal == 3 else r1_max
-        return {"largest_R1": r1_max, "largest_R2": r2_max, "largest_unperturbed": unperturbed,
-                "largest": largest, "holds": bool(largest <= self.xi + _TOLERANCE)}
+        return {
+            "largest_R1": r1_max,
+            "largest_R2": r2_max,
+            "largest_unperturbed": unperturbed,
+            "largest": largest,
+            "holds": bool(largest <= self.xi + _TOLERANCE),
+        }
 
     def expected_no_match(self) -> dict[str, float]:
         """The mean over the units of originally unique (doubleton) cells of P(S_j = 0 | t)
@@ -194,11 +200,12 @@ class PramRelease:
             b = np.bincount(code, minlength=cats.size).astype(np.float64)
             inv_a = np.bincount(code, weights=1.0 / t, minlength=cats.size)
             inv_all = float(np.sum(1.0 / t))
-            out += (2 * theta * b * (m - b) / (m - 1)
-                    - theta**2 / (m - 1) ** 2 * (b * b * (inv_all - inv_a) + (m - b) ** 2 * inv_a))
+            out += 2 * theta * b * (m - b) / (m - 1) - theta**2 / (m - 1) ** 2 * (
+                b * b * (inv_all - inv_a) + (m - b) ** 2 * inv_a
+            )
         return {c: float(v) for c, v in zip(cats.tolist(), out)}
 
-    def report(self, pairs: bool = True) -> dict[str, object]:
+    def report(self, pairs: bool = True) -> dict[str, Any]:  # a JSON document
         """A JSON-ready account of the release, for the data holder (it describes the original
         table: keep it with the original). The seed is never in it."""
         t = self.cell_counts
@@ -218,12 +225,16 @@ class PramRelease:
                 for b in range(a + 1, len(columns)):
                     both = [np.concatenate([before[:, k], after[:, k]]) for k in (a, b)]
                     _, cell = combine(both, [sizes[a], sizes[b]])
-                    tvd[f"{columns[a]},{columns[b]}"] = tvd_of_codes(cell[:self.records], cell[self.records:])
+                    tvd[f"{columns[a]},{columns[b]}"] = tvd_of_codes(cell[: self.records], cell[self.records :])
         tvd[",".join(columns)] = tvd_of_codes(self.record_cell, self.released_cell)
         marginals = {}
         for i, c in enumerate(columns):
-            marginals[c] = marginal_rows(self.categories[c], np.bincount(before[:, i], minlength=sizes[i]),
-                                         np.bincount(after[:, i], minlength=sizes[i]), self.perturbation_variance(c))
+            marginals[c] = marginal_rows(
+                self.categories[c],
+                np.bincount(before[:, i], minlength=sizes[i]),
+                np.bincount(after[:, i], minlength=sizes[i]),
+                self.perturbation_variance(c),
+            )
         expected = self.expected_no_match()
         return {
             "method": "inverse-frequency post-randomization, the 4-step procedure of Nayak, Zhang & You (sec. 5)",
@@ -260,15 +271,23 @@ class PramRelease:
         }
 
 
-def _form_blocks(t: np.ndarray, cell_set: np.ndarray, n_sets: int, goal: int, min_cells: int,
-                 split: bool, gen: np.random.Generator, labels: Sequence[str]) -> list[np.ndarray]:
+def _form_blocks(
+    t: np.ndarray,
+    cell_set: np.ndarray,
+    n_sets: int,
+    goal: int,
+    min_cells: int,
+    split: bool,
+    gen: np.random.Generator,
+    labels: Sequence[str],
+) -> list[np.ndarray]:
     protect = t == 1 if goal == 1 else t <= 2
     order = np.argsort(cell_set, kind="stable")
     bounds = np.searchsorted(cell_set[order], np.arange(n_sets + 1))
     blocks: list[np.ndarray] = []
     short: list[tuple[int, int, int]] = []
     for s in range(n_sets):
-        cells = order[bounds[s]:bounds[s + 1]]
+        cells = order[bounds[s] : bounds[s + 1]]
         sensitive = cells[protect[cells]]
         j = sensitive.size
         if j == 0:
@@ -287,20 +306,29 @@ def _form_blocks(t: np.ndarray, cell_set: np.ndarray, n_sets: int, goal: int, mi
         pick = np.lexsort((gen.random(others.size), t[others]))[:need]  # smallest first, ties at random
         blocks.append(np.sort(np.concatenate([sensitive, others[pick]])))
     if short:
-        s, j, cells = short[0]
+        s, j, non_empty = short[0]
         what = "singleton" if goal == 1 else "singleton or doubleton"
-        others = len(short) - 1
-        more = f" ({others} more set{'s' if others > 1 else ''} too)" if others else ""
+        rest = len(short) - 1
+        more = f" ({rest} more set{'s' if rest > 1 else ''} too)" if rest else ""
         raise InfeasibleBlockError(
-            f"partition set {labels[s]} has {j} {what} cell(s) but only {cells} non-empty cell(s), fewer than the "
-            f"{min_cells} a block needs{more}: merge more categories of a partition variable.")
+            f"partition set {labels[s]} has {j} {what} cell(s) but only {non_empty} non-empty cell(s), fewer than the "
+            f"{min_cells} a block needs{more}: merge more categories of a partition variable."
+        )
     return blocks
 
 
-def release_pram(table: Mapping[str, Sequence[object] | np.ndarray], keys: Sequence[str], *,
-                 also: Sequence[str] = (), partition: str | Partition | Mapping[str, object] | None = None,
-                 xi: float | None = None, theta: float | None = None, goal: int = 3,
-                 split_blocks: bool = False, rng: RngLike = None) -> PramRelease:
+def release_pram(
+    table: Mapping[str, Sequence[object] | np.ndarray],
+    keys: Sequence[str],
+    *,
+    also: Sequence[str] = (),
+    partition: str | Partition | Mapping[str, object] | None = None,
+    xi: float | None = None,
+    theta: float | None = None,
+    goal: int = 3,
+    split_blocks: bool = False,
+    rng: RngLike = None,
+) -> PramRelease:
     """Release ``table`` with identification risk at most xi (001 sec. 5).
 
     keys: the key variables an intruder may know. also: non-key variables to post-randomize
@@ -318,8 +346,10 @@ def release_pram(table: Mapping[str, Sequence[object] | np.ndarray], keys: Seque
     part = Partition.of(partition)
     for var in part.variables:
         if var not in c_vars:
-            raise PartitionError(f"partition: variable {var!r} is not post-randomized (the keys and the "
-                                 f"also-variables are: {', '.join(c_vars)}).")
+            raise PartitionError(
+                f"partition: variable {var!r} is not post-randomized (the keys and the "
+                f"also-variables are: {', '.join(c_vars)})."
+            )
     if (xi is None) == (theta is None):
         raise ReleaseError("give exactly one of xi and theta.")
     if goal not in (1, 2, 3):
@@ -328,6 +358,7 @@ def release_pram(table: Mapping[str, Sequence[object] | np.ndarray], keys: Seque
         theta = goal_theta(goal, xi)
         xi = float(xi)
     else:
+        assert theta is not None  # exactly one of the two (above)
         xi = goal_xi(goal, theta)  # checks theta
         theta = float(theta)
     min_cells = goal_min_block_cells(goal, theta)
@@ -349,7 +380,8 @@ def release_pram(table: Mapping[str, Sequence[object] | np.ndarray], keys: Seque
     named = [i for i, var in enumerate(c_vars) if var in part.variables]
     set_labels = tuple(
         "(" + ", ".join(f"{c_vars[i]}={group_labels[i][row[i]]}" for i in named) + ")" if named else "(all records)"
-        for row in set_codes)
+        for row in set_codes
+    )
 
     blocks = _form_blocks(t, cell_set, len(set_labels), goal, min_cells, split_blocks, gen, set_labels)
     block_of_cell = np.full(t.size, -1, dtype=np.int64)
@@ -378,7 +410,22 @@ def release_pram(table: Mapping[str, Sequence[object] | np.ndarray], keys: Seque
         out[var][moved] = categories[var][cell_codes[released_cell[moved], i]]
 
     return PramRelease(
-        table=out, original=tab, goal=goal, xi=xi, theta=theta, min_block_cells=min_cells, keys=keys,
-        post_randomized=c_vars, partition=part, categories=categories, cell_codes=cell_codes, cell_counts=t,
-        record_cell=record_cell, released_cell=released_cell, cell_partition_set=cell_set,
-        partition_set_labels=set_labels, blocks=tuple(blocks), block_of_cell=block_of_cell)
+        table=out,
+        original=tab,
+        goal=goal,
+        xi=xi,
+        theta=theta,
+        min_block_cells=min_cells,
+        keys=keys,
+        post_randomized=c_vars,
+        partition=part,
+        categories=categories,
+        cell_codes=cell_codes,
+        cell_counts=t,
+        record_cell=record_cell,
+        released_cell=released_cell,
+        cell_partition_set=cell_set,
+        partition_set_labels=set_labels,
+        blocks=tuple(blocks),
+        block_of_cell=block_of_cell,
+    )

@@ -58,8 +58,9 @@ def read_csv(path: str | Path) -> Table:
                 if not row:
                     continue
                 if len(row) != len(names):
-                    raise TableError(f"{path}, line {reader.line_num}: {len(row)} values where the header has "
-                                     f"{len(names)} columns.")
+                    raise TableError(
+                        f"{path}, line {reader.line_num}: {len(row)} values where the header has {len(names)} columns."
+                    )
                 rows.append(row)
     except OSError as err:
         raise TableError(f"cannot read {path}: {err.strerror or err}.") from None

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -104,15 +105,18 @@ def _slips(n: int, p: float, replacement: bool, gen: np.random.Generator) -> tup
         return (gen.random(n) < p).astype(np.int64), p
     ones = int(round(n * p))
     if ones in (0, n) or 2 * ones == n:
-        raise ReleaseError(f"with {n} records, p = {p!r} gives {ones} slips of 1: the share must be strictly "
-                           f"between 0 and 1 and not 1/2.")
+        raise ReleaseError(
+            f"with {n} records, p = {p!r} gives {ones} slips of 1: the share must be strictly "
+            f"between 0 and 1 and not 1/2."
+        )
     y = np.zeros(n, dtype=np.int64)
     y[:ones] = 1
     return gen.permutation(y), ones / n
 
 
-def warner_mask(x: np.ndarray | Sequence[object], p: float, *, replacement: bool = False,
-                rng: RngLike = None) -> tuple[np.ndarray, Masking]:
+def warner_mask(
+    x: np.ndarray | Sequence[object], p: float, *, replacement: bool = False, rng: RngLike = None
+) -> tuple[np.ndarray, Masking]:
     """Mask one 0/1 attribute: z = x XOR y. Returns z and the Masking (whose p is the exact
     share of 1-slips when drawn without replacement)."""
     bits = _bits(x)
@@ -136,8 +140,7 @@ def _fpc(size: int | None, n: int) -> tuple[float, float]:
     return (size - n) / (size - 1), 1.0 / (size - 1)
 
 
-def warner_variance(pi: float, p: float, n: int, *, population: int | None = None,
-                    slips: int | None = None) -> float:
+def warner_variance(pi: float, p: float, n: int, *, population: int | None = None, slips: int | None = None) -> float:
     """V(pi_hat) for n records sampled from a population of N = ``population`` (None: with
     replacement) and masked with slips from a response population of M = ``slips`` (None:
     independent slips). M = n is 002 eq. 3; N = M = None eq. 4; N = n the masking alone.
@@ -149,8 +152,18 @@ def warner_variance(pi: float, p: float, n: int, *, population: int | None = Non
     return warner_covariance(pi, pi, pi, p, p, n, shared=True, population=population, slips=slips)
 
 
-def warner_covariance(pi1: float, pi2: float, pi12: float, p1: float | None, p2: float | None, n: int, *,
-                      shared: bool = False, population: int | None = None, slips: int | None = None) -> float:
+def warner_covariance(
+    pi1: float,
+    pi2: float,
+    pi12: float,
+    p1: float | None,
+    p2: float | None,
+    n: int,
+    *,
+    shared: bool = False,
+    population: int | None = None,
+    slips: int | None = None,
+) -> float:
     """Cov(pi1_hat, pi2_hat) of two masked attributes (p None: that attribute unmasked).
 
     Separate slips or one attribute unmasked: (pi12 - pi1 pi2)/n * (N - n)/(N - 1)  (002 eqs. 5, 8),
@@ -181,8 +194,9 @@ def warner_covariance(pi1: float, pi2: float, pi12: float, p1: float | None, p2:
     return total / (n * n * c2)
 
 
-def warner_estimator_correlation(pi1: float, pi2: float, pi12: float, p: float, n: int, *,
-                                 population: int | None = None, slips: int | None = None) -> float:
+def warner_estimator_correlation(
+    pi1: float, pi2: float, pi12: float, p: float, n: int, *, population: int | None = None, slips: int | None = None
+) -> float:
     """Corr(pi1_hat, pi2_hat) for two attributes sharing a slip (002 Table 1: M = n gives
     "proposed", N = M = None "Warner's")."""
     cov = warner_covariance(pi1, pi2, pi12, p, p, n, shared=True, population=population, slips=slips)
@@ -276,7 +290,7 @@ class MaskRelease:
     columns: tuple[str, ...]
     maskings: dict[str, Masking]
 
-    def report(self) -> dict[str, object]:
+    def report(self) -> dict[str, Any]:  # a JSON document
         orig = {c: _bits(self.original[c], f"column {c!r}") for c in self.columns}
         rel = {c: _bits(self.table[c], f"column {c!r}") for c in self.columns}
         n = next(iter(orig.values())).size
@@ -298,26 +312,39 @@ class MaskRelease:
             }
         pairs = []
         for i, a in enumerate(self.columns):
-            for b in self.columns[i + 1:]:
+            for b in self.columns[i + 1 :]:
                 ma, mb = self.maskings[a], self.maskings[b]
                 cov0 = float(np.mean(orig[a] * orig[b]) - orig[a].mean() * orig[b].mean())
                 sd0 = math.sqrt(orig[a].var() * orig[b].var())
-                pairs.append({
-                    "columns": [a, b],
-                    "shared_slip": _shared(ma, mb),
-                    "original_covariance": cov0,
-                    "estimated_covariance": masked_covariance(rel[a], rel[b], ma, mb),
-                    "original_correlation": cov0 / sd0 if sd0 > 0 else None,
-                    "estimated_correlation": masked_correlation(rel[a], rel[b], ma, mb),
-                    "naive_correlation_of_released": float(np.corrcoef(rel[a], rel[b])[0, 1]),
-                })
-        return {"method": "Warner masking of binary attributes (paper 002)", "records": n, "columns": cols,
-                "pairs": pairs, "seed": "not recorded: a seed replays the release, so keep it secret"}
+                pairs.append(
+                    {
+                        "columns": [a, b],
+                        "shared_slip": _shared(ma, mb),
+                        "original_covariance": cov0,
+                        "estimated_covariance": masked_covariance(rel[a], rel[b], ma, mb),
+                        "original_correlation": cov0 / sd0 if sd0 > 0 else None,
+                        "estimated_correlation": masked_correlation(rel[a], rel[b], ma, mb),
+                        "naive_correlation_of_released": float(np.corrcoef(rel[a], rel[b])[0, 1]),
+                    }
+                )
+        return {
+            "method": "Warner masking of binary attributes (paper 002)",
+            "records": n,
+            "columns": cols,
+            "pairs": pairs,
+            "seed": "not recorded: a seed replays the release, so keep it secret",
+        }
 
 
-def release_mask(table: Mapping[str, Sequence[object] | np.ndarray], columns: Sequence[str],
-                 p: float | Mapping[str, float], *, shared: bool = False, replacement: bool = False,
-                 rng: RngLike = None) -> MaskRelease:
+def release_mask(
+    table: Mapping[str, Sequence[object] | np.ndarray],
+    columns: Sequence[str],
+    p: float | Mapping[str, float],
+    *,
+    shared: bool = False,
+    replacement: bool = False,
+    rng: RngLike = None,
+) -> MaskRelease:
     """Mask 0/1 columns of a table. p: one value for all or a value per column. shared: one slip
     per record for every column (002's approach 1; needs one p), else a slip per column."""
     tab = as_table(table)

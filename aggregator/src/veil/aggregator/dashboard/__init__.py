@@ -9,7 +9,7 @@ from anywhere but the aggregator itself), kept beside this module as package dat
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from importlib.resources import files
 
 __all__ = ["ASSETS", "pages"]
@@ -29,4 +29,4 @@ def _read(name: str) -> bytes:
 
 def pages() -> dict[str, tuple[str, Callable[[], bytes]]]:
     """The dashboard's routes for HttpListener: path -> (content type, body factory)."""
-    return {path: (content_type, lambda name=name: _read(name)) for path, (name, content_type) in ASSETS.items()}
+    return {path: (content_type, partial(_read, name)) for path, (name, content_type) in ASSETS.items()}

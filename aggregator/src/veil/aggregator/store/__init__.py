@@ -1,7 +1,7 @@
 """Stores of integer counters: SqliteStore (the single-node default), RedisStore (shared by
 several aggregators) and MemoryStore (volatile: tests, and where losing everything is fine)."""
 
-from ._base import BatchWrite, CountsKey, Store
+from ._base import BatchWrite, CountsKey, Store, Version
 from ._memory import MemoryStore
 from ._open import open_store, store_options
 from ._redis import RedisStore
@@ -11,6 +11,7 @@ __all__ = [
     "Store",
     "CountsKey",
     "BatchWrite",
+    "Version",
     "MemoryStore",
     "RedisStore",
     "SqliteStore",

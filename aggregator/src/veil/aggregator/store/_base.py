@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..counts import Counts
-from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
+from ..errors import StoreMisconfigured
 
-__all__ = ["CountsKey", "BatchWrite", "Store"]
+__all__ = ["CountsKey", "BatchWrite", "Store", "Version", "FlushObserver", "AppliedObserver"]
+
+Version = int | tuple[int, ...]  # a bucket's version: see Store.versions
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,9 @@ class Store(abc.ABC):
         StoreMisconfigured, naming the key, for a setting this store does not take or a bad value."""
         for key in settings:
             taken = ", ".join(cls.SETTINGS) or "none but url"
-            raise StoreMisconfigured(f"store.{key}: not a setting of the {url.split(':')[0]!r} store "
-                                     f"(its settings: {taken}).")
+            raise StoreMisconfigured(
+                f"store.{key}: not a setting of the {url.split(':')[0]!r} store (its settings: {taken})."
+            )
         return {}
 
     @abc.abstractmethod
@@ -88,7 +91,7 @@ class Store(abc.ABC):
         This default reads them through versioned_read; stores may do it more cheaply."""
         return [counts for _, counts in self.versioned_read((), requests)[1]]
 
-    def versions(self, keys: Sequence[CountsKey]) -> list[int]:
+    def versions(self, keys: Sequence[CountsKey]) -> Sequence[Version]:
         """For each bucket, its version: 0 before anything was added, then a number that changes
         with every write and never comes back for the bucket (MemoryStore: the batches added;
         RedisStore: drawn at random by each write, as a lost write could bring a count back; on
@@ -97,14 +100,16 @@ class Store(abc.ABC):
         return self.versioned_read(keys, ())[0]
 
     @abc.abstractmethod
-    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+    def versioned_read(
+        self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+    ) -> tuple[Sequence[Version], Sequence[tuple[Version, Counts]]]:
         """versions(keys), and for each (key, weights, k) request its counts with the version
         they are at, read in one atomic step: LiveEstimates may carry such
         counts forward by the writes it observes, so they must be exactly those of that version."""
 
-    def settled_read(self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
-                     ) -> list[tuple[int, Counts]]:
+    def settled_read(
+        self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
+    ) -> Sequence[tuple[Version, Counts]]:
         """versioned_read((), [(key, weights, k), ...])[1] of buckets that have ended, each with
         when the store may drop it (its targets' expiry; None: never). An ended bucket seldom
         changes, though a late batch can still land in it, so a store may keep a compact copy of
@@ -126,11 +131,11 @@ class Store(abc.ABC):
         """Return when the store is reachable and takes writes; raise StoreUnavailable otherwise,
         StoreMisconfigured when it is set up so that a batch could be counted twice."""
 
-    def observe_flushes(self, observer: FlushObserver) -> None:
+    def observe_flushes(self, observer: FlushObserver) -> None:  # noqa: B027 (a hook: a default that does nothing)
         """Call observer(batches, seconds, failed) after every write call. Stores without write
         calls worth timing (MemoryStore) never call it."""
 
-    def observe_applied(self, observer: AppliedObserver) -> None:
+    def observe_applied(self, observer: AppliedObserver) -> None:  # noqa: B027 (a hook: a default that does nothing)
         """Call observer(key, version_before, version_after, counts) for every bucket this
         process's writes took from version_before to version_after by adding counts, once the
         write succeeded and before ``add`` returns; observer(key, None, None, None) when a write
@@ -139,5 +144,5 @@ class Store(abc.ABC):
         these instead of reading them again; MemoryStore never calls it (its reads are
         in-process copies, not worth skipping)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a store without connections has nothing to release)
         """Release connections (and SqliteStore's file lock)."""

@@ -94,9 +94,9 @@ class Coalescer(Generic[W, R]):
                     raise fresh
                 raise fresh from error
             finally:
-                fresh = None
+                del fresh
         finally:
-            error = entry = None
+            del error, entry
 
     def _lead(self, group: Hashable, queue: deque[_Entry[W, R]], entry: _Entry[W, R]) -> None:
         """Write the oldest queued batches (entry's among them: it is the oldest), then pass the
@@ -118,6 +118,7 @@ class Coalescer(Generic[W, R]):
     def _write(self, taken: list[_Entry[W, R]]) -> None:
         started = time.perf_counter()
         failed = False
+        e: _Entry[W, R] | None
         try:
             results = self._flush([e.write for e in taken])
             if len(results) != len(taken):

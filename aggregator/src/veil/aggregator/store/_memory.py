@@ -113,8 +113,9 @@ class MemoryStore(Store):
     def _versions(self, keys: Sequence[CountsKey]) -> list[int]:
         return [bucket.batches if (bucket := self._buckets.get(key)) else 0 for key in keys]
 
-    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+    def versioned_read(
+        self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+    ) -> tuple[list[int], list[tuple[int, Counts]]]:
         """versions(keys) and read_many(requests), each bucket's counts with their version, all at
         one moment."""
         with self._lock:

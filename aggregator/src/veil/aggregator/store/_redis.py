@@ -77,10 +77,10 @@ import secrets
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from importlib import resources
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol, cast
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import numpy as np
@@ -103,10 +103,11 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.retry import Retry
+from redis.typing import EncodableT
 
 from ..counts import Counts
 from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
-from ._base import AppliedObserver, BatchWrite, CountsKey, FlushObserver, Store
+from ._base import AppliedObserver, BatchWrite, CountsKey, FlushObserver, Store, Version
 from ._checks import check_write
 from ._coalesce import Coalescer
 
@@ -120,9 +121,17 @@ _READ_SETTLED = resources.files(__package__).joinpath("read_settled.lua").read_t
 # replica promoted or a cluster resharding (MOVED/ASK where the client does not follow them, a
 # cluster no node of which answers). AuthenticationError/AuthorizationError subclass
 # ConnectionError but are configuration mistakes; they are caught first.
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, ReadOnlyError, TryAgainError, ClusterDownError,
-              ClusterError, AskError, RedisClusterException,
-              OutOfMemoryError)  # OOM: a Redis refusing writes for now (memory full under noeviction)
+_TRANSIENT = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ReadOnlyError,
+    TryAgainError,
+    ClusterDownError,
+    ClusterError,
+    AskError,
+    RedisClusterException,
+    OutOfMemoryError,
+)  # OOM: a Redis refusing writes for now (memory full under noeviction)
 
 _SLOTS = 16384
 _SHARDS_KEY = "veil:shards"  # a cluster's shard count, written once by the first aggregator
@@ -188,8 +197,9 @@ def _pack(version: int, counts: Counts) -> bytes:
     rows = np.flatnonzero((counts.n != 0) | counts.v.any(axis=1))
     weights = np.asarray(counts.weights, np.int64)[rows]
     head = np.array([version, counts.k, rows.size], np.int64)
-    return b"".join(part.astype("<i8", copy=False).tobytes()
-                    for part in (head, weights, counts.n[rows], counts.v[rows]))
+    return b"".join(
+        part.astype("<i8", copy=False).tobytes() for part in (head, weights, counts.n[rows], counts.v[rows])
+    )
 
 
 def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tuple[int, Counts] | None:
@@ -203,12 +213,12 @@ def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tu
     if held != version or held_k != k or rows < 0 or flat.size != 3 + rows * (k + 2):
         return None
     row_of = {t: r for r, t in enumerate(weights)}
-    at = [row_of.get(t, -1) for t in flat[3:3 + rows].tolist()]
+    at = [row_of.get(t, -1) for t in flat[3 : 3 + rows].tolist()]
     if -1 in at:
         return None
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
-    counts.n[at] = flat[3 + rows:3 + 2 * rows]
-    counts.v[at] = flat[3 + 2 * rows:].reshape(rows, k)
+    counts.n[at] = flat[3 + rows : 3 + 2 * rows]
+    counts.v[at] = flat[3 + 2 * rows :].reshape(rows, k)
     return version, counts
 
 
@@ -244,8 +254,10 @@ class RedisStore(Store):
             if not isinstance(number, int) or number < low:
                 raise StoreMisconfigured(f"store.{key}: expected a whole number of at least {low}, got {value!r}.")
             if key == "shards" and not url.startswith(("redis+cluster://", "rediss+cluster://")):
-                raise StoreMisconfigured(f"store.shards: applies to a Redis Cluster (redis+cluster://) only, and the "
-                                         f"store is {url.split(':')[0]!r}.")
+                raise StoreMisconfigured(
+                    f"store.shards: applies to a Redis Cluster (redis+cluster://) only, and the "
+                    f"store is {url.split(':')[0]!r}."
+                )
             options[key] = number
         return options
 
@@ -288,8 +300,13 @@ class RedisStore(Store):
             supported_errors=(redis.ConnectionError, redis.TimeoutError),
         )
         packer = _packer()
-        options = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout, retry=retry,
-                       max_connections=max_connections, decode_responses=False)
+        options: dict[str, Any] = dict(
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            retry=retry,
+            max_connections=max_connections,
+            decode_responses=False,
+        )
         self._lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
         self._add_batch: Script | None = None
@@ -307,12 +324,17 @@ class RedisStore(Store):
             self._shards = 1
             # Health's own client: one short attempt, no retries, so a frozen Redis turns health
             # NOT_SERVING within about a second rather than after the uploads' timeouts and retries.
-            self._probe = redis.Redis.from_url(url, socket_timeout=min(socket_timeout, _PING_TIMEOUT),
-                                               socket_connect_timeout=min(socket_connect_timeout, _PING_TIMEOUT),
-                                               retry=Retry(ExponentialWithJitterBackoff(), 0), max_connections=2)
+            self._probe = redis.Redis.from_url(
+                url,
+                socket_timeout=min(socket_timeout, _PING_TIMEOUT),
+                socket_connect_timeout=min(socket_connect_timeout, _PING_TIMEOUT),
+                retry=Retry(ExponentialWithJitterBackoff(), 0),
+                max_connections=2,
+            )
         self._packed = packer is not None  # the increments go pre-encoded (see _Resp)
         self._coalescer: Coalescer[BatchWrite, bool] | None = (
-            Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None)
+            Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None
+        )
         self._flush_observers: list[FlushObserver] = []
         self._applied_observers: list[AppliedObserver] = []
         self._keys: dict[tuple[CountsKey, str], str] = {}  # counts_key() of recent targets and shards
@@ -331,6 +353,13 @@ class RedisStore(Store):
                 client = self._client
         return client
 
+    @property
+    def _redis_cluster(self) -> RedisCluster:
+        """The client of a cluster store."""
+        client = self._redis
+        assert isinstance(client, RedisCluster)
+        return client
+
     def _script(self) -> Script:
         """add_batch.lua: EVALSHA, loading the script again when Redis answers NOSCRIPT (a
         restart, SCRIPT FLUSH); on a cluster registered with its client, on first use."""
@@ -345,16 +374,19 @@ class RedisStore(Store):
         if self._shards:
             return self._shards
         with self._boundary("shards"):
-            client = self._redis
+            client = self._redis_cluster
             recorded = client.get(_SHARDS_KEY)
             if recorded is None:
                 client.set(_SHARDS_KEY, self._wanted_shards or len(client.get_primaries()), nx=True)
                 recorded = client.get(_SHARDS_KEY)
+        assert recorded is not None  # set just now, by this aggregator or another
         shards = int(recorded)
         if self._wanted_shards and shards != self._wanted_shards:
-            raise StoreError(f"Redis Cluster at {self._where} splits counters over {shards} shards ({_SHARDS_KEY}), "
-                             f"not the {self._wanted_shards} configured: a batch's shard depends on it, so use "
-                             f"{shards} (or leave it out)")
+            raise StoreError(
+                f"Redis Cluster at {self._where} splits counters over {shards} shards ({_SHARDS_KEY}), "
+                f"not the {self._wanted_shards} configured: a batch's shard depends on it, so use "
+                f"{shards} (or leave it out)"
+            )
         self._shards = shards
         return shards
 
@@ -380,8 +412,9 @@ class RedisStore(Store):
         With S > 1 shards the versions are tuples of S with None but at the shard written."""
         self._applied_observers.append(observer)
 
-    def _notify(self, targets: Sequence[CountsKey], shard: int, before: Sequence[int] | None, after: int,
-                counts: Counts | None) -> None:
+    def _notify(
+        self, targets: Sequence[CountsKey], shard: int, before: Sequence[int] | None, after: int, counts: Counts | None
+    ) -> None:
         shards = self._shards
         for i, target in enumerate(targets):
             for observer in self._applied_observers:
@@ -435,16 +468,14 @@ class RedisStore(Store):
             if len(ids) == 1:
                 counts = pending[ids[0]].counts
             else:
-                counts = Counts(first.counts.weights, sum(pending[i].counts.n for i in ids),
-                                sum(pending[i].counts.v for i in ids))
+                counts = Counts.summed([pending[i].counts for i in ids])
             keys = [*(dedupe_key(first.metric, i, tag) for i in ids), *targets]
-            increments = _increments_resp(counts) if self._packed else _increments(counts)
             version = 1 + secrets.randbelow(_VERSIONS)  # never 0, which stands for "no version"
-            args = [len(ids), int(first.dedupe_ttl), version, *expiries]
+            args: list[int | str | _Resp] = [len(ids), int(first.dedupe_ttl), version, *expiries]
             if self._packed:
-                args.append(increments)
+                args.append(_increments_resp(counts))
             else:
-                args += increments
+                args += _increments(counts)
             try:
                 seen, before = self._run_script(keys, args, len(ids))
             except BaseException:
@@ -464,20 +495,22 @@ class RedisStore(Store):
             applied.discard(write.batch_id)  # the later copies of a repeated id: duplicates
         return results
 
-    def _run_script(self, keys: list[object], args: list[object], batches: int) -> tuple[list[int], list[int]]:
+    def _run_script(self, keys: list[str], args: list[int | str | _Resp], batches: int) -> tuple[list[int], list[int]]:
         """One add_batch.lua call (with WAIT when asked): the positions it found already applied
         (none when it applied the group), and when it applied the group each target's version
         before it (0: none; -1: the hash is gone)."""
+        # A _Resp goes through redis-py untouched, to _Packer, which writes it (redis-py's types know none).
+        wire_args = cast("list[EncodableT]", args)
         with self._boundary("add"):
             script = self._script()
             if self._cluster:
-                answer, acked = self._run_on_master(script, keys, args)
+                answer, acked = self._run_on_master(script, keys, wire_args)
             elif not self._wait_replicas:
-                answer, acked = script(keys, args), 0
+                answer, acked = script(keys, wire_args), 0
             else:
                 # WAIT counts the writes of its own connection: the script and WAIT share a pipeline.
                 pipe = self._redis.pipeline(transaction=False)
-                script(keys, args, client=pipe)
+                script(keys, wire_args, client=pipe)
                 pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
                 answer, acked = pipe.execute()
             if acked < self._wait_replicas:
@@ -492,7 +525,7 @@ class RedisStore(Store):
             return [], answer[1:]
         return answer, []
 
-    def _run_on_master(self, script: Script, keys: list[object], args: list[object]) -> tuple[object, int]:
+    def _run_on_master(self, script: Script, keys: list[str], args: list[EncodableT]) -> tuple[list[int], int]:
         """The script (and WAIT, which counts the writes of its own connection: one pipeline) on
         the master of the keys' slot, through that node's own client: redis-py's cluster
         client costs some 50 us of CPU per call more, with nothing to gain for one slot. A
@@ -503,7 +536,7 @@ class RedisStore(Store):
             name = keys[0]
             client = self._masters.get(name)
             if client is None:
-                cluster = self._redis
+                cluster = self._redis_cluster
                 client = cluster.get_redis_connection(cluster.get_node_from_key(name))
                 if len(self._masters) >= 4096:
                     self._masters.clear()
@@ -519,7 +552,7 @@ class RedisStore(Store):
             except (AskError, redis.ConnectionError, redis.TimeoutError) as error:
                 self._masters.clear()
                 with suppress(Exception):
-                    self._redis.nodes_manager.initialize()
+                    self._redis_cluster.nodes_manager.initialize()
                 if attempt == 2 or not isinstance(error, MovedError):
                     raise
         raise AssertionError("unreachable")
@@ -536,8 +569,9 @@ class RedisStore(Store):
         """The Redis hashes holding a bucket's counts, one per shard."""
         return [self._counts_key(key, tag) for tag in self._shard_tags(key.metric)]
 
-    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                       ) -> tuple[list[int | tuple[int, ...]], list[tuple[int | tuple[int, ...], Counts]]]:
+    def versioned_read(
+        self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+    ) -> tuple[list[Version], list[tuple[Version, Counts]]]:
         """versions(keys) and the requests' counts in one pipeline, so one round trip (on a
         cluster one per node, sent at once), each bucket read with the version its counts are at:
         both from one command, so they belong to the same moment. A design with its field names
@@ -560,15 +594,17 @@ class RedisStore(Store):
         versions = [_joined([int(next(found) or 0) for _ in names]) for names in key_hashes]
         return versions, self._by_bucket(self._parse_hashes(found, queued), len(requests))
 
-    def settled_read(self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
-                     ) -> list[tuple[int | tuple[int, ...], Counts]]:
+    def settled_read(
+        self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
+    ) -> list[tuple[Version, Counts]]:
         """Store.settled_read: per hash (a bucket's, or each of its shards'), its size, "version"
         and packed copy (_packed_key: the counts at a version, as one int64 array; see _pack) in
-        one pipeline; no hash reads as zeros, and a copy at the hash's version is its counts. The hashes without one are read as
-        versioned_read reads them, in a second round trip, and a copy of each is written (SET
-        with the bucket's expiry, in a third, failing quietly: the copy only saves time). A copy
-        is never out of date in a way that matters: a later write gives the hash a new version
-        (drawn at random, never reused), and the copy is then passed over and replaced."""
+        one pipeline; no hash reads as zeros, and a copy at the hash's version is its counts. The
+        hashes without one are read as versioned_read reads them, in a second round trip, and a
+        copy of each is written (SET with the bucket's expiry, in a third, failing quietly: the
+        copy only saves time). A copy is never out of date in a way that matters: a later write
+        gives the hash a new version (drawn at random, never reused), and the copy is then
+        passed over and replaced."""
         plans = [(name, tuple(weights), k) for key, weights, k, _ in requests for name in self.bucket_hashes(key)]
         expiries = [expires_at for key, _, _, expires_at in requests for _ in self.bucket_hashes(key)]
         found = iter(self._read_settled([name for name, _, _ in plans]))
@@ -576,8 +612,9 @@ class RedisStore(Store):
         for name, weights, k in plans:
             size, version, packed = next(found), next(found), next(found)
             if not size:  # no hash (never written, or gone): zeros, as versioned_read reads it
-                hashes.append((0, Counts(weights, np.zeros(len(weights), np.int64),
-                                         np.zeros((len(weights), k), np.int64))))
+                hashes.append(
+                    (0, Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64)))
+                )
                 continue
             try:
                 version = _version(version)
@@ -597,15 +634,15 @@ class RedisStore(Store):
                     pipe.set(_packed_key(plans[i][0]), _pack(version, counts), exat=expiries[i])
             with suppress(redis.RedisError):
                 pipe.execute()
-        return self._by_bucket(hashes, len(requests))
+        return self._by_bucket(hashes, len(requests))  # type: ignore[arg-type]  # every None was read above
 
-    def _read_settled(self, names: list[str]) -> list[object]:
+    def _read_settled(self, names: list[str]) -> list[Any]:  # Redis replies, as redis-py types them
         """read_settled.lua's answers for these hashes, in their order: one script call per slot
         (one on one Redis; one per shard on a cluster, each routed by its keys), not three
         commands per hash, whose client-side cost was most of a 720-bucket read."""
         by_slot: dict[str, list[int]] = {}
         for i, name in enumerate(names):
-            by_slot.setdefault(name[:name.index("}")], []).append(i)
+            by_slot.setdefault(name[: name.index("}")], []).append(i)
         found: list[object] = [None] * (3 * len(names))
         with self._boundary("read"):
             script = self._settled_script
@@ -615,14 +652,15 @@ class RedisStore(Store):
                 hashes = [names[i] for i in members]
                 answer = script([*hashes, *map(_packed_key, hashes)], [])
                 for position, i in enumerate(members):
-                    found[3 * i:3 * i + 3] = answer[3 * position:3 * position + 3]
+                    found[3 * i : 3 * i + 3] = answer[3 * position : 3 * position + 3]
         return found
 
     def _pipeline(self):
         return self._redis.pipeline(transaction=False) if not self._cluster else self._redis.pipeline()
 
-    def _queue_hashes(self, pipe, plans: list[tuple[str, tuple[int, ...], int]]
-                      ) -> list[tuple[str, tuple[int, ...], int, bool]]:
+    def _queue_hashes(
+        self, pipe, plans: list[tuple[str, tuple[int, ...], int]]
+    ) -> list[tuple[str, tuple[int, ...], int, bool]]:
         """Queue on pipe the commands reading each (hash, weights, k) with its version: HLEN and
         HMGET of exactly the design's fields and "version" where the design's field names are
         cached (a q-subset design; half the reply of HGETALL, which also sends the names),
@@ -638,8 +676,9 @@ class RedisStore(Store):
             queued.append((name, weights, k, fields is not None))
         return queued
 
-    def _parse_hashes(self, found: Iterator[object], queued: list[tuple[str, tuple[int, ...], int, bool]]
-                      ) -> list[tuple[int, Counts]]:
+    def _parse_hashes(
+        self, found: Iterator[Any], queued: list[tuple[str, tuple[int, ...], int, bool]]
+    ) -> list[tuple[int, Counts]]:
         """(version, counts) of each hash _queue_hashes queued, from the pipeline's answers. A hash
         read by field whose HLEN says it has other fields too (or changed in between) is read
         again with HGETALL (a second round trip)."""
@@ -659,8 +698,9 @@ class RedisStore(Store):
                 counts.append(None)
                 again.append(i)
                 continue
-            counts.append((version, Counts(weights, flat[: len(weights)],
-                                           flat[len(weights):].reshape(len(weights), k))))
+            counts.append(
+                (version, Counts(weights, flat[: len(weights)], flat[len(weights) :].reshape(len(weights), k)))
+            )
         if again:
             with self._boundary("read"):
                 pipe = self._pipeline()
@@ -676,7 +716,7 @@ class RedisStore(Store):
         shards = len(hashes) // buckets if buckets else 1
         if shards == 1:
             return hashes  # type: ignore[return-value]
-        return [_summed(hashes[i:i + shards]) for i in range(0, len(hashes), shards)]
+        return [_summed(hashes[i : i + shards]) for i in range(0, len(hashes), shards)]
 
     def since(self, metric: str, fingerprint: str, now: int) -> int:
         """SET NX GET: one round trip records the time unless one is there, and returns the old."""
@@ -696,11 +736,12 @@ class RedisStore(Store):
             except StoreError:
                 # Maybe the client's map of the masters is out of date (a failover): the next
                 # ping asks the cluster again.
-                if self._client is not None:
+                if isinstance(self._client, RedisCluster):
                     with suppress(Exception):
                         self._client.nodes_manager.initialize()
                 raise
             return
+        assert self._probe is not None  # one Redis has its probe client
         with self._boundary("ping"):
             pipe = self._probe.pipeline(transaction=False)
             pipe.info("memory")
@@ -711,11 +752,13 @@ class RedisStore(Store):
         if policy != "noeviction":
             raise StoreMisconfigured(
                 f"Redis at {self._where} evicts keys (maxmemory-policy {policy}): an evicted batch id would count a "
-                "retried batch twice; set maxmemory-policy noeviction")
+                "retried batch twice; set maxmemory-policy noeviction"
+            )
         connected = int(replication.get("connected_slaves", 0))
         if connected < self._wait_replicas:
-            raise StoreUnavailable(f"Redis at {self._where} has {connected} of the {self._wait_replicas} replicas "
-                                   "each write waits for")
+            raise StoreUnavailable(
+                f"Redis at {self._where} has {connected} of the {self._wait_replicas} replicas each write waits for"
+            )
 
     def _ping_cluster(self) -> None:
         self.shard_count()
@@ -726,8 +769,10 @@ class RedisStore(Store):
             infos = self._redis.info("replication", target_nodes=RedisCluster.PRIMARIES)
             connected = min(int(info.get("connected_slaves", 0)) for info in infos.values())
         if connected < self._wait_replicas:
-            raise StoreUnavailable(f"Redis Cluster at {self._where} has a master with {connected} of the "
-                                   f"{self._wait_replicas} replicas each write waits for")
+            raise StoreUnavailable(
+                f"Redis Cluster at {self._where} has a master with {connected} of the "
+                f"{self._wait_replicas} replicas each write waits for"
+            )
 
     def close(self) -> None:
         if self._client is not None:
@@ -757,20 +802,18 @@ def _at(shards: int, shard: int, version: int) -> tuple[int | None, ...]:
     return tuple(version if s == shard else None for s in range(shards))
 
 
-def _joined(versions: list[int]) -> int | tuple[int, ...]:
+def _joined(versions: list[int]) -> Version:
     """A bucket's version from its shards': the one shard's number, or the tuple of them; 0
     (no version) while no shard has one."""
     return versions[0] if len(versions) == 1 or not any(versions) else tuple(versions)
 
 
-def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[int | tuple[int, ...], Counts]:
+def _summed(shards: Sequence[tuple[int, Counts]]) -> tuple[Version, Counts]:
     """A bucket's (version, counts) from its shards' (version, counts)."""
-    first = shards[0][1]
-    return (_joined([version for version, _ in shards]),
-            Counts(first.weights, sum(c.n for _, c in shards), sum(c.v for _, c in shards)))
+    return _joined([version for version, _ in shards]), Counts.summed([c for _, c in shards])
 
 
-def _cluster_seeds(url: str) -> dict[str, object]:
+def _cluster_seeds(url: str) -> dict[str, Any]:
     """RedisCluster's startup nodes, credentials and TLS from a
     ``redis+cluster://[user:password@]host:port,host:port`` URL (``rediss+cluster://`` for TLS,
     verifying the nodes against the system's roots or ``?ssl_ca_certs=/path/to/ca.crt``);
@@ -781,22 +824,28 @@ def _cluster_seeds(url: str) -> dict[str, object]:
     tls = parts.scheme == "rediss+cluster"
     query = parse_qs(parts.query, keep_blank_values=True)
     if parts.path not in ("", "/", "/0") or parts.fragment or set(query) - ({"ssl_ca_certs"} if tls else set()):
-        raise ValueError("a cluster URL names hosts only (a cluster has one database, 0), and rediss+cluster:// "
-                         "may add ?ssl_ca_certs=/path/to/ca.crt.")
+        raise ValueError(
+            "a cluster URL names hosts only (a cluster has one database, 0), and rediss+cluster:// "
+            "may add ?ssl_ca_certs=/path/to/ca.crt."
+        )
     nodes = []
     for host in hosts.split(","):
         name, _, port = host.rpartition(":")
         if not name or not port.isdigit():
             raise ValueError(f"expected host:port, got {host!r}.")
         nodes.append(ClusterNode(name.strip("[]"), int(port)))
-    seeds: dict[str, object] = {"startup_nodes": nodes, "username": unquote(username) or None,
-                                "password": unquote(password) or None, "ssl": tls}
+    seeds: dict[str, object] = {
+        "startup_nodes": nodes,
+        "username": unquote(username) or None,
+        "password": unquote(password) or None,
+        "ssl": tls,
+    }
     if "ssl_ca_certs" in query:
         seeds["ssl_ca_certs"] = query["ssl_ca_certs"][-1]
     return seeds
 
 
-def _cluster_client(seeds: dict[str, object], packer: _Packer | None, options: dict[str, object]) -> RedisCluster:
+def _cluster_client(seeds: dict[str, Any], packer: _Packer | None, options: dict[str, Any]) -> RedisCluster:
     if packer is not None:
         # The cluster client makes each node's client itself, taking no packer; every new
         # connection gets it here, before its first command.
@@ -807,8 +856,7 @@ def _cluster_client(seeds: dict[str, object], packer: _Packer | None, options: d
     return RedisCluster(**seeds, **options)
 
 
-
-def _increments(counts: Counts) -> list[object]:
+def _increments(counts: Counts) -> list[str | int]:
     """Field, increment pairs of the non-zero counts: n:<t> and v:<t>:<j>, t a report weight."""
     names = _field_names(counts.weights, counts.k)
     if names is None:
@@ -823,7 +871,7 @@ def _increments(counts: Counts) -> list[object]:
         (present,) = np.nonzero(flat)
         fields = names[present].tolist()
         values = flat[present].tolist()
-    pairs: list[object] = [None] * (2 * len(fields))
+    pairs: list[str | int] = [0] * (2 * len(fields))
     pairs[0::2] = fields
     pairs[1::2] = values
     return pairs
@@ -842,11 +890,15 @@ class _Resp:
         self.data = data
 
 
+class _CommandPacker(Protocol):
+    def pack(self, *args: object) -> list[bytes]: ...
+
+
 class _Packer:
     """redis-py's own command packer, except for a command whose last argument is a _Resp:
     that one is written here, the _Resp's bytes spliced in after the other arguments."""
 
-    def __init__(self, inner: object) -> None:
+    def __init__(self, inner: _CommandPacker) -> None:
         self._inner = inner
 
     def pack(self, *args: object) -> list[bytes]:
@@ -877,7 +929,7 @@ def _packer() -> _Packer | None:
     except ImportError:
         return None
     if HIREDIS_AVAILABLE:
-        return _Packer(HiredisRespSerializer())
+        return _Packer(HiredisRespSerializer())  # type: ignore[arg-type]  # redis-py types pack()'s arguments as lists
     return _Packer(PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode))
 
 
@@ -959,8 +1011,7 @@ def _checked_counts(name: str, found: dict[bytes, bytes], weights: tuple[int, ..
         raise _not_counts(name, weights, k, error) from None
 
 
-def _checked_versioned(name: str, found: dict[bytes, bytes], weights: tuple[int, ...], k: int
-                       ) -> tuple[int, Counts]:
+def _checked_versioned(name: str, found: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> tuple[int, Counts]:
     """The version and the counts in HGETALL's fields; StoreError as _checked_counts."""
     try:
         version = _version(found.get(b"version"))
@@ -996,15 +1047,20 @@ def _integers(values: list[bytes | None]) -> tuple[np.ndarray, int]:
     what Redis writes for a count: digits, and fewer than int64's limit (numpy saturates).
     Anything else goes the strict way, whose result or error it then is."""
     try:
-        text = b" ".join(values)  # a full hash: no None
+        text = b" ".join(values)  # type: ignore[arg-type]  # a full hash: no None (a None raises TypeError)
         present = len(values)
     except TypeError:
         present = len(values) - values.count(None)
         text = b" ".join([b"0" if value is None else value for value in values])
     count = len(values)
     # Only digits besides the count - 1 separators, and no empty value.
-    if (count and len(text.translate(None, _DIGITS)) == count - 1
-            and b"  " not in text and text[:1] != b" " and text[-1:] != b" "):
+    if (
+        count
+        and len(text.translate(None, _DIGITS)) == count - 1
+        and b"  " not in text
+        and text[:1] != b" "
+        and text[-1:] != b" "
+    ):
         flat = np.fromstring(text, dtype=np.int64, sep=" ")
         if flat.size == count and flat.max() < _INT64_MAX:
             return flat, present
@@ -1028,7 +1084,7 @@ def _counts_of(fields: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> 
             flat = np.zeros(len(weights) * (k + 1), np.int64)
             flat[where] = np.array(list(fields.values())).astype(np.int64)
             counts.n[:] = flat[: len(weights)]
-            counts.v[:] = flat[len(weights):].reshape(len(weights), k)
+            counts.v[:] = flat[len(weights) :].reshape(len(weights), k)
             return counts
     names = np.array(list(fields))
     values = np.array(list(fields.values())).astype(np.int64)

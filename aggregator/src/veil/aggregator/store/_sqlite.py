@@ -105,8 +105,15 @@ _MIGRATIONS = (
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 # Errors after which the same write may succeed later (disk full, I/O error, locked, out of memory).
-_TRANSIENT_CODES = {"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_NOMEM", "SQLITE_CANTOPEN",
-                    "SQLITE_READONLY"}
+_TRANSIENT_CODES = {
+    "SQLITE_FULL",
+    "SQLITE_IOERR",
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_NOMEM",
+    "SQLITE_CANTOPEN",
+    "SQLITE_READONLY",
+}
 
 _T = TypeVar("_T")
 _Group = tuple[str, tuple[tuple[CountsKey, "int | None"], ...], tuple[int, ...], int]
@@ -115,8 +122,15 @@ _Group = tuple[str, tuple[tuple[CountsKey, "int | None"], ...], tuple[int, ...],
 class SqliteStore(Store):
     """Counters in one SQLite file (``sqlite:///path`` URL); see the module doc."""
 
-    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
-                 coalesce: int = 256, maintenance_interval: float = 1.0, busy_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        coalesce: int = 256,
+        maintenance_interval: float = 1.0,
+        busy_timeout: float = 2.0,
+    ) -> None:
         if coalesce < 1:
             raise ValueError("coalesce must be at least 1 (1: every batch in its own transaction).")
         self._path = os.path.abspath(os.fspath(path))
@@ -141,8 +155,15 @@ class SqliteStore(Store):
         self._checkpoint_due = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="veil-sqlite-maintenance", daemon=True)
         self._maintenance.start()
-        log.info("SQLite store open", extra={"path": self._path, "schema_version": SCHEMA_VERSION,
-                                             "bytes": os.path.getsize(self._path), "synchronous": "FULL"})
+        log.info(
+            "SQLite store open",
+            extra={
+                "path": self._path,
+                "schema_version": SCHEMA_VERSION,
+                "bytes": os.path.getsize(self._path),
+                "synchronous": "FULL",
+            },
+        )
 
     @property
     def path(self) -> str:
@@ -203,14 +224,17 @@ class SqliteStore(Store):
                         continue
                     counts = writes[members[0]].counts
                     if len(members) > 1:
-                        counts = Counts(weights, sum(writes[i].counts.n for i in members),
-                                        sum(writes[i].counts.v for i in members))
+                        counts = Counts.summed([writes[i].counts for i in members])
                     # One statement for the group's ids (see _padded): each statement runs with the
                     # GIL let go, and every time it is taken back other threads may hold it a while.
-                    rows = _padded([(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl)
-                                    for i in members])
-                    db.execute("INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES "
-                               + ", ".join(["(?, ?, ?)"] * len(rows)), [value for row in rows for value in row])
+                    rows = _padded(
+                        [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl) for i in members]
+                    )
+                    db.execute(
+                        "INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES "
+                        + ", ".join(["(?, ?, ?)"] * len(rows)),
+                        [value for row in rows for value in row],
+                    )
                     for (target, expires_at), row in zip(targets, held):
                         applied.append(_add_to_bucket(db, target, row, expires_at, counts, len(members), now))
                     for i in members:
@@ -227,8 +251,8 @@ class SqliteStore(Store):
         self._commits += 1
         if self._commits >= _CHECKPOINT_EVERY:
             self._checkpoint_due.set()
-        for target, before, after, counts in applied:
-            self._notify(target, before, after, counts)
+        for target, before, after, added in applied:
+            self._notify(target, before, after, added)
         return results
 
     def since(self, metric: str, fingerprint: str, now: int) -> int:
@@ -237,10 +261,13 @@ class SqliteStore(Store):
             db = self._writer
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("INSERT OR IGNORE INTO since (metric, fingerprint, started) VALUES (?, ?, ?)",
-                           (metric, fingerprint, int(now)))
-                started = db.execute("SELECT started FROM since WHERE metric = ? AND fingerprint = ?",
-                                     (metric, fingerprint)).fetchone()[0]
+                db.execute(
+                    "INSERT OR IGNORE INTO since (metric, fingerprint, started) VALUES (?, ?, ?)",
+                    (metric, fingerprint, int(now)),
+                )
+                started = db.execute(
+                    "SELECT started FROM since WHERE metric = ? AND fingerprint = ?", (metric, fingerprint)
+                ).fetchone()[0]
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -249,8 +276,9 @@ class SqliteStore(Store):
 
     # --- reads -----------------------------------------------------------------------------
 
-    def versioned_read(self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
-                       ) -> tuple[list[int], list[tuple[int, Counts]]]:
+    def versioned_read(
+        self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
+    ) -> tuple[list[int], list[tuple[int, Counts]]]:
         """versions(keys) and read_many(requests), every bucket with the version its counts are
         at, all in one read transaction (one snapshot of the file)."""
         now = self._clock()
@@ -312,8 +340,10 @@ class SqliteStore(Store):
         try:
             checkpointer = _connect(self._path, self._busy_timeout)
         except sqlite3.Error as error:
-            log.error("SQLite maintenance cannot start: expired rows stay until the next start",
-                      extra={"path": self._path, "error": str(error)})
+            log.error(
+                "SQLite maintenance cannot start: expired rows stay until the next start",
+                extra={"path": self._path, "error": str(error)},
+            )
             return
         purged = time.monotonic()
         try:
@@ -326,8 +356,10 @@ class SqliteStore(Store):
                         self.purge()
                     self._checkpoint(checkpointer)
                 except (StoreError, sqlite3.Error) as error:
-                    log.warning("SQLite maintenance failed; retried in a moment",
-                                extra={"path": self._path, "error": str(error)})
+                    log.warning(
+                        "SQLite maintenance failed; retried in a moment",
+                        extra={"path": self._path, "error": str(error)},
+                    )
         finally:
             checkpointer.close()
 
@@ -351,10 +383,15 @@ class SqliteStore(Store):
                 db = self._writer
                 db.execute("BEGIN IMMEDIATE")
                 try:
-                    gone = db.execute("DELETE FROM batches WHERE (metric, id) IN (SELECT metric, id FROM batches "
-                                      "WHERE expires_ms <= ? LIMIT ?)", (int(now * 1000), _PURGE_CHUNK)).rowcount
-                    expired = db.execute("SELECT id, metric, window, start FROM buckets WHERE expires_at <= ? "
-                                         "LIMIT ?", (now, _PURGE_CHUNK)).fetchall()
+                    gone = db.execute(
+                        "DELETE FROM batches WHERE (metric, id) IN (SELECT metric, id FROM batches "
+                        "WHERE expires_ms <= ? LIMIT ?)",
+                        (int(now * 1000), _PURGE_CHUNK),
+                    ).rowcount
+                    expired = db.execute(
+                        "SELECT id, metric, window, start FROM buckets WHERE expires_at <= ? LIMIT ?",
+                        (now, _PURGE_CHUNK),
+                    ).fetchall()
                     for row in expired:
                         db.execute("DELETE FROM counters WHERE bucket = ?", (row[0],))
                         db.execute("DELETE FROM buckets WHERE id = ?", (row[0],))
@@ -365,9 +402,14 @@ class SqliteStore(Store):
             ids += gone
             buckets += len(expired)
             if expired:
-                log.info("expired buckets deleted (window retention)", extra={
-                    "path": self._path, "buckets": len(expired),
-                    "windows": sorted({f"{metric}/{window}" for _, metric, window, _ in expired})})
+                log.info(
+                    "expired buckets deleted (window retention)",
+                    extra={
+                        "path": self._path,
+                        "buckets": len(expired),
+                        "windows": sorted({f"{metric}/{window}" for _, metric, window, _ in expired}),
+                    },
+                )
             if gone < _PURGE_CHUNK and len(expired) < _PURGE_CHUNK:
                 return ids, buckets
         return ids, buckets
@@ -396,12 +438,16 @@ class SqliteStore(Store):
             yield
         except sqlite3.Error as error:
             message = f"The SQLite store {self._path} failed {what}: {error}."
-            code = "_".join((getattr(error, "sqlite_errorname", None) or "").split("_")[:2])  # SQLITE_IOERR_FSYNC -> SQLITE_IOERR
+            # SQLITE_IOERR_FSYNC -> SQLITE_IOERR
+            code = "_".join((getattr(error, "sqlite_errorname", None) or "").split("_")[:2])
             if code in _TRANSIENT_CODES:
                 if writing:
                     if self._write_failed is None:
-                        log.error("SQLite write failed: the batches of this transaction were not counted, "
-                                  "their clients retry them", extra={"path": self._path, "error": str(error)})
+                        log.error(
+                            "SQLite write failed: the batches of this transaction were not counted, "
+                            "their clients retry them",
+                            extra={"path": self._path, "error": str(error)},
+                        )
                     self._write_failed = str(error)
                 raise StoreUnavailable(message) from error
             log.error("SQLite store error", extra={"path": self._path, "error": str(error)})
@@ -420,9 +466,11 @@ def _unseen(db: sqlite3.Connection, writes: Sequence[BatchWrite], now_ms: int) -
     taken: set[tuple[str, bytes]] = set()
     for metric, batch_ids in ids.items():
         padded = _padded(list(batch_ids))
-        found = db.execute(f"SELECT id FROM batches WHERE metric = ? AND expires_ms > ? AND id IN "
-                           f"({', '.join(['?'] * len(padded))})", (metric, now_ms, *padded))
-        taken.update((metric, batch_id) for batch_id, in found)
+        found = db.execute(
+            f"SELECT id FROM batches WHERE metric = ? AND expires_ms > ? AND id IN ({', '.join(['?'] * len(padded))})",
+            (metric, now_ms, *padded),
+        )
+        taken.update((metric, batch_id) for (batch_id,) in found)
     unseen = []
     for i, write in enumerate(writes):
         batch = (write.metric, write.batch_id)
@@ -441,12 +489,16 @@ def _padded(items: list[_T]) -> list[_T]:
 
 def _held_bucket(db: sqlite3.Connection, target: CountsKey) -> tuple | None:
     """A bucket's row as the write path needs it, expired or not: id, k, weights, version, expires_at."""
-    return db.execute("SELECT id, k, weights, version, expires_at FROM buckets WHERE metric = ? AND fingerprint = ? "
-                      "AND window = ? AND start = ?", _where(target)).fetchone()
+    return db.execute(
+        "SELECT id, k, weights, version, expires_at FROM buckets WHERE metric = ? AND fingerprint = ? "
+        "AND window = ? AND start = ?",
+        _where(target),
+    ).fetchone()
 
 
-def _other_designs(targets, held: Sequence[tuple | None], weights: tuple[int, ...], k: int,
-                   now: float) -> tuple[CountsKey, tuple] | None:
+def _other_designs(
+    targets, held: Sequence[tuple | None], weights: tuple[int, ...], k: int, now: float
+) -> tuple[CountsKey, tuple] | None:
     """The first target holding live counts of another design, with that design; None when none does."""
     text = _weights_text(weights)
     for (target, _), row in zip(targets, held):
@@ -455,8 +507,15 @@ def _other_designs(targets, held: Sequence[tuple | None], weights: tuple[int, ..
     return None
 
 
-def _add_to_bucket(db: sqlite3.Connection, target: CountsKey, row: tuple | None, expires_at: int | None,
-                   counts: Counts, batches: int, now: float) -> tuple[CountsKey, int | None, int | None, Counts | None]:
+def _add_to_bucket(
+    db: sqlite3.Connection,
+    target: CountsKey,
+    row: tuple | None,
+    expires_at: int | None,
+    counts: Counts,
+    batches: int,
+    now: float,
+) -> tuple[CountsKey, int | None, int | None, Counts | None]:
     """Add counts (of `batches` batches) to a bucket whose design was checked (its row as
     _held_bucket read it, or None); what observers hear of it: (target, version before, version
     after, counts), or Nones when it is gone."""
@@ -475,19 +534,28 @@ def _add_to_bucket(db: sqlite3.Connection, target: CountsKey, row: tuple | None,
         return target, None, None, None
     version = 1 + secrets.randbelow(_VERSIONS)
     if row is None:
-        bucket = db.execute("INSERT INTO buckets (metric, fingerprint, window, start, k, weights, batches, version, "
-                            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (*_where(target), counts.k, _weights_text(counts.weights), batches, version,
-                             expiry)).lastrowid
+        bucket = db.execute(
+            "INSERT INTO buckets (metric, fingerprint, window, start, k, weights, batches, version, "
+            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry),
+        ).lastrowid
         before = 0
     else:
         bucket, before = row[0], row[3]
-        db.execute("UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ? WHERE id = ?",
-                   (batches, version, expiry, bucket))
-    rows = [(bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
-            for r, t in enumerate(counts.weights) if counts.n[r] or counts.v[r].any()]
-    db.executemany("INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
-                   "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)", rows)
+        db.execute(
+            "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ? WHERE id = ?",
+            (batches, version, expiry, bucket),
+        )
+    rows = [
+        (bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
+        for r, t in enumerate(counts.weights)
+        if counts.n[r] or counts.v[r].any()
+    ]
+    db.executemany(
+        "INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
+        "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)",
+        rows,
+    )
     return target, before, version, counts
 
 
@@ -523,14 +591,16 @@ def _live_buckets(db: sqlite3.Connection, keys: Sequence[CountsKey], now: float)
     for key in keys:
         starts.setdefault((key.metric, key.fingerprint, key.window), set()).add(int(key.bucket))
     found = {}
-    for (metric, fingerprint, window), wanted in starts.items():
-        wanted = sorted(wanted)
+    for (metric, fingerprint, window), unordered in starts.items():
+        wanted = sorted(unordered)
         for at in range(0, len(wanted), _CHUNK):
-            chunk = wanted[at:at + _CHUNK]
+            chunk = wanted[at : at + _CHUNK]
             for start, *row in db.execute(
-                    f"SELECT start, id, k, weights, version FROM buckets WHERE metric = ? AND fingerprint = ? AND "
-                    f"window = ? AND start IN ({', '.join('?' * len(chunk))}) AND (expires_at IS NULL OR expires_at > ?)",
-                    (metric, fingerprint, window, *chunk, now)):
+                f"SELECT start, id, k, weights, version FROM buckets WHERE metric = ? AND fingerprint = ? AND "
+                f"window = ? AND start IN ({', '.join('?' * len(chunk))}) "
+                f"AND (expires_at IS NULL OR expires_at > ?)",
+                (metric, fingerprint, window, *chunk, now),
+            ):
                 found[CountsKey(metric, fingerprint, window, start)] = tuple(row)
     return found
 
@@ -540,15 +610,21 @@ def _counters(db: sqlite3.Connection, buckets: Sequence[int]) -> dict[int, list[
     found: dict[int, list[tuple[int, int, bytes]]] = {}
     wanted = sorted(set(buckets))
     for at in range(0, len(wanted), _CHUNK):
-        chunk = wanted[at:at + _CHUNK]
+        chunk = wanted[at : at + _CHUNK]
         for bucket, weight, n, v in db.execute(
-                f"SELECT bucket, weight, n, v FROM counters WHERE bucket IN ({', '.join('?' * len(chunk))})", chunk):
+            f"SELECT bucket, weight, n, v FROM counters WHERE bucket IN ({', '.join('?' * len(chunk))})", chunk
+        ):
             found.setdefault(bucket, []).append((weight, n, v))
     return found
 
 
-def _read_bucket(key: CountsKey, weights: tuple[int, ...], k: int, row: tuple | None,
-                 counters: dict[int, list[tuple[int, int, bytes]]]) -> tuple[int, Counts]:
+def _read_bucket(
+    key: CountsKey,
+    weights: tuple[int, ...],
+    k: int,
+    row: tuple | None,
+    counters: dict[int, list[tuple[int, int, bytes]]],
+) -> tuple[int, Counts]:
     """The version and counts of a bucket from its _live_buckets row (None: none) and _counters."""
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
     if row is None:
@@ -592,8 +668,10 @@ def _lock(path: str) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise StoreError(f"The SQLite store {path} is in use by another process (pid {holder}): one aggregator "
-                         f"serves a SQLite file at a time.") from None
+        raise StoreError(
+            f"The SQLite store {path} is in use by another process (pid {holder}): one aggregator "
+            f"serves a SQLite file at a time."
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -606,8 +684,10 @@ def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
     if problem is not None:
         raise StoreError(problem)
     if size > _QUICK_CHECK_BYTES:
-        log.info("SQLite store too large to check at every start; `veil store check` checks it",
-                 extra={"path": path, "bytes": size})
+        log.info(
+            "SQLite store too large to check at every start; `veil store check` checks it",
+            extra={"path": path, "bytes": size},
+        )
     try:
         db = _connect(path, busy_timeout)
     except sqlite3.Error as error:
@@ -631,8 +711,10 @@ def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
             except BaseException:
                 _rollback(db)
                 raise
-            log.info("SQLite store schema migrated" if version else "SQLite store created",
-                     extra={"path": path, "schema_version": target})
+            log.info(
+                "SQLite store schema migrated" if version else "SQLite store created",
+                extra={"path": path, "schema_version": target},
+            )
     except sqlite3.Error as error:
         db.close()
         raise StoreError(f"Cannot open the SQLite store {path}: {error}.") from None
@@ -649,18 +731,28 @@ def describe_database(path: str) -> list[str]:
     db = _connect(path, 2.0, readonly=True)
     try:
         wal = Path(path + "-wal")
-        lines = [f"file {os.path.getsize(path):,} bytes, write-ahead log {wal.stat().st_size if wal.exists() else 0:,} "
-                 f"bytes; schema version {db.execute('PRAGMA user_version').fetchone()[0]} (this Veil: "
-                 f"{SCHEMA_VERSION})"]
-        live, expired = db.execute("SELECT count(*) FILTER (WHERE expires_ms > ?), count(*) FILTER (WHERE expires_ms "
-                                   "<= ?) FROM batches", (now * 1000, now * 1000)).fetchone()
+        lines = [
+            f"file {os.path.getsize(path):,} bytes, write-ahead log {wal.stat().st_size if wal.exists() else 0:,} "
+            f"bytes; schema version {db.execute('PRAGMA user_version').fetchone()[0]} (this Veil: "
+            f"{SCHEMA_VERSION})"
+        ]
+        live, expired = db.execute(
+            "SELECT count(*) FILTER (WHERE expires_ms > ?), count(*) FILTER (WHERE expires_ms <= ?) FROM batches",
+            (now * 1000, now * 1000),
+        ).fetchone()
         lines.append(f"batch ids: {live:,} remembered, {expired:,} expired and not yet purged")
         for metric, window, buckets, stale, reports in db.execute(
-                "SELECT b.metric, b.window, count(DISTINCT b.id), count(DISTINCT b.id) FILTER (WHERE b.expires_at <= ?), "
-                "coalesce(sum(c.n) FILTER (WHERE b.expires_at IS NULL OR b.expires_at > ?), 0) FROM buckets b "
-                "LEFT JOIN counters c ON c.bucket = b.id GROUP BY b.metric, b.window ORDER BY 1, 2", (now, now)):
-            lines.append(f"{metric} [{window}]: {buckets - stale:,} bucket{'s' * (buckets - stale != 1)}"
-                         + (f" (and {stale:,} expired)" if stale else "") + f", {reports:,} reports")
+            "SELECT b.metric, b.window, count(DISTINCT b.id), "
+            "count(DISTINCT b.id) FILTER (WHERE b.expires_at <= ?), "
+            "coalesce(sum(c.n) FILTER (WHERE b.expires_at IS NULL OR b.expires_at > ?), 0) FROM buckets b "
+            "LEFT JOIN counters c ON c.bucket = b.id GROUP BY b.metric, b.window ORDER BY 1, 2",
+            (now, now),
+        ):
+            lines.append(
+                f"{metric} [{window}]: {buckets - stale:,} bucket{'s' * (buckets - stale != 1)}"
+                + (f" (and {stale:,} expired)" if stale else "")
+                + f", {reports:,} reports"
+            )
         return lines
     finally:
         db.close()
@@ -691,19 +783,24 @@ def check_database(path: str, *, full: bool = True, missing_ok: bool = False, in
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = db.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
         if application_id != APPLICATION_ID and (application_id != 0 or tables):
-            return (f"{path} is a SQLite database of another program (application_id {application_id:#x}), not a "
-                    f"Veil store; point store.url elsewhere.")
+            return (
+                f"{path} is a SQLite database of another program (application_id {application_id:#x}), not a "
+                f"Veil store; point store.url elsewhere."
+            )
         if version > SCHEMA_VERSION:
-            return (f"{path} has schema version {version}, written by a newer Veil; this one reads versions up to "
-                    f"{SCHEMA_VERSION}, so upgrade Veil or point store.url elsewhere.")
+            return (
+                f"{path} has schema version {version}, written by a newer Veil; this one reads versions up to "
+                f"{SCHEMA_VERSION}, so upgrade Veil or point store.url elsewhere."
+            )
         if full:
             check = "integrity_check" if integrity else "quick_check"
             found = [row[0] for row in db.execute(f"PRAGMA {check}(1)")]
             if found != ["ok"]:
                 lines = [line for line in found[0].splitlines() if line.strip() and not line.startswith("***")]
                 first = " ".join((lines or found)[0].split())[:200]
-                return (f"{path} is corrupt ({check}: {first}); restore it from a backup, or move it away to "
-                        f"start empty.")
+                return (
+                    f"{path} is corrupt ({check}: {first}); restore it from a backup, or move it away to start empty."
+                )
     except sqlite3.DatabaseError as error:
         return f"{path} is corrupt or not a Veil store ({error}); restore it from a backup, or move it away."
     finally:
