@@ -636,23 +636,35 @@ class RedisStore(Store):
                 pipe.execute()
         return self._by_bucket(hashes, len(requests))  # type: ignore[arg-type]  # every None was read above
 
-    def _read_settled(self, names: list[str]) -> list[Any]:  # Redis replies, as redis-py types them
-        """read_settled.lua's answers for these hashes, in their order: one script call per slot
-        (one on one Redis; one per shard on a cluster, each routed by its keys), not three
-        commands per hash, whose client-side cost was most of a 720-bucket read."""
+    def versions(self, keys: Sequence[CountsKey]) -> list[Version]:
+        """Store.versions through read_settled.lua: one script call per slot, not one command
+        per hash (a polled series of 720 buckets asks for all their versions)."""
+        key_hashes = [self.bucket_hashes(key) for key in keys]
+        found = iter(self._read_settled([name for names in key_hashes for name in names], versions=True))
+        return [_joined([int(next(found) or 0) for _ in names]) for names in key_hashes]
+
+    def _read_settled(self, names: list[str], *, versions: bool = False) -> list[Any]:  # as redis-py types them
+        """read_settled.lua's answers for these hashes, in their order (size, version and copy of
+        each; with versions, the version alone): one script call per slot (one on one Redis; one
+        per shard on a cluster, each routed by its keys), not commands per hash, whose
+        client-side cost was most of a 720-bucket read."""
         by_slot: dict[str, list[int]] = {}
         for i, name in enumerate(names):
             by_slot.setdefault(name[: name.index("}")], []).append(i)
-        found: list[object] = [None] * (3 * len(names))
-        with self._boundary("read"):
+        each = 1 if versions else 3
+        found: list[object] = [None] * (each * len(names))
+        with self._boundary("versions" if versions else "read"):
             script = self._settled_script
             if script is None:
                 script = self._settled_script = self._redis.register_script(_READ_SETTLED)
             for members in by_slot.values():
                 hashes = [names[i] for i in members]
-                answer = script([*hashes, *map(_packed_key, hashes)], [])
+                if versions:
+                    answer = script(hashes, ["versions"])
+                else:
+                    answer = script([*hashes, *map(_packed_key, hashes)], [])
                 for position, i in enumerate(members):
-                    found[3 * i : 3 * i + 3] = answer[3 * position : 3 * position + 3]
+                    found[each * i : each * i + each] = answer[each * position : each * position + each]
         return found
 
     def _pipeline(self):

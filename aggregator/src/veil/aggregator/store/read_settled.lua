@@ -6,6 +6,16 @@
 -- KEYS[h+1..2h]  their packed copies, in the same order.
 -- Returns size, version, copy for each hash in turn; version and copy are nil when the hash is
 -- empty (there is none) or they are not set. Reads only.
+--
+-- With ARGV[1] = "versions" (RedisStore.versions), KEYS are the counts hashes alone and the
+-- answer is each one's version (nil where there is none).
+if ARGV[1] == 'versions' then
+  local versions = {}
+  for i = 1, #KEYS do
+    versions[i] = redis.call('HGET', KEYS[i], 'version')
+  end
+  return versions
+end
 local h = #KEYS / 2
 local out = {}
 for i = 1, h do
