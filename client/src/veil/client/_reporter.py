@@ -12,7 +12,6 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import SupportsIndex
 
 from veil.mechanism import MetricSpec, RandomSource
 
@@ -248,7 +247,9 @@ def _index(spec: MetricSpec | None, value: object) -> int | None:
     """The index ``value`` names in ``spec``; None when the spec has no such index (a server-side
     matter); UnknownCategoryError when ``value`` could never be a category index."""
     try:
-        index = operator.index(value) if isinstance(value, SupportsIndex) and not isinstance(value, bool) else None
+        # operator.index, not isinstance(value, SupportsIndex): a Protocol check costs more than
+        # the rest of a refused report() (labels, the common case, raise TypeError here).
+        index = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         index = None
     if index is None or index < 0:
