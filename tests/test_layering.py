@@ -5,6 +5,7 @@ import statements, so a violation fails here before it fails an SDK-only install
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,17 +30,28 @@ ALLOWED = {
 LAUNCHERS = {ROOT / "aggregator/src/veil/aggregator/__main__.py"}
 
 
-def veil_imports(path: Path) -> set[str]:
-    """The veil packages (veil.x) a module imports, relative imports staying inside its own."""
-    found = set()
+def imports(path: Path, here: str) -> Iterator[tuple[str, list[str]]]:
+    """(module, the names imported from it) of every import statement of a module, those inside
+    functions too, relative ones resolved against the module's package ``here``."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = []
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        found |= {".".join(n.split(".")[:2]) for n in names if n.startswith("veil.")}
-    return found
+            yield from ((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = here
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            target = node.module if node.level == 0 else ".".join(filter(None, (base, node.module)))
+            yield target or "", [alias.name for alias in node.names]
+
+
+def package_of(package: str, path: Path) -> str:
+    """The dotted package a module of ``package`` (a file under PACKAGES[package]) is in."""
+    return ".".join((package, *path.relative_to(PACKAGES[package]).parent.parts))
+
+
+def veil_imports(path: Path, here: str) -> set[str]:
+    """The veil packages (veil.x) a module of package ``here`` imports."""
+    return {".".join(module.split(".")[:2]) for module, _ in imports(path, here) if module.startswith("veil.")}
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))
@@ -47,7 +59,7 @@ def test_each_package_imports_only_the_packages_below_it(package):
     for path in sorted(PACKAGES[package].rglob("*.py")):
         if path in LAUNCHERS:
             continue
-        outside = veil_imports(path) - {package} - ALLOWED[package]
+        outside = veil_imports(path, package_of(package, path)) - {package} - ALLOWED[package]
         assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
 
 
@@ -61,17 +73,10 @@ def module_graph(package: str) -> dict[str, set[str]]:
         modules[name] = path
     graph = {}
     for name, path in modules.items():
-        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        here = package_of(package, path)
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = here
-                for _ in range(max(node.level - 1, 0)):
-                    base = base.rpartition(".")[0]
-                target = node.module if node.level == 0 else ".".join(filter(None, (base, node.module)))
-                found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names}
-            elif isinstance(node, ast.Import):
-                found |= {a.name for a in node.names}
+        for target, names in imports(path, here):
+            found |= {f"{target}.{n}" if f"{target}.{n}" in modules else target for n in names} if names else {target}
         graph[name] = {m for m in found if m in modules and m not in (name, here)}
     return graph
 
@@ -107,4 +112,4 @@ def test_the_check_reads_imports_as_written(tmp_path):
         "import veil.aggregator.store\nfrom veil.client import Reporter\nfrom . import x\n"
         "def f():\n    from veil.release import release_pram\n"
     )
-    assert veil_imports(module) == {"veil.aggregator", "veil.client", "veil.release"}
+    assert veil_imports(module, "veil.toy") == {"veil.aggregator", "veil.client", "veil.release", "veil.toy"}
