@@ -173,7 +173,7 @@ def serve(config_path: str) -> int:
     back from its store, so the memory store can be checked from outside. Prints its ports."""
     from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap
+    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
 
     configure_logging("json", "info")
     config = load_config(config_path)
@@ -183,6 +183,7 @@ def serve(config_path: str) -> int:
     def counts_page() -> bytes:
         return json.dumps(store_counts(config, holder["store"], since)).encode()
 
+    keep_freed_memory()
     aggregator = Aggregator(config, pages={COUNTS_PATH: ("application/json", counts_page)})
     holder["store"] = aggregator.store
     stop = threading.Event()

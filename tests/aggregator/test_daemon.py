@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import random
 import urllib.error
 import urllib.request
@@ -306,3 +307,10 @@ def test_server_reflection_lists_the_services(start_aggregator):
     with grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}") as channel:
         services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
     assert {"veil.wire.v1.Collector", "veil.wire.v1.Estimates", "grpc.health.v1.Health"} <= services
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_the_daemon_keeps_freed_memory_with_glibc():
+    from veil.aggregator.daemon import keep_freed_memory
+
+    assert keep_freed_memory() is True

@@ -376,6 +376,24 @@ def test_projection_is_the_closest_point_of_the_simplex(k):
         np.testing.assert_allclose(project_to_simplex(x), brute_force_projection(x), rtol=0, atol=1e-12)
 
 
+def sorted_projection(x: np.ndarray) -> np.ndarray:
+    """The projection by the textbook sort (Held, Wolfe and Crowder; Duchi et al. 2008): u = x
+    descending, theta = (u_1 + ... + u_r - 1) / r at the last rank r with u_r > that."""
+    u = np.sort(x)[::-1]
+    excess = np.cumsum(u) - 1.0
+    ranks = np.arange(1, len(x) + 1)
+    last = np.nonzero(u - excess / ranks > 0)[0][-1]
+    return np.maximum(x - excess[last] / (last + 1), 0.0)
+
+
+@pytest.mark.parametrize("k", (2, 16, 1024))
+def test_projection_kernel_matches_the_sorting_reference(k):
+    rows = np.stack([unbiased_estimate_like(k, seed) for seed in range(200)])
+    projected = project_to_simplex(rows)
+    for row, got in zip(rows, projected):
+        np.testing.assert_allclose(got, sorted_projection(row), rtol=0, atol=1e-13)
+
+
 def test_projection_of_ties_and_extremes():
     np.testing.assert_allclose(project_to_simplex(np.array([5.0, 5.0, 5.0])), [1 / 3] * 3, atol=1e-15)
     np.testing.assert_allclose(project_to_simplex(np.array([-1.0, -1.0])), [0.5, 0.5], atol=1e-15)

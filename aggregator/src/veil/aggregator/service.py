@@ -338,7 +338,7 @@ def warm_up() -> None:
     (EstimatesService does)."""
     encode_categories(("a", "b"), [np.array([0.5, np.nan])] * len(_NUMBERS))
     _kernels.score_intervals(np.zeros((1, 1)), np.zeros(1), np.ones(1), 1.0, 0.5, 2.0, *np.zeros((3, 1, 1)))
-    _kernels.simplex_projections(*np.zeros((3, 1, 1)))
+    _kernels.simplex_projections(*np.zeros((2, 1, 1)))
 
 
 def encode_window(e: WindowEstimate) -> bytes:

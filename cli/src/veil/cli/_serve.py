@@ -125,7 +125,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     on SIGHUP take the tokens of the config `reload()` reads."""
     from dataclasses import replace
 
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap
+    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
 
     stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -137,6 +137,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
         def reload():  # a reloaded config is this worker's as well: no HTTP listener
             return replace(load(), http_address="")
 
+    keep_freed_memory()
     aggregator = Aggregator(config)
     aggregator.start()
     if ready_fd is not None:

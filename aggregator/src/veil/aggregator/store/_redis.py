@@ -216,6 +216,8 @@ def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tu
     at = [row_of.get(t, -1) for t in flat[3 : 3 + rows].tolist()]
     if -1 in at:
         return None
+    if at == [0] and len(weights) == 1:  # a q-subset bucket: V a read-only view of the copy, not copied again
+        return version, Counts(weights, flat[4:5].copy(), flat[5:].reshape(1, k))
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
     counts.n[at] = flat[3 + rows : 3 + 2 * rows]
     counts.v[at] = flat[3 + 2 * rows :].reshape(rows, k)
@@ -597,9 +599,10 @@ class RedisStore(Store):
     def settled_read(
         self, requests: Sequence[tuple[CountsKey, Sequence[int], int, int | None]]
     ) -> list[tuple[Version, Counts]]:
-        """Store.settled_read: per hash (a bucket's, or each of its shards'), its size, "version"
-        and packed copy (_packed_key: the counts at a version, as one int64 array; see _pack) in
-        one pipeline; no hash reads as zeros, and a copy at the hash's version is its counts. The
+        """Store.settled_read: per hash (a bucket's, or each of its shards'), its size and
+        "version", then its packed copy (_packed_key: the counts at a version, as one int64 array;
+        see _pack), by slot (_read_settled); no hash reads as zeros, and a copy at the hash's
+        version is its counts. The
         hashes without one are read as versioned_read reads them, in a second round trip, and a
         copy of each is written (SET with the bucket's expiry, in a third, failing quietly: the
         copy only saves time). A copy is never out of date in a way that matters: a later write
@@ -607,7 +610,7 @@ class RedisStore(Store):
         passed over and replaced."""
         plans = [(name, tuple(weights), k) for key, weights, k, _ in requests for name in self.bucket_hashes(key)]
         expiries = [expires_at for key, _, _, expires_at in requests for _ in self.bucket_hashes(key)]
-        found = iter(self._read_settled([name for name, _, _ in plans]))
+        found = iter(self._read_settled([name for name, _, _ in plans], copies=True))
         hashes: list[tuple[int, Counts] | None] = []
         for name, weights, k in plans:
             size, version, packed = next(found), next(found), next(found)
@@ -640,31 +643,34 @@ class RedisStore(Store):
         """Store.versions through read_settled.lua: one script call per slot, not one command
         per hash (a polled series of 720 buckets asks for all their versions)."""
         key_hashes = [self.bucket_hashes(key) for key in keys]
-        found = iter(self._read_settled([name for names in key_hashes for name in names], versions=True))
-        return [_joined([int(next(found) or 0) for _ in names]) for names in key_hashes]
+        found = self._read_settled([name for names in key_hashes for name in names])[1::2]
+        at = iter(found)
+        return [_joined([int(next(at) or 0) for _ in names]) for names in key_hashes]
 
-    def _read_settled(self, names: list[str], *, versions: bool = False) -> list[Any]:  # as redis-py types them
-        """read_settled.lua's answers for these hashes, in their order (size, version and copy of
-        each; with versions, the version alone): one script call per slot (one on one Redis; one
-        per shard on a cluster, each routed by its keys), not commands per hash, whose
-        client-side cost was most of a 720-bucket read."""
+    def _read_settled(self, names: list[str], *, copies: bool = False) -> list[Any]:  # as redis-py types them
+        """The size and version of each of these hashes, in their order, and with copies its
+        packed copy (or None) after them: one read_settled.lua call per slot (one on one Redis;
+        one per shard on a cluster, each routed by its keys), not commands per hash, whose
+        client-side cost was most of a 720-bucket read; with copies, one MGET per slot after it.
+        A copy read after its hash's version can only match that version if it holds the counts
+        at it (versions are never reused), so the two need not be one atomic read."""
         by_slot: dict[str, list[int]] = {}
         for i, name in enumerate(names):
             by_slot.setdefault(name[: name.index("}")], []).append(i)
-        each = 1 if versions else 3
+        each = 3 if copies else 2
         found: list[object] = [None] * (each * len(names))
-        with self._boundary("versions" if versions else "read"):
+        with self._boundary("read" if copies else "versions"):
             script = self._settled_script
             if script is None:
                 script = self._settled_script = self._redis.register_script(_READ_SETTLED)
             for members in by_slot.values():
                 hashes = [names[i] for i in members]
-                if versions:
-                    answer = script(hashes, ["versions"])
-                else:
-                    answer = script([*hashes, *map(_packed_key, hashes)], [])
+                answer = script(hashes)
+                packed = self._redis.mget([_packed_key(name) for name in hashes]) if copies else None
                 for position, i in enumerate(members):
-                    found[each * i : each * i + each] = answer[each * position : each * position + each]
+                    found[each * i : each * i + 2] = answer[2 * position : 2 * position + 2]
+                    if packed is not None:
+                        found[each * i + 2] = packed[position]
         return found
 
     def _pipeline(self):
