@@ -614,56 +614,31 @@ def score_intervals(mean, delta, scale, a, b, z, stderr, lower, upper):
 @_kernel
 def simplex_projections(x, out):
     """Each row of x (rows, k) projected onto the probability simplex, into out: max(x - theta,
-    0) with theta the one at which the result sums to 1, without sorting. theta is the mean
-    excess (sum - 1) / count of the entries above it; an entry at or below a candidate theta
-    stays at 0 for every larger one, and dropping it only raises the mean excess, so candidates
-    only grow. Condat's pass (Condat 2016, "Fast projection onto the simplex and the l1 ball",
-    Algorithm 2) finds a small candidate set in one sweep: it keeps a running theta over a list,
-    starts the list afresh at an entry that alone would give a larger theta (parking the old list
-    for one later sweep), then drops the entries at or below theta until none drops. theta is
-    then taken exactly over the entries kept, and dropped again while any falls at or below it
-    (Michelot's loop): the kept set is exact, and theta is one sum, not a chain of updates."""
+    0) with theta the one at which the result sums to 1, found without sorting (Michelot 1986).
+    theta is the mean excess (sum - 1) / count of the entries above it, and the mean excess of
+    any set of entries is at most theta (the sum of the largest r entries, less 1, over r, is
+    largest at the support): so the mean excess of a set holding the support lies at or below
+    theta, and every entry at or below it is outside the support, for good. Start with the whole
+    row, drop those, take the mean excess of the rest, and repeat until none drops: then it is
+    theta. Each pass keeps its entries without a branch (write, then advance by the comparison):
+    about half of an estimate's entries fall either side, which a branch would mispredict.
+    A few passes over a shrinking set for estimates; at worst one entry dropped per pass."""
     rows, k = x.shape
     kept = np.empty(k)
-    parked = np.empty(k)
-    inverse = np.empty(k + 1)  # the running theta's updates multiply by 1 / count: no division per entry
-    for c in range(1, k + 1):
-        inverse[c] = 1.0 / c
     for i in range(rows):
-        kept[0] = x[i, 0]
-        count = 1
-        waiting = 0
-        theta = x[i, 0] - 1.0
-        for j in range(1, k):
-            y = x[i, j]
-            if y > theta:
-                theta += (y - theta) * inverse[count + 1]
-                if theta > y - 1.0:
-                    kept[count] = y
-                    count += 1
-                else:  # y alone beats the list: park the list, start one from y
-                    for p in range(count):
-                        parked[waiting + p] = kept[p]
-                    waiting += count
-                    kept[0] = y
-                    count = 1
-                    theta = y - 1.0
-        for p in range(waiting):
-            y = parked[p]
-            if y > theta:
-                kept[count] = y
-                count += 1
-                theta += (y - theta) * inverse[count]
-        while True:  # drop until none drops, theta exact over those kept
+        for j in range(k):
+            kept[j] = x[i, j]
+        count = k
+        while True:
             total = 0.0
             for p in range(count):
                 total += kept[p]
             theta = (total - 1.0) / count
             left = 0
             for p in range(count):
-                if kept[p] > theta:
-                    kept[left] = kept[p]
-                    left += 1
+                y = kept[p]
+                kept[left] = y
+                left += y > theta
             if left == count:
                 break
             count = left

@@ -317,8 +317,8 @@ def _score_interval(
 def project_to_simplex(x: np.ndarray) -> np.ndarray:
     """The closest point (Euclidean) of the probability simplex to x, or to each row of a 2-D x:
     max(x - theta, 0) with theta chosen so the result sums to 1, found by dropping the entries at
-    or below the mean excess until none drops (Michelot's algorithm, exact; no sort). A numba
-    kernel, _kernels.simplex_projections."""
+    or below the mean excess (sum - 1) / count until none drops (Michelot's algorithm, exact; no
+    sort). A numba kernel, _kernels.simplex_projections."""
     x = np.asarray(x, dtype=np.float64)
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
     out = np.empty_like(rows)

@@ -209,7 +209,7 @@ def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tu
     if len(packed) < 24 or len(packed) % 8:
         return None
     flat = np.frombuffer(packed, "<i8")
-    held, held_k, rows = (int(x) for x in flat[:3])
+    held, held_k, rows = flat[:3].tolist()
     if held != version or held_k != k or rows < 0 or flat.size != 3 + rows * (k + 2):
         return None
     row_of = {t: r for r, t in enumerate(weights)}
