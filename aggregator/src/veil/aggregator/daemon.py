@@ -124,12 +124,12 @@ def inflight_bytes(config: AggregatorConfig) -> int:
 
 # glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_KEEP_FREED_BYTES = 128 << 20
+_KEEP_FREED_BYTES = 64 << 20  # a cold 720-bucket read at k = 1024 frees some 30 MB at a time
 _MMAP_FROM_BYTES = 32 << 20  # glibc's largest dynamic threshold on 64-bit systems
 
 
 def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep up to 128 MB of freed memory for reuse instead of handing it back
+    """Have glibc's malloc keep up to 64 MB of freed memory for reuse instead of handing it back
     to the system at once, for a daemon that has just started; False where the C library is not
     glibc. An estimate of a long series allocates several matrices of megabytes (720 buckets at
     k = 1024: 5.9 MB each) and frees them soon after; by default glibc maps such blocks afresh
