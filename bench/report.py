@@ -7,8 +7,8 @@
     .venv/bin/python bench/report.py --run --quick  # smoke runs in bench/results/quick/ (`make bench-quick`)
 
 Reads randomize.json (bench_randomize.py), client.json (bench_client.py), ingest.json
-(bench_ingest.py) and capacity.json (bench_capacity.py) from the results directory and writes
-beside them:
+(bench_ingest.py), capacity.json (bench_capacity.py), series.json (bench_series.py) and cli.json
+(bench_cli.py) from the results directory and writes beside them:
 
   latest.json     one document: the machine, each benchmark's results as it wrote them, the
                   correctness checks, and a ``targets`` list (target, goal, measured, met, and
