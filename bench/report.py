@@ -1,6 +1,6 @@
 """Combine the benchmarks' results into one document, one table and one plot.
 
-    .venv/bin/python bench/report.py                # bench/results/{randomize,client,ingest}.json
+    .venv/bin/python bench/report.py                # bench/results/*.json (each benchmark's own)
     .venv/bin/python bench/report.py --markdown     # the same table as Markdown (the README's)
     .venv/bin/python bench/report.py --update-readme  # ... and put it into README.md's performance section
     .venv/bin/python bench/report.py --run          # run the benchmarks first (`make bench`)
