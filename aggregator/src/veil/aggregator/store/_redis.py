@@ -216,8 +216,8 @@ def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tu
     at = [row_of.get(t, -1) for t in flat[3 : 3 + rows].tolist()]
     if -1 in at:
         return None
-    if at == [0] and len(weights) == 1:  # a q-subset bucket: V a read-only view of the copy, not copied again
-        return version, Counts(weights, flat[4:5].copy(), flat[5:].reshape(1, k))
+    if at == list(range(len(weights))):  # every row, in order: n and V read-only views of the copy, not copied
+        return version, Counts(weights, flat[3 + rows : 3 + 2 * rows], flat[3 + 2 * rows :].reshape(rows, k))
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
     counts.n[at] = flat[3 + rows : 3 + 2 * rows]
     counts.v[at] = flat[3 + 2 * rows :].reshape(rows, k)
