@@ -27,6 +27,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from veil_testing.pki import Pki
+from veil_testing.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -368,22 +369,7 @@ def test_the_wheel_builds_from_what_the_dockerfile_copies(tmp_path):
                 target = src / dest / (file.name if origin.is_file() else file.relative_to(origin))
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(file, target)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(src),
-        ],
-        check=True,
-    )
-    (wheel,) = tmp_path.glob("veil-*.whl")
+    wheel = build_wheel(src, tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in (
         "veil/mechanism/__init__.py",

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from veil_testing.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = [
@@ -32,24 +33,7 @@ def test_the_editable_install_imports_every_subpackage_from_the_checkout():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out_dir = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out_dir),
-            str(ROOT),
-        ],
-        check=True,
-    )
-    (path,) = out_dir.glob("veil-*.whl")
-    return path
+    return build_wheel(ROOT, tmp_path_factory.mktemp("wheel"))
 
 
 def test_the_wheel_has_one_namespace_and_no_veil_init(wheel):

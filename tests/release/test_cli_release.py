@@ -48,7 +48,7 @@ def read(path):
 def test_example_then_pram_writes_the_table_and_the_report(population_csv, tmp_path, capsys):
     capsys.readouterr()
     out, report = tmp_path / "released.csv", tmp_path / "report.json"
-    code = run_cli(
+    release = (
         "pram",
         "--input",
         str(population_csv),
@@ -60,11 +60,8 @@ def test_example_then_pram_writes_the_table_and_the_report(population_csv, tmp_p
         "0.395",
         "--seed",
         "11",
-        "--output",
-        str(out),
-        "--report",
-        str(report),
     )
+    code = run_cli(*release, "--output", str(out), "--report", str(report))
     assert code == 0
     text = capsys.readouterr().out
     assert "Goal 3 at xi = 0.395" in text and "all within xi" in text and "tau*=1" in text
@@ -79,22 +76,7 @@ def test_example_then_pram_writes_the_table_and_the_report(population_csv, tmp_p
     assert "not recorded" in data["seed"]
     # The same seed replays the release.
     again = tmp_path / "again.csv"
-    run_cli(
-        "pram",
-        "--input",
-        str(population_csv),
-        "--keys",
-        "age,sex,race,marital,area",
-        "--partition",
-        PARTITION,
-        "--xi",
-        "0.395",
-        "--seed",
-        "11",
-        "--output",
-        str(again),
-        "--quiet",
-    )
+    run_cli(*release, "--output", str(again), "--quiet")
     assert again.read_text() == out.read_text()
 
 

@@ -9,5 +9,6 @@
 - config_toml: aggregator configs as TOML text
 - running: the daemon tests' metrics, configs, in-process aggregators, tokens and uploads
 - pki: a throwaway CA with server and client certificates
+- wheel: Veil's wheel built from a source tree (build_wheel)
 - benchlib: what every benchmark script shares (machine facts, timer, results files)
 """

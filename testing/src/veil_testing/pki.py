@@ -80,16 +80,23 @@ class Pki:
         ca_key, other_ca_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
         ca = certificate(name("veil test CA"), ca_key, name("veil test CA"), ca_key, ca=True)
         other_ca = certificate(name("unrelated CA"), other_ca_key, name("unrelated CA"), other_ca_key, ca=True)
-        server_key = ec.generate_private_key(ec.SECP256R1())
-        server = certificate(
-            name("veil aggregator"),
-            server_key,
-            ca.subject,
-            ca_key,
-            ca=False,
-            usage=ExtendedKeyUsageOID.SERVER_AUTH,
-            sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-        )
+
+        def issue_server(common_name: str, days: int = 30) -> tuple[bytes, bytes]:
+            """A new server key and certificate from the CA, for localhost and 127.0.0.1 (PEM)."""
+            key = ec.generate_private_key(ec.SECP256R1())
+            cert = certificate(
+                name(common_name),
+                key,
+                ca.subject,
+                ca_key,
+                ca=False,
+                usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+                days=days,
+            )
+            return pem_key(key), pem(cert)
+
+        server_key, server = issue_server("veil aggregator")
         client_key, other_client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
         client = certificate(
             name("device"), client_key, ca.subject, ca_key, ca=False, usage=ExtendedKeyUsageOID.CLIENT_AUTH
@@ -104,13 +111,13 @@ class Pki:
         )
         self.ca = write("ca.crt", pem(ca))
         self.other_ca = write("other-ca.crt", pem(other_ca))
-        self.server_cert = write("server.crt", pem(server))
-        self.server_key = write("server.key", pem_key(server_key), private=True)
+        self.server_cert = write("server.crt", server)
+        self.server_key = write("server.key", server_key, private=True)
         self.client_cert = write("client.crt", pem(client))
         self.client_key = write("client.key", pem_key(client_key), private=True)
         self.other_client_cert = write("other-client.crt", pem(other_client))
         self.other_client_key = write("other-client.key", pem_key(other_client_key), private=True)
-        self._issue = (certificate, name, ca, ca_key, pem, pem_key, ec, ExtendedKeyUsageOID, x509, ipaddress)
+        self._issue_server = issue_server
 
     def tls_section(self, mutual: bool = False) -> dict:
         section = {"cert_file": str(self.server_cert), "key_file": str(self.server_key)}
@@ -119,19 +126,8 @@ class Pki:
     def reissue_server(self, common_name: str, *, days: int = 30, key_mode: int = 0o600) -> None:
         """Replace the server certificate and key (a rotation) with new ones from the same CA,
         valid for `days` from now (negative: expired that many days ago), the key of mode `key_mode`."""
-        certificate, name, ca, ca_key, pem, pem_key, ec, usage, x509, ipaddress = self._issue
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = certificate(
-            name(common_name),
-            key,
-            ca.subject,
-            ca_key,
-            ca=False,
-            usage=usage.SERVER_AUTH,
-            sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-            days=days,
-        )
-        for path, data, mode in ((self.server_key, pem_key(key), key_mode), (self.server_cert, pem(cert), 0o600)):
+        key, cert = self._issue_server(common_name, days)
+        for path, data, mode in ((self.server_key, key, key_mode), (self.server_cert, cert, 0o600)):
             temporary = path.with_suffix(".new")
             temporary.write_bytes(data)
             temporary.chmod(mode)
