@@ -271,7 +271,9 @@ if "--ready-fd" in sys.argv:
     fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
     os.write(fd, b"1")
     os.close(fd)
-print("serving", sys.argv[sys.argv.index("--worker-index") + 1], os.getpid(), flush=True)
+# One write per line: both workers share the log's file offset, and print() may write its
+# pieces separately (unbuffered under PYTHONUNBUFFERED), which interleaved them on CI.
+os.write(1, f"serving {sys.argv[sys.argv.index('--worker-index') + 1]} {os.getpid()}\\n".encode())
 time.sleep(3600)
 """
 
