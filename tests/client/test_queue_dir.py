@@ -168,7 +168,10 @@ _APP = textwrap.dedent("""
     while True:
         for _ in range(10):
             reporter.report("page", 3)
-        print(time.monotonic(), reporter.counters().accepted, flush=True)
+        # One write per line, so a kill never leaves half a line (print() writes its pieces
+        # separately when unbuffered).
+        sys.stdout.write(f"{time.monotonic()} {reporter.counters().accepted}\\n")
+        sys.stdout.flush()
         time.sleep(0.01)
 """)
 
