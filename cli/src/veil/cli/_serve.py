@@ -146,13 +146,13 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
         tell_supervisor_serving(ready_fd)
     freeze_startup_heap()
     scheme = " with TLS" if config.tls else ""
-    print(
+    # One write() for the whole line, as the supervisor does: sibling workers share this stderr.
+    sys.stderr.write(
         f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
         + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
-        + f" ({_access(config)})",
-        file=sys.stderr,
-        flush=True,
+        + f" ({_access(config)})\n"
     )
+    sys.stderr.flush()
     while not stop.wait(0.2):
         if hangup.is_set():
             hangup.clear()
