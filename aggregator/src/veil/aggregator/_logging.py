@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "say"]
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 
@@ -39,3 +39,11 @@ def configure_logging(fmt: str = "json", level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+def say(line: str) -> None:
+    """One human-readable line on stderr in one write(): worker processes share this stderr,
+    and print() writes a line and its newline apart when unbuffered (PYTHONUNBUFFERED), so
+    another process's line could land between them."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

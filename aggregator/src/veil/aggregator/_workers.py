@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ._logging import say
 from .config import ENV_STORE_URL, AggregatorConfig
 from .errors import ConfigError
 
@@ -158,14 +159,10 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
     try:
         for worker in workers:
             worker.start(command, env)
-        # One write() for the whole line: the workers log to the same stderr, and print() writes
-        # the line and its newline separately when unbuffered, so a worker's line could land between.
-        sys.stderr.write(
+        say(
             f"veil: {config.processes} worker processes share gRPC {config.grpc_address}"
             + (f"; worker 0 serves HTTP on {config.http_address}" if config.http_address else "")
-            + "\n"
         )
-        sys.stderr.flush()
         gave_up = _watch(workers, stop, hangup, command, env)
         clean = _stop_all(workers, config.grace_period)
         log.info("supervisor stopped", extra={"workers": config.processes})

@@ -125,6 +125,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     on SIGHUP take the tokens of the config `reload()` reads."""
     from dataclasses import replace
 
+    from veil.aggregator._logging import say
     from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
 
     stop, hangup = threading.Event(), threading.Event()
@@ -146,13 +147,11 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
         tell_supervisor_serving(ready_fd)
     freeze_startup_heap()
     scheme = " with TLS" if config.tls else ""
-    # One write() for the whole line, as the supervisor does: sibling workers share this stderr.
-    sys.stderr.write(
+    say(
         f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
         + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
-        + f" ({_access(config)})\n"
+        + f" ({_access(config)})"
     )
-    sys.stderr.flush()
     while not stop.wait(0.2):
         if hangup.is_set():
             hangup.clear()
