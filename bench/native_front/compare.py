@@ -29,10 +29,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
-from bench_ingest import SHAPES, AggregatorProcess, LoadProcesses, config_dict, cpu_seconds, store_counts  # noqa: E402
+from bench_ingest import SHAPES, AggregatorProcess, LoadProcesses, cpu_seconds, store_counts  # noqa: E402
+from ingest import cell_config  # noqa: E402
 from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results  # noqa: E402
 from veil_testing.redis_cluster import RedisClusterServers  # noqa: E402
 from veil_testing.redis_server import RedisServer  # noqa: E402
+
+from veil.aggregator.config import parse_config  # noqa: E402
+from veil.aggregator.store import open_store  # noqa: E402
 
 SERVERS = ("grpcio-null", "veil-serve", "front-null", "front-ingest")
 _NULL_HANDLER = "import sys; sys.path.insert(0, sys.argv[1]); import native_front; " + (
@@ -86,7 +90,7 @@ def compare(store: str, load: LoadProcesses, module: Path, scratch: Path, report
             scratch / "null.port",
         )
         cleanup.append(null.kill)
-        aggregator = AggregatorProcess(store, aggregator_url, config_dict([16], [1.0], aggregator_url), scratch)
+        aggregator = AggregatorProcess(store, aggregator_url, cell_config(aggregator_url), scratch)
         cleanup.append(aggregator.stop)
         front_null, front_null_endpoint = start(
             [sys.executable, "-c", _NULL_HANDLER, str(module), str(scratch / "front-null.port")],
@@ -142,8 +146,8 @@ def compare(store: str, load: LoadProcesses, module: Path, scratch: Path, report
             )
         front.kill()
         front.wait()  # the SQLite file is one process's at a time
-        config = parse_front_config(front_url)
-        found = next(iter(store_counts(config, _open(front_url), aggregator.since).values()))
+        config = parse_config(cell_config(front_url))
+        found = next(iter(store_counts(config, open_store(front_url), aggregator.since).values()))
         n, v = expected["both" if store == "cluster" else "front-ingest"]
         exact = {w: bool(np.array_equal(c["n"], n) and np.array_equal(c["v"], v)) for w, c in found.items()}
         return {
@@ -154,7 +158,7 @@ def compare(store: str, load: LoadProcesses, module: Path, scratch: Path, report
                     "us_per_call_rounds": [round(s["us"], 1) for s in rows],
                     "calls_per_second": statistics.median(s["calls_per_second"] for s in rows),
                     "ratio_to_grpcio_null": statistics.median(
-                        n["us"] / s["us"] for n, s in zip(samples["grpcio-null"], rows)
+                        null["us"] / s["us"] for null, s in zip(samples["grpcio-null"], rows)
                     ),
                 }
                 for name, rows in samples.items()
@@ -165,18 +169,6 @@ def compare(store: str, load: LoadProcesses, module: Path, scratch: Path, report
     finally:
         for step in reversed(cleanup):
             step()
-
-
-def parse_front_config(url: str) -> Any:
-    from veil.aggregator.config import parse_config
-
-    return parse_config(config_dict([16], [1.0], url))
-
-
-def _open(url: str) -> Any:
-    from veil.aggregator.store._open import open_store
-
-    return open_store(url)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,12 +21,17 @@ from veil.aggregator.config import parse_config  # noqa: E402
 from veil.aggregator.decode import decode_upload  # noqa: E402
 from veil.aggregator.instruments import Instruments  # noqa: E402
 from veil.aggregator.service import CollectorService  # noqa: E402
-from veil.aggregator.store import BatchWrite, Store  # noqa: E402
-from veil.aggregator.store._open import open_store  # noqa: E402
+from veil.aggregator.store import BatchWrite, Store, open_store  # noqa: E402
 from veil.aggregator.store._redis import shard_of  # noqa: E402
 from veil.wire.v1 import veil_pb2  # noqa: E402
 
 GATHER = 256  # the most calls handed over at once: the stores' own group limit
+
+
+def cell_config(url: str) -> dict[str, Any]:
+    """The config of the experiment's one metric (k = 16, epsilon 1, bench_ingest's windows) on
+    the store at url: what the load processes send, both Veil servers declare, compare.py checks."""
+    return config_dict([16], [1.0], url)
 
 
 def group_writer(store: Any, url: str) -> Callable[[Sequence[BatchWrite]], list[Any]]:
@@ -52,7 +57,7 @@ def main(module_dir: str, port_file: str, url: str) -> None:
     sys.path.insert(0, module_dir)
     import native_front  # built by compare.py from front.cc
 
-    config = parse_config(config_dict([16], [1.0], url))
+    config = parse_config(cell_config(url))
     store: Store = open_store(url)
     service = CollectorService(config, store, Instruments())
     metrics = {m.name: m for m in config.metrics}
