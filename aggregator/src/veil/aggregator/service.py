@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import grpc
@@ -27,7 +28,15 @@ from . import _kernels
 from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
-from .errors import InvalidBatch, InvalidRange, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
+from .errors import (
+    InvalidBatch,
+    InvalidRange,
+    StaleSpec,
+    StoreError,
+    StoreUnavailable,
+    UnknownMetric,
+    quoted,
+)
 from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate, with_group
 from .store import BatchWrite, CountsKey, Store, Version
@@ -36,6 +45,7 @@ __all__ = [
     "MAX_WATCH_INTERVAL",
     "CollectorService",
     "EstimatesService",
+    "Refusal",
     "ResponseCache",
     "add_estimates_to_server",
     "encode_window",
@@ -45,6 +55,30 @@ log = logging.getLogger("veil.aggregator")
 
 _UNAVAILABLE = "The counter store is unavailable; retry with the same batch id."
 MAX_WATCH_INTERVAL = 3600.0  # seconds: a longer WatchRequest.min_interval_seconds is taken as this
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An upload refused: the gRPC status it ends with, and the message for the caller."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+class _Cancelled(Exception):
+    """The caller left before its batch was written."""
+
+
+# An upload's outcome (the veil_uploads label) and status by what refused it (the nearest class
+# of the error's); an empty message is the error's own.
+_REFUSED: dict[type, tuple[str, grpc.StatusCode, str]] = {
+    UnknownMetric: ("unknown_metric", grpc.StatusCode.FAILED_PRECONDITION, ""),
+    StaleSpec: ("stale_spec", grpc.StatusCode.FAILED_PRECONDITION, ""),
+    InvalidBatch: ("invalid", grpc.StatusCode.INVALID_ARGUMENT, ""),
+    _Cancelled: ("cancelled", grpc.StatusCode.CANCELLED, "The call ended before the batch was counted."),
+    StoreUnavailable: ("unavailable", grpc.StatusCode.UNAVAILABLE, _UNAVAILABLE),
+    StoreError: ("error", grpc.StatusCode.INTERNAL, "The batch could not be counted; nothing of it was counted."),
+}
 
 
 class CollectorService(veil_pb2_grpc.CollectorServicer):
@@ -82,60 +116,82 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
 
     def Upload(self, request, context):
         started = time.perf_counter()
-        metric = self._metrics.get(request.metric)
-        name = metric.name if metric else "(undeclared)"  # bounded label values only
-        outcome = "error"
         try:
-            if metric is None:
-                raise UnknownMetric(
-                    f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs again."
-                )
-            if request.spec_fingerprint != metric.spec.fingerprint:
-                raise StaleSpec(
-                    f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again."
-                )
-            if self._store_down():
-                raise StoreUnavailable(_UNAVAILABLE)
-            counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
+            write = self._batch(request, self._clock())
             if not context.is_active():
                 # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
-                outcome = "cancelled"
-                context.abort(grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
-            now = self._clock()
-            if metric.name not in self._since_recorded:
-                # Before the first write of this process: the all-time window's intervals count
-                # the periods since counting began (Store.since), never from after a report.
-                self._store.since(metric.name, metric.spec.fingerprint, int(now))
-                self._since_recorded.add(metric.name)
-            targets = self._targets_at(metric, now)
-            applied = self._store.add(
-                BatchWrite(metric.name, request.batch_id, counts, targets, self._config.dedupe_ttl)
+                raise _Cancelled
+            result: bool | Exception = self._store.add(write)
+        except (_Cancelled, UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
+            result = err
+        answer = self._answer(request, result, started)
+        if isinstance(answer, Refusal):
+            context.abort(answer.code, answer.message)
+        return answer
+
+    def upload_many(self, requests: Sequence[veil_pb2.UploadRequest]) -> list[veil_pb2.UploadResponse | Refusal]:
+        """Upload of each request, as if each had come alone, with the batches that pass their
+        checks written in as few store calls as the store can make (Store.add_many): the
+        native collector's entry, one call per set of uploads it has gathered."""
+        started = time.perf_counter()
+        now = self._clock()
+        results: list[bool | Exception] = [False] * len(requests)
+        writes, positions = [], []
+        for i, request in enumerate(requests):
+            try:
+                writes.append(self._batch(request, now))
+                positions.append(i)
+            except (UnknownMetric, StaleSpec, InvalidBatch, StoreUnavailable) as err:
+                results[i] = err
+        for i, result in zip(positions, self._store.add_many(writes)):
+            results[i] = result
+        return [self._answer(request, result, started) for request, result in zip(requests, results)]
+
+    def _batch(self, request: veil_pb2.UploadRequest, now: float) -> BatchWrite:
+        """The checked batch of an upload, with the buckets it goes to at `now`; UnknownMetric,
+        StaleSpec, StoreUnavailable (known down: no store call, which would only time out) or
+        InvalidBatch when it is not to be written."""
+        metric = self._metrics.get(request.metric)
+        if metric is None:
+            raise UnknownMetric(
+                f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs again."
             )
-            outcome = "accepted" if applied else "duplicate"
-            if applied:
+        if request.spec_fingerprint != metric.spec.fingerprint:
+            raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
+        if self._store_down():
+            raise StoreUnavailable(_UNAVAILABLE)
+        counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
+        if metric.name not in self._since_recorded:
+            # Before the first write of this process: the all-time window's intervals count
+            # the periods since counting began (Store.since), never from after a report.
+            self._store.since(metric.name, metric.spec.fingerprint, int(now))
+            self._since_recorded.add(metric.name)
+        return BatchWrite(metric.name, request.batch_id, counts, self._targets_at(metric, now), self._config.dedupe_ttl)
+
+    def _answer(
+        self, request: veil_pb2.UploadRequest, result: bool | Exception, started: float
+    ) -> veil_pb2.UploadResponse | Refusal:
+        """The upload's response (result: whether the store applied it) or its refusal (result:
+        why not), counted in the instruments and logged as Upload's outcome."""
+        metric = self._metrics.get(request.metric)
+        name = metric.name if metric else "(undeclared)"  # bounded label values only
+        answer: veil_pb2.UploadResponse | Refusal
+        if isinstance(result, bool):
+            outcome = "accepted" if result else "duplicate"
+            answer = veil_pb2.UploadResponse(accepted=request.count, duplicate=not result)
+            if result:
                 self._counters(name, outcome)[2].inc(request.count)
-            return veil_pb2.UploadResponse(accepted=request.count, duplicate=not applied)
-        except UnknownMetric as err:
-            outcome = "unknown_metric"
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except StaleSpec as err:
-            outcome = "stale_spec"
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except InvalidBatch as err:
-            outcome = "invalid"
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except StoreUnavailable:
-            outcome = "unavailable"
-            context.abort(grpc.StatusCode.UNAVAILABLE, _UNAVAILABLE)
-        except StoreError:
-            log.exception("upload failed in the store", extra={"metric": name})
-            context.abort(grpc.StatusCode.INTERNAL, "The batch could not be counted; nothing of it was counted.")
-        finally:
-            uploads, seconds, _ = self._counters(name, outcome)
-            uploads.inc()
-            seconds.observe(time.perf_counter() - started)
-            if outcome not in ("accepted", "duplicate"):
-                log.info("upload refused", extra={"metric": name, "outcome": outcome, "reports": request.count})
+        else:
+            outcome, code, message = next(_REFUSED[t] for t in type(result).__mro__ if t in _REFUSED)
+            answer = Refusal(code, message or str(result))
+            if outcome == "error":
+                log.error("upload failed in the store", extra={"metric": name}, exc_info=result)
+        uploads, seconds, _ = self._counters(name, outcome)
+        uploads.inc()
+        seconds.observe(time.perf_counter() - started)
+        if outcome not in ("accepted", "duplicate"):
+            log.info("upload refused", extra={"metric": name, "outcome": outcome, "reports": request.count})
+        return answer
 
     def _counters(self, name: str, outcome: str) -> tuple:
         """The Prometheus children of (metric, outcome): uploads, upload seconds, reports."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..counts import Counts
-from ..errors import StoreMisconfigured
+from ..errors import StoreError, StoreMisconfigured
 
 __all__ = ["CountsKey", "BatchWrite", "Store", "Version", "FlushObserver", "AppliedObserver"]
 
@@ -79,6 +79,19 @@ class Store(abc.ABC):
         """Add the batch's counts to every target and remember its id, atomically. True when
         counted now; False when the id was already counted (nothing changes). Raises
         StoreUnavailable when it cannot tell whether the batch was applied."""
+
+    def add_many(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
+        """add() of each write, in as few write calls as the store can make (the native
+        collector hands over a whole set of uploads at once): for each, True or False as add
+        answers, or the StoreError that add would have raised for it. This default adds them
+        one by one; SqliteStore and RedisStore write them as groups."""
+        results: list[bool | StoreError] = []
+        for write in writes:
+            try:
+                results.append(self.add(write))
+            except StoreError as err:
+                results.append(err)
+        return results
 
     def read(self, key: CountsKey, weights: Sequence[int], k: int) -> Counts:
         """The counts in one bucket (zeros where nothing was added)."""

@@ -12,6 +12,10 @@ queued entry is a caller blocked in ``submit``.
 ``flush(writes)`` returns one result per write, in order, or raises; when it raises, every
 caller in that group gets the exception (the store cannot tell which were applied; each
 caller retries its own batch with the same id, and the store counts an id at most once).
+
+``submit_many`` queues several batches as one entry, which goes out whole in one group (with
+what else is queued, up to ``max_batches`` in all, though an entry larger than that goes alone):
+a caller holding a set of calls, such as the native collector, waits once for all of them.
 """
 
 from __future__ import annotations
@@ -32,11 +36,11 @@ R = TypeVar("R")
 
 
 class _Entry(Generic[W, R]):
-    __slots__ = ("write", "result", "error", "lead", "ready")
+    __slots__ = ("writes", "results", "error", "lead", "ready")
 
-    def __init__(self, write: W) -> None:
-        self.write = write
-        self.result: R | None = None
+    def __init__(self, writes: Sequence[W]) -> None:
+        self.writes = writes
+        self.results: Sequence[R] = ()
         self.error: BaseException | None = None
         self.lead = False  # set when this entry's caller is to write the next group
         # Released once there is a result (or error), or the leadership: its caller waits by
@@ -65,7 +69,14 @@ class Coalescer(Generic[W, R]):
 
     def submit(self, group: Hashable, write: W) -> R:
         """Write ``write`` with others of the same group; its result, or the flush's exception."""
-        entry: _Entry[W, R] = _Entry(write)
+        return self.submit_many(group, (write,))[0]
+
+    def submit_many(self, group: Hashable, writes: Sequence[W]) -> Sequence[R]:
+        """Write ``writes`` together, with others of the same group; their results in order, or
+        the flush's exception."""
+        if not writes:
+            return ()
+        entry: _Entry[W, R] = _Entry(writes)
         with self._lock:
             queue = self._queues.get(group)
             if queue is None:
@@ -78,7 +89,7 @@ class Coalescer(Generic[W, R]):
             self._lead(group, queue, entry)
         error, entry.error = entry.error, None
         if error is None:
-            return entry.result  # type: ignore[return-value]
+            return entry.results
         # No reference cycles through the exception (entry -> error -> traceback -> a frame
         # holding entry or error): refused batches must be freed as soon as they are answered,
         # without waiting for the cyclic garbage collector. So entries let go of the error, and
@@ -99,11 +110,15 @@ class Coalescer(Generic[W, R]):
             del error, entry
 
     def _lead(self, group: Hashable, queue: deque[_Entry[W, R]], entry: _Entry[W, R]) -> None:
-        """Write the oldest queued batches (entry's among them: it is the oldest), then pass the
+        """Write the oldest queued entries (entry's among them: it is the oldest), then pass the
         leadership on, or retire the group when nobody is waiting."""
         try:
             with self._lock:
-                taken = [queue.popleft() for _ in range(min(self._max, len(queue)))]
+                taken = [queue.popleft()]
+                size = len(entry.writes)
+                while queue and size + len(queue[0].writes) <= self._max:
+                    size += len(queue[0].writes)
+                    taken.append(queue.popleft())
             assert taken[0] is entry
             self._write(taken)
         finally:
@@ -119,12 +134,15 @@ class Coalescer(Generic[W, R]):
         started = time.perf_counter()
         failed = False
         e: _Entry[W, R] | None
+        writes = [w for e in taken for w in e.writes]
         try:
-            results = self._flush([e.write for e in taken])
-            if len(results) != len(taken):
-                raise RuntimeError(f"flush returned {len(results)} results for {len(taken)} writes")
-            for e, result in zip(taken, results):
-                e.result = result
+            results = self._flush(writes)
+            if len(results) != len(writes):
+                raise RuntimeError(f"flush returned {len(results)} results for {len(writes)} writes")
+            start = 0
+            for e in taken:
+                e.results = results[start : start + len(e.writes)]
+                start += len(e.writes)
         except BaseException as error:  # noqa: BLE001 (handed to every caller, re-raised there)
             failed = True
             for e in taken:
@@ -137,7 +155,7 @@ class Coalescer(Generic[W, R]):
             seconds = time.perf_counter() - started
             for observer in self._observers:
                 try:
-                    observer(len(taken), seconds, failed)
+                    observer(len(writes), seconds, failed)
                 except Exception:  # noqa: BLE001 (a metric must never fail a write)
                     pass
 

@@ -436,10 +436,34 @@ class RedisStore(Store):
         check_write(write)
         if self._coalescer is None:
             return self._observed_group([write])[0]
-        tags = self._shard_tags(write.metric)
-        shard = shard_of(write.batch_id, len(tags))
-        group = (write.metric, shard, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k)
-        return self._coalescer.submit(group, write)
+        return self._coalescer.submit(self._group_of(write), write)
+
+    def add_many(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
+        """One script call per group (metric, shard, targets, TTL, design) of the writes, one
+        group after another; a group that fails fails its own writes only."""
+        groups: dict[tuple, list[int]] = {}
+        for i, write in enumerate(writes):
+            check_write(write)
+            groups.setdefault(self._group_of(write), []).append(i)
+        results: list[bool | StoreError] = [False] * len(writes)
+        for group, members in groups.items():
+            batch = [writes[i] for i in members]
+            try:
+                if self._coalescer is None:
+                    answers: Sequence[bool | StoreError] = self._observed_group(batch)
+                else:
+                    answers = self._coalescer.submit_many(group, batch)
+            except StoreError as err:
+                answers = [err] * len(members)
+            for i, answer in zip(members, answers):
+                results[i] = answer
+        return results
+
+    def _group_of(self, write: BatchWrite) -> tuple:
+        """What a group written in one script call shares: add_batch.lua takes one set of targets,
+        TTL and design, on one shard (whose slot its dedupe keys and counter hashes share)."""
+        shard = shard_of(write.batch_id, len(self._shard_tags(write.metric)))
+        return (write.metric, shard, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k)
 
     def _observed_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
         started = time.perf_counter()

@@ -197,6 +197,14 @@ class SqliteStore(Store):
             raise result
         return result
 
+    def add_many(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
+        for write in writes:
+            check_write(write)
+        try:
+            return list(self._coalescer.submit_many(None, writes))  # one transaction, with others queued
+        except StoreError as err:
+            return [err] * len(writes)
+
     def _flush(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
         """Write a group of batches in one transaction; for each, True when applied now, False
         when its id was counted before (or earlier in writes), or the StoreError of a batch
