@@ -333,20 +333,21 @@ class AccessInterceptor(grpc.ServerInterceptor):
             )
         return identity, grpc.StatusCode.OK, ""
 
-    # -- the HTTP listener's calls: the same identities, limits and checks as gRPC's -----------
+    # -- calls outside grpcio's server (HTTP, the native collector): the same checks ---------
 
-    def http_upload(self, behavior, authorization: list[str], request, context):
-        """An upload arriving over HTTP (`request` parsed, or its bytes when it does not parse):
-        the gRPC Upload's token, rate limits and checks, then `behavior` (the servicer's Upload).
-        Refusals end in context.abort, as over gRPC."""
+    def admit_upload(self, behavior, authorization: list[str], request, context):
+        """An upload arriving outside grpcio's server (`request` parsed, or its bytes when it does
+        not parse): the gRPC Upload's token, rate limits and checks, then `behavior` (the
+        servicer's Upload, or what admits it to a set). Refusals end in context.abort, as over gRPC."""
         identity, code, problem = self._identify(_UPLOAD, authorization)
         if identity is None:
             self._deny(context, _UPLOAD, code, problem)
         self._take_upload(identity, context)
         return self._admit(behavior, request, context, identity)
 
-    def http_specs(self, behavior, authorization: list[str], request, context):
-        """GetMetricSpecs arriving over HTTP: an upload token sees the specs of its metrics only."""
+    def admit_specs(self, behavior, authorization: list[str], request, context):
+        """GetMetricSpecs arriving outside grpcio's server: an upload token sees the specs of its
+        metrics only."""
         identity, code, problem = self._identify(_SPECS, authorization)
         if identity is None:
             self._deny(context, _SPECS, code, problem)

@@ -1,8 +1,8 @@
 """The Collector over HTTP (docs/protocol.md, section 5): POST /v1/upload and GET /v1/specs.
 
 The same calls as gRPC's, through the same parts: the AccessInterceptor's token, rate limits
-and upload checks (http_upload, http_specs), then the CollectorService itself. Those end a
-refused call with context.abort; here a small context turns that into the HTTP status of the
+and upload checks (admit_upload, admit_specs), then the CollectorService itself. Those end a
+refused call with context.abort; here a CallContext turns that into the HTTP status of the
 documented table, with the retry-after-ms hint as a header (and Retry-After in seconds).
 Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping (the default).
 """
@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from veil.wire.v1 import veil_pb2
 
 from ._auth import RETRY_AFTER_KEY, AccessInterceptor
+from ._calls import CallContext, Refused
 from .decode import parse_upload
 from .service import CollectorService
 
@@ -40,29 +41,6 @@ STATUS = {
 Answer = tuple[int, str, bytes, dict]
 
 
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-class _Context:
-    """What the servicer and the interceptor use of a gRPC context."""
-
-    def __init__(self) -> None:
-        self.trailers: tuple = ()
-
-    def abort(self, code: grpc.StatusCode, message: str):
-        raise _Refused(code, message)
-
-    def set_trailing_metadata(self, metadata) -> None:
-        self.trailers = tuple(metadata)
-
-    @staticmethod
-    def is_active() -> bool:
-        return True  # the body is read whole before the call; a client that leaves retries the same id
-
-
 def _wants_protobuf(content_type: str) -> bool:
     return content_type.split(";")[0].strip().lower() == PROTOBUF
 
@@ -80,10 +58,10 @@ class HttpCollector:
                 request = json_format.Parse(body, veil_pb2.UploadRequest())
             except (json_format.ParseError, UnicodeDecodeError, ValueError, RecursionError):
                 request = body  # the interceptor answers it: not a valid UploadRequest
-        context = _Context()
+        context = CallContext()  # read whole before the call: one that leaves retries the same id
         try:
-            response = self._access.http_upload(self._collector.Upload, authorization, request, context)
-        except _Refused as refused:
+            response = self._access.admit_upload(self._collector.Upload, authorization, request, context)
+        except Refused as refused:
             return _refusal(refused, context)
         if binary:
             return 200, PROTOBUF, response.SerializeToString(), {}
@@ -91,12 +69,12 @@ class HttpCollector:
 
     def specs(self, authorization: list[str], metrics: list[str], accept: str) -> Answer:
         binary = _wants_protobuf(accept)
-        context = _Context()
+        context = CallContext()
         try:
-            response = self._access.http_specs(
+            response = self._access.admit_specs(
                 self._collector.GetMetricSpecs, authorization, veil_pb2.GetMetricSpecsRequest(metrics=metrics), context
             )
-        except _Refused as refused:
+        except Refused as refused:
             return _refusal(refused, context)
         if binary:
             return 200, PROTOBUF, response.SerializeToString(), {}
@@ -107,7 +85,7 @@ def _json(status: int, body: dict, headers: dict | None = None) -> Answer:
     return status, "application/json", json.dumps(body).encode(), headers or {}
 
 
-def _refusal(refused: _Refused, context: _Context) -> Answer:
+def _refusal(refused: Refused, context: CallContext) -> Answer:
     """The refusal as JSON, whatever the request's format: it is for people and logs."""
     headers = {}
     for key, value in context.trailers:

@@ -221,6 +221,8 @@ class AggregatorConfig:
     metrics: tuple[MetricConfig, ...]
     grpc_address: str = _DEFAULT_GRPC
     http_address: str = _DEFAULT_HTTP
+    # The native collector's listener (Collector only, gRPC's C++ server; see _native); "" is none.
+    native_grpc_address: str = ""
     store_url: str = _DEFAULT_STORE_URL
     min_n: int = _DEFAULT_MIN_N
     max_batch: int = _DEFAULT_MAX_BATCH
@@ -313,6 +315,7 @@ def parse_config(
         {
             "grpc",
             "http",
+            "native_grpc",
             "min_n",
             "max_batch",
             "dedupe_ttl",
@@ -349,6 +352,12 @@ def parse_config(
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
     grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
     processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
+    native_grpc_address = _address(server.get("native_grpc", ""), "server.native_grpc", allow_empty=True)
+    if processes > 1 and native_grpc_address.rpartition(":")[2] == "0":
+        raise ConfigError(
+            f"server.native_grpc: port 0 gives each of the server.processes = {processes} workers a port "
+            f"of its own; give a fixed port."
+        )
     max_streams = _whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1)
     max_health_streams = _whole(
         server.get("max_health_streams", _DEFAULT_HEALTH_STREAMS), "server.max_health_streams", low=1
@@ -366,6 +375,7 @@ def parse_config(
         metrics=metrics,
         grpc_address=grpc_address,
         http_address=_address(server.get("http", _DEFAULT_HTTP), "server.http", allow_empty=True),
+        native_grpc_address=native_grpc_address,
         store_url=url,
         store_options=_store_options(store, url),
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),

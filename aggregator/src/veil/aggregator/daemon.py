@@ -1,4 +1,5 @@
-"""The aggregator daemon: gRPC (Collector, Estimates, health, reflection) and HTTP on one store.
+"""The aggregator daemon: gRPC (Collector, Estimates, health, reflection) and HTTP on one store;
+with server.native_grpc, a second gRPC listener serving the Collector in C++ (see _native).
 
     aggregator = Aggregator(load_config("veil.toml"))
     aggregator.start()
@@ -59,6 +60,7 @@ from . import dashboard
 from ._auth import AccessInterceptor, Limits, token_limits
 from ._budget import ByteBudget
 from ._http_collector import HttpCollector
+from ._native import NativeCollector
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from .errors import ConfigError, StoreError, StoreMisconfigured
@@ -266,6 +268,17 @@ class Aggregator:
             self.grpc_port = 0
         if self.grpc_port == 0:
             raise ConfigError(f"server.grpc: cannot listen on {config.grpc_address}.")
+        self._native = None
+        if config.native_grpc_address:
+            self._native = NativeCollector(
+                config.native_grpc_address,
+                self.access,
+                collector,
+                max_message_bytes=limit,
+                max_inflight_bytes=budget,
+                reuse_port=config.processes > 1,
+                tls=config.tls,
+            )
         self._http = None
         if config.http_address:
             try:
@@ -311,15 +324,26 @@ class Aggregator:
     def http_port(self) -> int | None:
         return self._http.port if self._http else None
 
+    @property
+    def native_grpc_port(self) -> int | None:
+        return self._native.port if self._native else None
+
     def start(self) -> None:
         self._check_store(starting=True)
         self._grpc.start()
+        if self._native:
+            self._native.start()
         if self._http:
             self._http.start()
         self._pinger.start()
         log.info(
             "aggregator started",
-            extra={"grpc_port": self.grpc_port, "http_port": self.http_port, "metrics": len(self.config.metrics)},
+            extra={
+                "grpc_port": self.grpc_port,
+                "native_grpc_port": self.native_grpc_port,
+                "http_port": self.http_port,
+                "metrics": len(self.config.metrics),
+            },
         )
         self._log_access()
 
@@ -327,7 +351,8 @@ class Aggregator:
         """Say how the listeners are protected; loudly when they are not."""
         config = self.config
         if self.tls is None:
-            exposed = [a for a in (config.grpc_address, config.http_address) if a and not is_loopback(a)]
+            listeners = (config.grpc_address, config.native_grpc_address, config.http_address)
+            exposed = [a for a in listeners if a and not is_loopback(a)]
             log.log(
                 logging.WARNING if exposed else logging.INFO,
                 "TLS is OFF: gRPC and HTTP are plaintext"
@@ -395,7 +420,10 @@ class Aggregator:
         self._health.enter_graceful_shutdown()
         self._estimates.stop()
         grace = self.config.grace_period if grace is None else grace
-        self._grpc.stop(grace).wait()
+        stopped = self._grpc.stop(grace)
+        if self._native:
+            self._native.stop(grace)
+        stopped.wait()
         self.access.close()
         if self._http:
             self._http.stop()

@@ -1,0 +1,154 @@
+"""The native collector: a second gRPC listener (server.native_grpc) that serves the Collector
+service (what devices call: Upload, GetMetricSpecs) through gRPC's C++ server.
+
+grpcio's server spends some 200 us of CPU per call before a handler runs, on handing the call to
+a Python thread and taking the GIL back and forth; that, not Veil's work, kept uploads per core
+below the issue's goal (bench/PROFILES.md section 4). The C++ module (aggregator/native/
+collector.cc, built by `make native` against Debian's libgrpc++-dev) reads the calls on gRPC's
+own threads and hands them to one Python thread in sets of up to 256; each set is answered here
+by the same parts as grpcio's listener and the HTTP one: the AccessInterceptor's tokens, rate
+limits and checks (admit_upload, admit_specs), then CollectorService.upload_many, which writes
+the set's batches in as few store calls as the store makes. The answers, statuses, messages and
+the retry-after-ms trailer are those of the main listener.
+
+The listener serves only those two methods: health, reflection and Estimates stay on
+server.grpc. It has its own in-flight bytes budget of server.max_inflight_bytes, reserved before
+a message is read; a call that finds none left is refused at once with RESOURCE_EXHAUSTED and
+retry-after-ms. With [tls] it speaks TLS from the same files (mutual with tls.client_ca_file),
+which gRPC reads again when they change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Sequence
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from veil.wire.v1 import veil_pb2
+
+from ._auth import _SPECS, _UPLOAD, RETRY_AFTER_KEY, AccessInterceptor
+from ._calls import CallContext, Refused
+from ._tls import TlsConfig
+from .decode import parse_upload
+from .errors import ConfigError
+from .service import CollectorService, Refusal
+
+__all__ = ["NativeCollector"]
+
+log = logging.getLogger("veil.aggregator")
+
+_METHODS = (_UPLOAD, _SPECS)  # the C++ side passes a call's method as its index here
+_MOST = 256  # calls handed over at once, at most: SQLite writes them in one transaction
+_FAILED = "The aggregator failed on this call; retry it (a batch is counted at most once)."
+
+# One answer to the C++ side: (status code, message, response bytes, retry-after ms); code 0 is OK.
+Reply = tuple[int, str, bytes, int]
+
+
+def _module():
+    try:
+        return importlib.import_module("veil.aggregator._native_collector")
+    except ImportError as err:
+        raise ConfigError(
+            f"server.native_grpc: the native collector is not built here ({err}); run `make native`, "
+            f"which builds it against Debian's libgrpc++-dev, or leave server.native_grpc out."
+        ) from None
+
+
+def _ok(message) -> Reply:
+    return 0, "", message.SerializeToString(), 0
+
+
+def _refused(code: grpc.StatusCode, message: str, context: CallContext) -> Reply:
+    retry = next((int(value) for key, value in context.trailers if key == RETRY_AFTER_KEY), 0)
+    return code.value[0], message, b"", retry
+
+
+class NativeCollector:
+    """The listener on `address`, answering through `access` and `collector`; start() serves,
+    stop(grace) lets calls in progress finish within grace seconds, then ends."""
+
+    def __init__(
+        self,
+        address: str,
+        access: AccessInterceptor,
+        collector: CollectorService,
+        *,
+        max_message_bytes: int,
+        max_inflight_bytes: int,
+        reuse_port: bool,
+        tls: TlsConfig | None,
+    ) -> None:
+        self._access, self._collector = access, collector
+        self._native = _module()
+        files = None
+        if tls is not None:
+            files = (str(tls.cert_file), str(tls.key_file), tls.client_ca_file and str(tls.client_ca_file))
+        try:
+            self._listener, self.port = self._native.start(
+                address, _METHODS, max_message_bytes, max_inflight_bytes, reuse_port, files
+            )
+        except OSError:
+            raise ConfigError(f"server.native_grpc: cannot listen on {address}.") from None
+        self._thread = threading.Thread(
+            target=self._native.serve, args=(self._listener, self._answer, _MOST), name="veil-native", daemon=True
+        )
+        self._stopped = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, grace: float) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._native.stop(self._listener, grace)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _answer(self, calls: Sequence[tuple[int, tuple[str, ...], bool, bytes]]) -> list[Reply]:
+        """The reply to each call of a set: (method index, authorization values, whether its
+        caller still waits, request bytes). Never raises: the C++ side would fail the set."""
+        try:
+            return self._replies(calls)
+        except Exception:  # noqa: BLE001 (answered as INTERNAL; the set's batches may be retried)
+            log.exception("the native collector failed on a set of calls", extra={"calls": len(calls)})
+            return [(grpc.StatusCode.INTERNAL.value[0], _FAILED, b"", 0)] * len(calls)
+
+    def _replies(self, calls: Sequence[tuple[int, tuple[str, ...], bool, bytes]]) -> list[Reply]:
+        replies: dict[int, Reply] = {}
+        admitted: list[tuple[int, veil_pb2.UploadRequest]] = []
+        for i, (method, authorization, active, body) in enumerate(calls):
+            context = CallContext(active)
+            try:
+                if _METHODS[method] == _UPLOAD:
+                    request = self._access.admit_upload(_joins, list(authorization), parse_upload(body), context)
+                    admitted.append((i, request))
+                else:
+                    replies[i] = _ok(self._access.admit_specs(self._specs, list(authorization), body, context))
+            except Refused as refused:
+                replies[i] = _refused(refused.code, refused.message, context)
+        answers = self._collector.upload_many([request for _, request in admitted])
+        for (i, _), answer in zip(admitted, answers):
+            if isinstance(answer, Refusal):
+                replies[i] = answer.code.value[0], answer.message, b"", 0
+            else:
+                replies[i] = _ok(answer)
+        return [replies[i] for i in range(len(calls))]
+
+    def _specs(self, body: bytes, context: CallContext) -> veil_pb2.GetMetricSpecsResponse:
+        """GetMetricSpecs of a request still in bytes: parsed only once its token is admitted."""
+        try:
+            request = veil_pb2.GetMetricSpecsRequest.FromString(body)
+        except DecodeError:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The GetMetricSpecsRequest message does not parse.")
+        return self._collector.GetMetricSpecs(request, context)
+
+
+def _joins(request: veil_pb2.UploadRequest, _context: CallContext) -> veil_pb2.UploadRequest:
+    """The behaviour admit_upload calls once an upload passes its checks: it joins the set."""
+    return request
