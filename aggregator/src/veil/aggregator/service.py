@@ -117,10 +117,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
     def Upload(self, request, context):
         started = time.perf_counter()
         try:
-            write = self._batch(request, self._clock())
-            if not context.is_active():
-                # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
-                raise _Cancelled
+            write = self._batch(request, self._clock(), context.is_active)
             result: bool | Exception = self._store.add(write)
         except (_Cancelled, UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
             result = err
@@ -147,10 +144,12 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
             results[i] = result
         return [self._answer(request, result, started) for request, result in zip(requests, results)]
 
-    def _batch(self, request: veil_pb2.UploadRequest, now: float) -> BatchWrite:
+    def _batch(
+        self, request: veil_pb2.UploadRequest, now: float, active: Callable[[], bool] = lambda: True
+    ) -> BatchWrite:
         """The checked batch of an upload, with the buckets it goes to at `now`; UnknownMetric,
-        StaleSpec, StoreUnavailable (known down: no store call, which would only time out) or
-        InvalidBatch when it is not to be written."""
+        StaleSpec, StoreUnavailable (known down: no store call, which would only time out),
+        InvalidBatch, or _Cancelled (its caller no longer `active`) when it is not to be written."""
         metric = self._metrics.get(request.metric)
         if metric is None:
             raise UnknownMetric(
@@ -161,6 +160,9 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         if self._store_down():
             raise StoreUnavailable(_UNAVAILABLE)
         counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
+        if not active():
+            # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
+            raise _Cancelled
         if metric.name not in self._since_recorded:
             # Before the first write of this process: the all-time window's intervals count
             # the periods since counting began (Store.since), never from after a report.
