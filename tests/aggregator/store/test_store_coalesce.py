@@ -167,6 +167,38 @@ def test_groups_do_not_wait_for_each_other():
     assert other == ["fast"]
 
 
+def test_a_set_goes_out_whole_with_what_else_fits_and_gets_its_results_in_order():
+    gate = Gate(answer=lambda ws: [f"done {w}" for w in ws])
+    coalescer = Coalescer(gate, max_batches=4)
+    holder = threading.Thread(target=coalescer.submit, args=("g", "hold"))
+    holder.start()
+    assert gate.entered.wait(WAIT)
+    results: dict[str, object] = {}
+    sets = {"s": ["s1", "s2", "s3"], "big": [f"b{i}" for i in range(6)], "one": ["o1"], "two": ["t1", "t2"]}
+
+    def submit_set(name: str) -> None:
+        results[name] = coalescer.submit_many("g", sets[name])
+
+    for queued, name in enumerate(sets, 1):  # queued in this order
+        threading.Thread(target=submit_set, args=(name,)).start()
+        assert wait_until(lambda q=queued: len(coalescer._queues["g"]) == q, WAIT, 0.005)  # noqa: SLF001
+    gate.opened.set()
+    holder.join(WAIT)
+    assert wait_until(lambda: len(results) == len(sets), WAIT, 0.005)
+    assert results == {name: [f"done {w}" for w in writes] for name, writes in sets.items()}
+    # Whole sets, up to 4 writes a call, none split; a set larger than that goes alone.
+    assert gate.groups == [["hold"], ["s1", "s2", "s3"], [f"b{i}" for i in range(6)], ["o1", "t1", "t2"]]
+    assert coalescer.submit_many("g", []) == ()
+
+
+def test_a_failed_flush_fails_a_whole_set():
+    def flush(writes):
+        raise StoreUnavailable("redis went away")
+
+    with pytest.raises(StoreUnavailable, match="went away"):
+        Coalescer(flush).submit_many("g", ["a", "b"])
+
+
 def test_max_batches_must_be_positive():
     with pytest.raises(ValueError):
         Coalescer(lambda ws: ws, max_batches=0)

@@ -193,3 +193,41 @@ def test_read_many_reads_a_series_of_buckets_as_read_does(store, rng):
     assert [got[i] for i in written] == list(written.values())
     assert all(c == zeros for i, c in enumerate(got) if i not in written)
     assert got[17] == store.read(places[17], weights, k)
+
+
+def test_add_many_answers_each_batch_as_add_would(store, rng):
+    """A set as the native collector hands it over: new batches, one id twice, an id counted
+    before, and another metric's batch, each answered on its own, each counted once."""
+    earlier = batch(random_counts((1,), 8, rng), key())
+    assert store.add(earlier)
+    fresh = [batch(random_counts((1,), 8, rng), key(), key(window="1h", bucket=3600)) for _ in range(3)]
+    other = batch(random_counts((1,), 8, rng), key(metric="other"))
+    writes = [fresh[0], fresh[1], fresh[0], earlier, other, fresh[2]]
+    assert store.add_many(writes) == [True, True, False, False, True, True]
+    assert store.add_many([]) == []
+    assert store.add_many(writes) == [False] * len(writes)
+    assert_reads(store, key(), Counts.summed([earlier.counts, *(w.counts for w in fresh)]))
+    assert_reads(store, key(window="1h", bucket=3600), Counts.summed([w.counts for w in fresh]))
+    assert_reads(store, key(metric="other"), other.counts)
+    assert batches_added(store, [key(metric="other")]) == [1]
+
+
+def test_sets_of_overlapping_batches_added_concurrently_count_each_once(make_handle, rng):
+    writes = [batch(random_counts((1,), 4, rng), key()) for _ in range(40)]
+    handles = [make_handle() for _ in range(4)]
+    start = threading.Barrier(len(handles))
+    applied: list[bool] = []
+
+    def add(handle: Store, offset: int) -> None:
+        start.wait()
+        mine = writes[offset:] + writes[:offset]  # every handle sends every batch, in another order
+        for i in range(0, len(mine), 8):
+            applied.extend(handle.add_many(mine[i : i + 8]))
+
+    threads = [threading.Thread(target=add, args=(h, 10 * i)) for i, h in enumerate(handles)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sum(applied) == len(writes) and len(applied) == len(writes) * len(handles)
+    assert_reads(handles[0], key(), Counts.summed([w.counts for w in writes]))

@@ -149,7 +149,7 @@ def test_a_bucket_of_another_design_fails_only_its_own_batches(path, opened, rng
     assert store.add(batch(random_counts((1,), 3, rng), key(window="1h")))
     good = batch(random_counts((1,), 3, rng), key(metric="other"))
     bad = batch(random_counts((2,), 3, rng), key(), key(window="1h"), batch_id=b"\x05" * 16)
-    results = store._flush([good, bad])
+    results = store.add_many([good, bad])
     assert results[0] is True and isinstance(results[1], StoreError) and "design" in str(results[1])
     with pytest.raises(StoreError, match="another design"):
         store.add(bad)
