@@ -32,7 +32,7 @@ from veil.wire.v1 import veil_pb2
 
 from ._auth import _SPECS, _UPLOAD, RETRY_AFTER_KEY, AccessInterceptor
 from ._calls import CallContext, Refused
-from ._tls import TlsConfig
+from ._tls import ServerTls, TlsCopy
 from .decode import parse_upload
 from .errors import ConfigError
 from .service import CollectorService, Refusal
@@ -81,34 +81,59 @@ class NativeCollector:
         max_message_bytes: int,
         max_inflight_bytes: int,
         reuse_port: bool,
-        tls: TlsConfig | None,
+        tls: ServerTls | None,
     ) -> None:
         self._access, self._collector = access, collector
         self._native = _module()
+        self._stopping = threading.Event()
+        self._tls = None if tls is None else TlsCopy(tls)
         files = None
-        if tls is not None:
-            files = (str(tls.cert_file), str(tls.key_file), tls.client_ca_file and str(tls.client_ca_file))
+        if self._tls is not None:
+            ca = self._tls.client_ca_file
+            files = (str(self._tls.cert_file), str(self._tls.key_file), None if ca is None else str(ca))
         try:
             self._listener, self.port = self._native.start(
                 address, _METHODS, max_message_bytes, max_inflight_bytes, reuse_port, files
             )
         except OSError:
+            self._close_tls()
             raise ConfigError(f"server.native_grpc: cannot listen on {address}.") from None
-        self._thread = threading.Thread(
-            target=self._native.serve, args=(self._listener, self._answer, _MOST), name="veil-native", daemon=True
-        )
+        self._threads = [
+            threading.Thread(
+                target=self._native.serve, args=(self._listener, self._answer, _MOST), name="veil-native", daemon=True
+            )
+        ]
+        if self._tls is not None:
+            self._threads.append(threading.Thread(target=self._copy_tls, name="veil-native-tls", daemon=True))
         self._stopped = False
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, grace: float) -> None:
         if self._stopped:
             return
         self._stopped = True
+        self._stopping.set()
         self._native.stop(self._listener, grace)
-        if self._thread.is_alive():
-            self._thread.join()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
+        self._close_tls()
+
+    def _copy_tls(self) -> None:
+        """Once a second, hand gRPC's file watcher the files ServerTls serves (see TlsCopy)."""
+        assert self._tls is not None
+        while not self._stopping.wait(1.0):
+            try:
+                self._tls.refresh()
+            except OSError as err:  # the copy's directory went away: keep serving the last files
+                log.error("cannot copy the TLS files for server.native_grpc", extra={"problem": str(err)})
+
+    def _close_tls(self) -> None:
+        if self._tls is not None:
+            self._tls.close()
 
     def _answer(self, calls: Sequence[tuple[int, tuple[str, ...], bool, bytes]]) -> list[Reply]:
         """The reply to each call of a set: (method index, authorization values, whether its

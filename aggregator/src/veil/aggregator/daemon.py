@@ -277,7 +277,7 @@ class Aggregator:
                 max_message_bytes=limit,
                 max_inflight_bytes=budget,
                 reuse_port=config.processes > 1,
-                tls=config.tls,
+                tls=self.tls,
             )
         self._http = None
         if config.http_address:
