@@ -300,6 +300,19 @@ def test_two_worker_processes_share_the_native_port_and_count_exactly(redis_serv
             channel.close()
     (total,) = estimates(serve.endpoint, "os", "total").estimates
     assert total.n == 8 * 5 * 10
+    log = serve.log_text()
+    assert f"share gRPC {serve.endpoint} and the native collector 127.0.0.1:{port}" in log
+    assert log.count(f"serving gRPC on port {serve.grpc_port}, the native collector on port {port}") == 2
+
+
+def test_check_config_passes_where_the_native_collector_is_built(tmp_path):
+    from test_cli_serve import check  # a process of its own
+    from veil_testing.config_toml import config_toml
+
+    path = tmp_path / "veil.toml"
+    path.write_text(config_toml(config_dict(native_grpc="127.0.0.1:50052")))
+    out = check(path)
+    assert out.returncode == 0, out.stderr
 
 
 def test_a_set_answers_each_call_on_its_own(start_aggregator, store_url):

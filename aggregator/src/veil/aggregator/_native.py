@@ -37,7 +37,7 @@ from .decode import parse_upload
 from .errors import ConfigError
 from .service import CollectorService, Refusal
 
-__all__ = ["NativeCollector"]
+__all__ = ["NativeCollector", "load_module"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -49,7 +49,8 @@ _FAILED = "The aggregator failed on this call; retry it (a batch is counted at m
 Reply = tuple[int, str, bytes, int]
 
 
-def _module():
+def load_module():
+    """The C++ module; ConfigError, saying how to build it, where it is not built."""
     try:
         return importlib.import_module("veil.aggregator._native_collector")
     except ImportError as err:
@@ -84,7 +85,7 @@ class NativeCollector:
         tls: ServerTls | None,
     ) -> None:
         self._access, self._collector = access, collector
-        self._native = _module()
+        self._native = load_module()
         self._stopping = threading.Event()
         self._tls = None if tls is None else TlsCopy(tls)
         files = None
