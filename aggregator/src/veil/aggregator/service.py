@@ -138,7 +138,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
             try:
                 writes.append(self._batch(request, now))
                 positions.append(i)
-            except (UnknownMetric, StaleSpec, InvalidBatch, StoreUnavailable) as err:
+            except (UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
                 results[i] = err
         for i, result in zip(positions, self._store.add_many(writes)):
             results[i] = result
