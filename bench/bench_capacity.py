@@ -1,27 +1,43 @@
 """A capacity model, measured: CPU per upload of the aggregator and of each Redis master, and what
-N aggregator cores and M masters would then carry.
+N aggregator cores and M masters would then carry, through the native listener.
 
-For each store (memory, redis, cluster: a real 3-master, 3-replica Redis Cluster this benchmark
-starts) and k in {16, 128, 1024}, bench_ingest's load processes (the same grpc.aio generator,
-pre-serialized uploads, fresh batch ids) send 10-report uploads (64 in flight) and 1000-report
-uploads (16 in flight) to one aggregator process; every run is checked exactly (bench_ingest's
-Ledger). Measured per run: the aggregator's CPU from /proc/PID/stat and each master's from INFO
-cpu (used_cpu_sys + used_cpu_user), as microseconds per upload. Medians over --rounds.
+The aggregator runs with both gRPC listeners: server.grpc (grpcio's server, every service) and
+server.native_grpc (the Collector served by gRPC's C++ server, which hands the calls in flight to
+Python in sets: how devices should reach a busy aggregator). Uploads go to the native listener
+unless said otherwise.
+
+For each store (memory, sqlite, redis, cluster: a real 3-master, 3-replica Redis Cluster this
+benchmark starts) and k in {16, 128, 1024}, bench_ingest's load processes (the same grpc.aio
+generator, pre-serialized uploads, fresh batch ids) send 10-report uploads (64 in flight) and
+1000-report uploads (16 in flight) to one aggregator process; every run is checked exactly
+(bench_ingest's Ledger: every acknowledged report, whichever listener took it). Measured per run:
+the aggregator's CPU from /proc/PID/stat (all its threads, C++ ones included) and each master's
+from INFO cpu (used_cpu_sys + used_cpu_user), as microseconds per upload. Medians over --rounds.
 
 Model: an aggregator core carries 1e6 / (aggregator us per upload) uploads/s; the masters, with
 the shards spread evenly over M of them, 1e6 * M / (sum over masters of us per upload). The
 prediction for N cores and M masters is the smaller of the two (reports/s: times the batch).
 
+The aggregator's server.max_inflight_bytes is set so that every call the load generator has in
+flight fits (64 x the largest valid upload; see inflight_budget): each call reserves the largest
+valid upload (11 MB with these metrics and max_batch 10000) until its message is read, so the
+default 64 MiB admits 6 unread calls, and the native listener refuses a call that finds the
+budget spent at once (grpcio's waits), while the calls it answers in a set come back in a burst.
+
 Checks, where one machine allows: the per-master CPU of the cluster within 10% of its mean (the
-shards of each metric spread evenly), and 1 vs 2 aggregator processes (server.processes = 2) on
-the cluster. Efficiency, on every store (sqlite: the default embedded store, a file in the
-scratch directory, every commit fsynced): 10-report uploads per aggregator CPU second as a ratio
-to the calls per CPU second of a grpcio server whose handler does nothing (bench/PROFILES.md).
-Both get the same load from the same generator: after a warm-up of each, every round sends both
-the same number of calls, A-B-B-A (half to the do-nothing server, two halves to the aggregator,
-the other half to the do-nothing server), each measured by the CPU time of its own server
-process; the ratio is taken per round and the median reported with every round's, as the
-machine's load moves both. The target is 75%.
+shards of each metric spread evenly), and 1 vs 2 aggregator processes (server.processes = 2, the
+workers sharing a fixed native port) on the cluster.
+
+Efficiency (issue 17), on every store (sqlite: the default embedded store, a file in the scratch
+directory, every commit fsynced): 10-report uploads per aggregator CPU second as a ratio to the
+calls per CPU second of a grpcio server whose handler does nothing (bench/PROFILES.md section 4),
+through the native listener (checks.efficiency_<store>: the goal's check, ok at >= 75%) and, for
+comparison, through the grpcio listener of the same aggregator (checks.efficiency_<store>.grpcio:
+no goal). All get the same load from the same generator: after a warm-up of each, every round
+sends each the same number of calls, A-B-C-C-B-A (half to the do-nothing server, half to the
+native listener, half to the grpcio listener, the other halves in reverse order), each measured
+by the CPU time of its own server process; the ratios are taken per round and their medians
+reported with every round's, as the machine's load moves all of them.
 """
 
 from __future__ import annotations
@@ -97,6 +113,22 @@ class Masters:
         return out
 
 
+LISTENERS = {
+    "native": "server.native_grpc: the Collector on gRPC's C++ server, calls handed to Python in sets",
+    "grpcio": "server.grpc: grpcio's sync server, a Python thread per call",
+}
+
+
+def inflight_budget(config: dict[str, Any]) -> int:
+    """server.max_inflight_bytes enough to reserve every call in flight of any load shape at the
+    largest valid upload's size (what each call reserves until its message is read)."""
+    from veil.aggregator.config import parse_config
+    from veil.aggregator.daemon import inflight_bytes, max_message_bytes
+
+    parsed = parse_config(config)
+    return max(inflight_bytes(parsed), max(s.in_flight for s in SHAPES.values()) * max_message_bytes(parsed))
+
+
 def measure(
     load: LoadProcesses,
     aggregator: AggregatorProcess,
@@ -107,75 +139,131 @@ def measure(
     rounds: int,
     ledger: Ledger,
     null: tuple[str, int] | None = None,
+    listeners: tuple[str, ...] = ("native",),
 ) -> dict[str, Any]:
-    """Median CPU per upload over the rounds; with `null` (the do-nothing server's endpoint and
-    pid) each round sends the do-nothing server the same load too, as A-B-B-A: half of its
-    calls, the aggregator's in two halves, then its other half, so that a load on the machine
-    that drifts during the round weighs on both alike. The efficiency ratio is taken per round."""
+    """Median CPU per upload over the rounds through each of `listeners` (keys of LISTENERS; the
+    first is the row's, the others' go under their names). With `null` (the do-nothing server's
+    endpoint and pid) each round sends the do-nothing server the same load too, as A-B-C-C-B-A:
+    half of its calls, half through each listener, then the other halves in reverse order, so
+    that a load on the machine that drifts during the round weighs on all alike. The efficiency
+    ratios are taken per round."""
     shape = SHAPES[shape_name]
     metric = metric_name(k, 1.0)
-    run_once(load, aggregator, shape, metric, GRAIN, {"aggregator": aggregator.pids}, ledger)  # warm-up
+    endpoints = {name: aggregator.endpoint if name == "grpcio" else aggregator.native_endpoint for name in listeners}
+    for name, endpoint in endpoints.items():
+        if endpoint is None:
+            raise RuntimeError(f"the {aggregator.store} aggregator has no {name} listener")
+        # Warm-up: new connections, and the first uploads of a layout may compile a kernel.
+        run_once(load, aggregator, shape, metric, GRAIN, {}, ledger, endpoint)
     if null is not None:
         load.run(null[0], shape, GRAIN, {})  # its warm-up: new connections, a cold thread pool
     part = reports if null is None else max(GRAIN, reports // 2 // GRAIN * GRAIN)
-    samples = []
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in listeners}
     nulls = []
 
     def null_turn() -> tuple[float, int, float]:
+        assert null is not None
         before = cpu_seconds(null[1])
         result = load.run(null[0], shape, part, {})
         return cpu_seconds(null[1]) - before, result["uploads"], result["seconds"]
 
-    def aggregator_turn() -> tuple[float, list[float], int, float, bool]:
+    def aggregator_turn(name: str) -> tuple[float, list[float], int, float, bool]:
         before_cpu = cpu_seconds(aggregator.pids)
         before = masters.seconds() if masters else []
-        result = run_once(load, aggregator, shape, metric, part, {}, ledger)
+        result = run_once(load, aggregator, shape, metric, part, {}, ledger, endpoints[name])
         after = masters.seconds() if masters else []
         return (
             cpu_seconds(aggregator.pids) - before_cpu,
             [a - b for a, b in zip(after, before)],
             result["uploads"],
-            result["uploads"] / result["uploads_per_second"],
+            result["seconds"],
             result["exact"],
         )
 
     for _ in range(rounds):
         first = null_turn() if null is not None else None
-        turns = [aggregator_turn() for _ in range(1 if null is None else 2)]
+        order = list(listeners) if null is None else [*listeners, *reversed(listeners)]
+        turns: dict[str, list[tuple[float, list[float], int, float, bool]]] = {name: [] for name in listeners}
+        for name in order:
+            turns[name].append(aggregator_turn(name))
         if first is not None:
             cpu, calls, seconds = (a + b for a, b in zip(first, null_turn()))
             nulls.append({"us": cpu / calls * 1e6, "calls_per_second": calls / seconds})
-        uploads = sum(t[2] for t in turns)
-        samples.append(
-            {
-                "uploads_per_second": uploads / sum(t[3] for t in turns),
-                "aggregator_us": sum(t[0] for t in turns) / uploads * 1e6,
-                "master_us": [sum(m) / uploads * 1e6 for m in zip(*(t[1] for t in turns))],
-                "exact": all(t[4] for t in turns),
-            }
-        )
-    master_us = [statistics.median(s["master_us"][i] for s in samples) for i in range(len(samples[0]["master_us"]))]
-    extra = {}
-    if nulls:
-        ratios = [n["us"] / s["aggregator_us"] for n, s in zip(nulls, samples)]
-        extra["null"] = {
-            "us_per_call": statistics.median(n["us"] for n in nulls),
-            "us_per_call_rounds": [round(n["us"], 1) for n in nulls],
-            "calls_per_second": statistics.median(n["calls_per_second"] for n in nulls),
-            "ratio": statistics.median(ratios),
-            "ratio_rounds": [round(r, 3) for r in ratios],
+        for name, mine in turns.items():
+            uploads = sum(t[2] for t in mine)
+            samples[name].append(
+                {
+                    "uploads_per_second": uploads / sum(t[3] for t in mine),
+                    "aggregator_us": sum(t[0] for t in mine) / uploads * 1e6,
+                    "master_us": [sum(m) / uploads * 1e6 for m in zip(*(t[1] for t in mine))],
+                    "exact": all(t[4] for t in mine),
+                }
+            )
+
+    def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "uploads_per_second": statistics.median(s["uploads_per_second"] for s in runs),
+            "aggregator_us_per_upload": statistics.median(s["aggregator_us"] for s in runs),
+            "aggregator_us_rounds": [round(s["aggregator_us"], 1) for s in runs],
+            "master_us_per_upload": [
+                statistics.median(s["master_us"][i] for s in runs) for i in range(len(runs[0]["master_us"]))
+            ],
+            "exact": all(s["exact"] for s in runs),
         }
-    return {
-        **extra,
+
+    row: dict[str, Any] = {
         "shape": shape_name,
         "k": k,
         "batch": shape.batch,
         "in_flight": shape.in_flight,
-        "uploads_per_second": statistics.median(s["uploads_per_second"] for s in samples),
-        "aggregator_us_per_upload": statistics.median(s["aggregator_us"] for s in samples),
-        "master_us_per_upload": master_us,
-        "exact": all(s["exact"] for s in samples),
+        "listener": listeners[0],
+        **summary(samples[listeners[0]]),
     }
+    for name in listeners[1:]:
+        row[name] = {"listener": name, **summary(samples[name])}
+    if nulls:
+        row["null"] = {
+            "us_per_call": statistics.median(n["us"] for n in nulls),
+            "us_per_call_rounds": [round(n["us"], 1) for n in nulls],
+            "calls_per_second": statistics.median(n["calls_per_second"] for n in nulls),
+        }
+        row["efficiency"] = {}
+        for name in listeners:
+            ratios = [n["us"] / s["aggregator_us"] for n, s in zip(nulls, samples[name])]
+            row["efficiency"][name] = {
+                "ratio": statistics.median(ratios),
+                "ratio_rounds": [round(r, 3) for r in ratios],
+            }
+    return row
+
+
+def efficiency_check(row: dict[str, Any]) -> dict[str, Any]:
+    """checks.efficiency_<store>: the goal's ratio, through the native listener, with the grpcio
+    listener's beside it (for comparison: not the goal's)."""
+
+    def through(name: str, measured: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "listener": name,
+            "what": LISTENERS[name],
+            **row["efficiency"][name],
+            "aggregator_us_per_upload": measured["aggregator_us_per_upload"],
+            "aggregator_us_rounds": measured["aggregator_us_rounds"],
+            "uploads_per_second": measured["uploads_per_second"],
+        }
+
+    null = row["null"]
+    check = {
+        **through(row["listener"], row),
+        "null_us_per_call": null["us_per_call"],
+        "null_us_per_call_rounds": null["us_per_call_rounds"],
+        "null_calls_per_second": null["calls_per_second"],
+        "goal": EFFICIENCY_GOAL,
+        "ok": row["efficiency"][row["listener"]]["ratio"] >= EFFICIENCY_GOAL,
+    }
+    for name in row["efficiency"]:
+        if name != row["listener"]:
+            check[name] = {**through(name, row[name]), "goal": None, "note": "for comparison; not the goal's check"}
+    return check
 
 
 def predict(row: dict[str, Any], cores: int, masters: int) -> dict[str, float]:
@@ -240,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     checks: dict[str, Any] = {}
     cleanup: list[Any] = []
+    budget = None  # server.max_inflight_bytes of the aggregators (inflight_budget)
     load = LoadProcesses(args.load_processes)
     with tempfile.TemporaryDirectory(prefix="veil-bench-capacity-") as scratch:
         try:
@@ -274,35 +363,39 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.flush()  # the shard count is recorded in the cluster: each variant starts afresh
                     url, masters = cluster.url, Masters(cluster.masters())
                     config_store = {"shards": shards} if shards else {}
-                config = config_dict(args.ks, [1.0], url)
+                config = config_dict(args.ks, [1.0], url, native=True)
                 config["store"].update(config_store)
+                config["server"]["max_inflight_bytes"] = budget = inflight_budget(config)
                 aggregator = AggregatorProcess(name, url, config, Path(scratch))
                 cleanup.append(aggregator.stop)
                 if store in ("redis", "cluster"):
                     aggregator.redis = RedisStore(url)
-                progress(f"{name}: aggregator pid {aggregator.pid}, {len(masters.nodes) if masters else 0} masters")
+                progress(
+                    f"{name}: aggregator pid {aggregator.pid}, native listener {aggregator.native_endpoint}, "
+                    f"grpcio listener {aggregator.endpoint}, {len(masters.nodes) if masters else 0} masters"
+                )
                 for k in args.ks:
                     load.command("cell", {"k": k, "epsilon": 1.0, "seed": 20240601})
                     load.command("extend", large)
                     for shape, reports in (("small", small), ("large", large)):
-                        # At the first k the do-nothing server gets the same small uploads, interleaved.
+                        # At the first k the do-nothing server gets the same small uploads, interleaved,
+                        # and so does the aggregator's grpcio listener, for comparison.
                         beside = (null_endpoint, null.pid) if shape == "small" and k == args.ks[0] else None
                         calls = reports * EFFICIENCY_CALLS if beside else reports
-                        row = measure(load, aggregator, masters, shape, k, calls, args.rounds, ledger, beside)
+                        listeners = ("native", "grpcio") if beside else ("native",)
+                        row = measure(
+                            load, aggregator, masters, shape, k, calls, args.rounds, ledger, beside, listeners
+                        )
                         row["store"] = name
                         rows.append(row)
                         progress(
                             f"{name} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
                             f"{row['aggregator_us_per_upload']:.0f} us/upload, masters "
-                            f"{[round(u) for u in row['master_us_per_upload']]} us/upload"
+                            f"{[round(u) for u in row['master_us_per_upload']]} us/upload (native listener)"
                         )
-                        if "null" in row:
-                            checks[f"efficiency_{name}"] = {
-                                **row["null"],
-                                "aggregator_us_per_upload": row["aggregator_us_per_upload"],
-                                "goal": EFFICIENCY_GOAL,
-                            }
-                            checks[f"efficiency_{name}"]["ok"] = row["null"]["ratio"] >= EFFICIENCY_GOAL
+                        if "efficiency" in row:
+                            check = checks[f"efficiency_{name}"] = efficiency_check(row)
+                            progress(f"{name} efficiency: {efficiency_text(check)}")
                 if store == "cluster":
                     mine = [r for r in rows if r["store"] == name]
                     for row in mine:
@@ -321,9 +414,11 @@ def main(argv: list[str] | None = None) -> int:
                     checks[f"{name}_masters_even"]["ok"] = checks[f"{name}_masters_even"]["overall_spread"] <= EVEN_GOAL
                     if shards != args.cluster_shards[0]:
                         continue
-                    # 1 vs 2 aggregator processes on the cluster, 10-report uploads at the first k.
-                    config = config_dict(args.ks, [1.0], url, processes=2)
+                    # 1 vs 2 aggregator processes on the cluster, 10-report uploads at the first k,
+                    # through the native listener (a fixed port both workers share).
+                    config = config_dict(args.ks, [1.0], url, processes=2, native=True)
                     config["store"].update(config_store)
+                    config["server"]["max_inflight_bytes"] = inflight_budget(config)
                     two = AggregatorProcess(f"{name}-2", url, config, Path(scratch))
                     cleanup.append(two.stop)
                     two.redis = aggregator.redis
@@ -333,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = measure(load, two, masters, "small", args.ks[0], small, args.rounds, ledger)
                     one = next(r for r in mine if r["k"] == args.ks[0] and r["shape"] == "small")
                     checks[f"{name}_processes"] = {
+                        "listener": "native",
                         "one": one["uploads_per_second"],
                         "two": row["uploads_per_second"],
                         "one_us": one["aggregator_us_per_upload"],
@@ -370,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
             "stores": args.stores,
             "cluster_shards": args.cluster_shards,
             "reports_per_process": {"small": small, "large": large},
+            # rows and predictions are measured through the native listener; each efficiency
+            # check has the grpcio listener's ratio beside the native one's.
+            "listeners": LISTENERS,
+            "max_inflight_bytes": budget,
+            "rows_listener": "native",
+            "efficiency_rounds": "A-B-C-C-B-A: do-nothing grpcio server, native listener, grpcio listener, "
+            "then the other halves in reverse order",
         },
         "rows": rows,
         "predictions": predictions,
@@ -383,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(results: dict[str, Any]) -> None:
-    print("\nCPU per upload (median), us: aggregator | each master")
+    print("\nCPU per upload (median), us, through the native listener: aggregator | each master")
     for row in results["rows"]:
         masters = " ".join(f"{u:.0f}" for u in row["master_us_per_upload"]) or "-"
         print(
@@ -400,11 +503,31 @@ def print_tables(results: dict[str, Any]) -> None:
             f"  k={p['k']:<5} {p['shape']:5} N={p['cores']:<4} M={p['masters']:<3} {p['uploads_per_second']:>12,.0f} "
             f"uploads/s {p['reports_per_second']:>14,.0f} reports/s ({p['bound']}-bound)"
         )
+    print(
+        "\nEfficiency: 10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing "
+        f"grpcio server, median (rounds); goal {EFFICIENCY_GOAL:.0%} through the native listener"
+    )
+    for name, check in results["checks"].items():
+        if name.startswith("efficiency_"):
+            print(f"  {name.removeprefix('efficiency_'):11} {efficiency_text(check)}")
     print("\nChecks")
     for name, check in results["checks"].items():
-        print(f"  {name}: {check}")
+        if not name.startswith("efficiency_"):
+            print(f"  {name}: {check}")
     exact = results["exact_counts"]
     print(f"Exact-count checks: {exact['checks'] - len(exact['failures'])} of {exact['checks']} OK")
+
+
+def efficiency_text(check: dict[str, Any]) -> str:
+    """One efficiency check in a line: each listener's ratio, its rounds and its us per upload."""
+
+    def part(entry: dict[str, Any]) -> str:
+        rounds = "/".join(f"{r:.0%}" for r in entry["ratio_rounds"])
+        return f"{entry['listener']} {entry['ratio']:.0%} ({rounds}, {entry['aggregator_us_per_upload']:.0f} us/upload)"
+
+    parts = [part(check)] + [part(v) for v in check.values() if isinstance(v, dict) and "ratio" in v]
+    verdict = "OK" if check["ok"] else "below the goal"
+    return f"{', '.join(parts)}; do-nothing grpcio {check['null_us_per_call']:.0f} us/call; {verdict}"
 
 
 if __name__ == "__main__":

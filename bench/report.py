@@ -75,6 +75,7 @@ CLI_START_GOAL_MS = 500.0  # issue 18: `veil specs` and `veil estimates`, spawn 
 SERIES_P99_GOAL_MS = 50.0  # issue 16: 720 hourly buckets at k = 1024, each estimated
 MERGED_P99_GOAL_MS = 10.0  # issue 16: a 7-day merged estimate at k = 1024
 SERIES_STORES = ("sqlite", "redis")  # the stores issue 16's series targets apply to
+EFFICIENCY_GOAL = 0.75  # issue 17: 10-report uploads per aggregator CPU second / a do-nothing grpcio server's calls
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -208,6 +209,8 @@ def target(
 
 
 def fmt_goal(goal: float, unit: str) -> str:
+    if unit == "%":
+        return f"{goal:.0%}"
     if unit == "x":
         return f"{goal:g}x"
     if unit == "ms":
@@ -473,6 +476,34 @@ def cli_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str,
     return entries
 
 
+def capacity_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str, Any]]:
+    """Issue 17's per-core efficiency, through the native listener (server.native_grpc), per
+    store variant measured; the grpcio listener's ratio beside it is for comparison only."""
+    entries = []
+    checks = {} if data is None else data["checks"]
+    for name, check in checks.items():
+        if not name.startswith("efficiency_") or check.get("listener") != "native":
+            continue
+        store = name.removeprefix("efficiency_")
+        grpcio = check.get("grpcio")
+        entries.append(
+            target(
+                "10-report uploads per aggregator CPU second / a do-nothing grpcio server's calls, native listener",
+                "10-report uploads per aggregator core >= 75% of the calls/s of a grpcio server with a do-nothing "
+                "handler, same run, same load generator (issue 17), through server.native_grpc",
+                ">=",
+                EFFICIENCY_GOAL,
+                "%",
+                store,
+                check["ratio"],
+                file,
+                f"checks[{name!r}].ratio",
+                None if grpcio is None else f"through server.grpc (grpcio), for comparison: {grpcio['ratio']:.0%}",
+            )
+        )
+    return entries
+
+
 def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[str, Any]]:
     def file(name: str) -> str | None:
         return sources[name]["file"] if name in results else None
@@ -483,6 +514,7 @@ def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[s
         + client_targets(results.get("client"), file("client"))
         + series_targets(results.get("series"), file("series"))
         + cli_targets(results.get("cli"), file("cli"))
+        + capacity_targets(results.get("capacity"), file("capacity"))
     )
 
 
@@ -743,30 +775,45 @@ def ingest_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def efficiency_text(check: dict[str, Any]) -> str:
+    """A ratio of bench_capacity's efficiency checks: median (and the range of the rounds)."""
+    rounds = check.get("ratio_rounds", ())
+    spread = f" ({min(rounds):.0%}-{max(rounds):.0%})" if len(rounds) > 1 else ""
+    return f"{check['ratio']:.0%}{spread}"
+
+
 def capacity_table(data: dict[str, Any]) -> Table:
     """bench_capacity.py's predictions: N aggregator cores, the masters that keep up, uploads/s."""
     checks = data["checks"]
-    efficiency = ", ".join(
-        f"{name.removeprefix('efficiency_')} {check['ratio']:.0%}"
-        + (
-            f" ({min(check['ratio_rounds']):.0%}-{max(check['ratio_rounds']):.0%})"
-            if len(check.get("ratio_rounds", ())) > 1
-            else ""
-        )
-        for name, check in checks.items()
-        if name.startswith("efficiency_")
-    )
+    efficiency = {name.removeprefix("efficiency_"): c for name, c in checks.items() if name.startswith("efficiency_")}
+    native = ", ".join(f"{store} {efficiency_text(c)}" for store, c in efficiency.items())
+    grpcio = ", ".join(f"{store} {efficiency_text(c['grpcio'])}" for store, c in efficiency.items() if "grpcio" in c)
+    listener = data["settings"].get("rows_listener")
     even = next((check for name, check in checks.items() if name.endswith("_masters_even")), None)
+    processes = next((check for name, check in checks.items() if name.endswith("_processes")), None)
+    through = {"native": " through the native listener, server.native_grpc,"}.get(listener, "")
     table = Table(
         f"Capacity model (Redis Cluster, store.shards = {data['settings']['cluster_shards'][0]}): "
         "N one-core aggregators and the M masters that keep up",
         ["k", "uploads", "N cores", "M masters", "uploads/s", "reports/s", "bound by"],
         right={0, 2, 3, 4, 5},
-        note=f"CPU us per upload measured by bench_capacity.py "
+        note=f"CPU us per upload{through} measured by bench_capacity.py "
         f"(median of {rounds(data['settings']['rounds'])}). "
         f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
-        f"server, median (and range) of the rounds: {efficiency} (goal 75%)."
-        + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)." if even else ""),
+        f"server, median (and range) of the rounds"
+        + (
+            f", through the native listener: {native} (goal 75%); through the grpcio listener (server.grpc), "
+            f"same rounds, for comparison: {grpcio}."
+            if grpcio
+            else f": {native} (goal 75%)."
+        )
+        + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)." if even else "")
+        + (
+            f" 10-report uploads/s at k = {data['settings']['ks'][0]}, 1 vs 2 aggregator processes on the "
+            f"cluster: {si(processes['one'])} vs {si(processes['two'])}."
+            if processes
+            else ""
+        ),
     )
     for p in data["predictions"]:
         batch = 10 if p["shape"] == "small" else 1000
@@ -812,6 +859,8 @@ def measured_text(entry: dict[str, Any]) -> str:
     if isinstance(value, dict):
         return f"median {value['median_us']:.1f} us, p99 {value['p99_us']:.1f} us"
     unit = entry["unit"]
+    if unit == "%":
+        return f"{value:.0%}"
     if unit == "x":
         return f"{ratio(value)}"
     if unit == "ms":
