@@ -10,8 +10,10 @@
 //
 // What Python decides stays in Python (veil.aggregator._native): which methods are served,
 // tokens, rate limits, validation, statuses and messages. This file only moves bytes, bounds
-// the memory of queued calls (max_inflight_bytes, reserved before a message is read, like
-// grpcio's listener), and serves TLS from the configured files (reloaded when they change).
+// the memory of calls in flight as grpcio's listener does (each reserves the largest request's
+// size of max_inflight_bytes before its message is read, waiting its turn up to a limit, then
+// keeps its own size until answered), and serves TLS from the files it is given (gRPC's file
+// watcher reads them again when they change).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -28,12 +30,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
-constexpr int kRetryAfterMs = 1000;  // the hint of a call refused for want of budget
 constexpr const char* kRetryAfterKey = "retry-after-ms";
+constexpr auto kSweepEvery = std::chrono::milliseconds(100);  // how often waiting calls are looked at
 
 struct Listener;
 
@@ -45,17 +48,19 @@ class Call final : public grpc::ServerGenericBidiReactor {
   void OnWriteDone(bool) override {}
   void OnCancel() override { cancelled.store(true); }
   void OnDone() override;
+  void Read() { StartRead(&request_); }
   void Answer(int code, const std::string& message, const std::string& body, long retry_after_ms);
 
   int method = -1;  // its index in the listener's methods
   std::string body;
   std::vector<std::string> authorization;
   std::atomic<bool> cancelled{false};
+  int64_t reserved = 0;  // bytes of the in-flight budget this call holds (under the listener's mu)
+  std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
 
  private:
   Listener* listener_;
   grpc::GenericCallbackServerContext* context_;
-  int64_t reserved_ = 0;  // bytes of the in-flight budget this call holds
   grpc::ByteBuffer request_, response_;
 };
 
@@ -75,14 +80,88 @@ struct Listener {
   std::string unimplemented;         // the message for any other method
   int64_t max_message = 0;           // the largest request, reserved per call until it is read
   int64_t budget = 0;                // the in-flight bytes budget
-  std::atomic<int64_t> held{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Call*> inbox;
-  bool stopped = false;  // Shutdown has returned: no call will be queued again
+  std::chrono::milliseconds budget_wait{0};  // how long a call may wait for its reservation
+  long budget_retry_ms = 0;                  // the hint of a call that waited in vain
+  std::string budget_refusal;                // and its message
+  std::mutex mu;  // guards what follows
+  std::condition_variable cv;        // serve(): a call was read, or the listener stopped
+  std::condition_variable sweep_cv;  // the sweeper: the listener is stopping or stopped
+  int64_t held = 0;
+  std::deque<Call*> waiting;  // calls waiting for their reservation, oldest first
+  std::deque<Call*> inbox;    // calls read, for the Python side
+  bool stopping = false;      // stop() has begun: waiting calls are refused
+  bool stopped = false;       // Shutdown has returned: no call will be queued again
   Service service{this};
   std::unique_ptr<grpc::Server> server;
+  std::thread sweeper;  // runs SweepLoop from start until stop
   int port = 0;
+
+  // Reserve for the oldest waiting calls while the budget allows (mu held); they go to `start`.
+  void AdmitLocked(std::vector<Call*>& start) {
+    while (!waiting.empty() && !stopping && held + max_message <= budget) {
+      Call* call = waiting.front();
+      waiting.pop_front();
+      held += max_message;
+      call->reserved = max_message;
+      start.push_back(call);
+    }
+  }
+
+  // Give back `bytes` of a call's reservation; the calls it lets in start reading.
+  void Release(Call* call, int64_t bytes) {
+    std::vector<Call*> start;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      call->reserved -= bytes;
+      held -= bytes;
+      AdmitLocked(start);
+    }
+    for (Call* c : start) c->Read();
+  }
+
+  // Every kSweepEvery until stopped, Sweep: a thread of its own, so that a wait ends on time
+  // even while the Python side is busy with a slow store.
+  void SweepLoop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        sweep_cv.wait_for(lock, kSweepEvery);
+        if (stopped && waiting.empty()) return;
+      }
+      Sweep();
+    }
+  }
+
+  // Answer the waiting calls that cannot wait longer: their caller left, their time is up, or
+  // the listener is stopping.
+  void Sweep() {
+    std::vector<std::pair<Call*, grpc::StatusCode>> ended;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto now = std::chrono::steady_clock::now();
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        Call* call = *it;
+        grpc::StatusCode code = call->cancelled.load()          ? grpc::StatusCode::CANCELLED
+                                : stopping                      ? grpc::StatusCode::UNAVAILABLE
+                                : now - call->arrived >= budget_wait ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                                                : grpc::StatusCode::OK;
+        if (code == grpc::StatusCode::OK) {
+          ++it;
+          continue;
+        }
+        ended.emplace_back(call, code);
+        it = waiting.erase(it);
+      }
+    }
+    for (auto& [call, code] : ended) {
+      if (code == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        call->Answer(static_cast<int>(code), budget_refusal, "", budget_retry_ms);
+      else if (code == grpc::StatusCode::UNAVAILABLE)
+        call->Answer(static_cast<int>(code), "The aggregator is stopping; retry (an upload with the same batch id). Nothing was counted.", "", 0);
+      else
+        call->Answer(static_cast<int>(code), "The call ended before it was read.", "", 0);
+    }
+  }
 };
 
 Call::Call(Listener* listener, grpc::GenericCallbackServerContext* context)
@@ -93,21 +172,17 @@ Call::Call(Listener* listener, grpc::GenericCallbackServerContext* context)
     Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, listener->unimplemented));
     return;
   }
-  // Reserve the largest request before reading this one: queued calls never hold more than
-  // the budget. A call that finds none left is refused at once, unread, with a retry hint.
-  int64_t want = listener->max_message;
-  if (listener->held.fetch_add(want) + want > listener->budget) {
-    listener->held.fetch_sub(want);
-    context->AddTrailingMetadata(kRetryAfterKey, std::to_string(kRetryAfterMs));
-    Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        "Too many calls in flight (server.max_inflight_bytes); retry after " +
-                            std::to_string(kRetryAfterMs) + " ms with the same batch id. Nothing was counted."));
-    return;
-  }
-  reserved_ = want;
   for (const auto& [key, value] : context->client_metadata())
     if (key == "authorization") authorization.emplace_back(value.data(), value.size());
-  StartRead(&request_);
+  // Reserve the largest request before reading this one, so calls in flight never hold more
+  // than the budget; without room, wait behind the calls already waiting (Sweep ends the wait).
+  std::vector<Call*> start;
+  {
+    std::lock_guard<std::mutex> lock(listener->mu);
+    listener->waiting.push_back(this);
+    listener->AdmitLocked(start);
+  }
+  for (Call* c : start) c->Read();
 }
 
 void Call::OnReadDone(bool ok) {
@@ -120,10 +195,7 @@ void Call::OnReadDone(bool ok) {
   for (auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
   request_.Clear();
   int64_t size = static_cast<int64_t>(body.size());
-  if (size < reserved_) {
-    listener_->held.fetch_sub(reserved_ - size);
-    reserved_ = size;
-  }
+  if (size < reserved) listener_->Release(this, reserved - size);
   {
     std::lock_guard<std::mutex> lock(listener_->mu);
     listener_->inbox.push_back(this);
@@ -143,7 +215,7 @@ void Call::Answer(int code, const std::string& message, const std::string& body,
 }
 
 void Call::OnDone() {
-  listener_->held.fetch_sub(reserved_);
+  listener_->Release(this, reserved);
   delete this;
 }
 
@@ -159,16 +231,20 @@ void free_listener(PyObject* capsule) {
   if (listener->stopped) delete listener;
 }
 
-// start(address, methods, max_message_bytes, max_inflight_bytes, reuse_port, tls) -> (listener, port)
+// start(address, methods, max_message_bytes, (max_inflight_bytes, wait_seconds, retry_after_ms,
+//       refusal), reuse_port, tls) -> (listener, port)
 // tls: None, or (cert_file, key_file, client_ca_file or None).
 PyObject* start(PyObject*, PyObject* args) {
   const char* address;
   PyObject* methods;
   long long max_message, budget;
+  double wait;
+  long retry_ms;
+  const char* refusal;
   int reuse_port;
   PyObject* tls;
-  if (!PyArg_ParseTuple(args, "sO!LLpO", &address, &PyTuple_Type, &methods, &max_message, &budget, &reuse_port,
-                        &tls))
+  if (!PyArg_ParseTuple(args, "sO!L(Ldls)pO", &address, &PyTuple_Type, &methods, &max_message, &budget, &wait,
+                        &retry_ms, &refusal, &reuse_port, &tls))
     return nullptr;
   if (max_message <= 0 || budget < max_message) {
     PyErr_SetString(PyExc_ValueError, "max_inflight_bytes must be at least max_message_bytes, which must be positive.");
@@ -177,6 +253,9 @@ PyObject* start(PyObject*, PyObject* args) {
   auto listener = std::make_unique<Listener>();
   listener->max_message = max_message;
   listener->budget = budget;
+  listener->budget_wait = std::chrono::milliseconds(static_cast<int64_t>(wait * 1000));
+  listener->budget_retry_ms = retry_ms;
+  listener->budget_refusal = refusal;
   listener->unimplemented = "This listener serves only";
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(methods); i++) {
     const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(methods, i));
@@ -210,7 +289,11 @@ PyObject* start(PyObject*, PyObject* args) {
   builder.RegisterCallbackGenericService(&listener->service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port);
+  // As on the main listener: a call's message waits in its HTTP/2 stream window until it is
+  // read, and without the bandwidth probe the windows of calls not yet read stay small.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 100);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument("grpc.http2.lookahead_bytes", 64 << 10);
   Py_BEGIN_ALLOW_THREADS
   listener->server = builder.BuildAndStart();
   Py_END_ALLOW_THREADS
@@ -218,6 +301,8 @@ PyObject* start(PyObject*, PyObject* args) {
     PyErr_Format(PyExc_OSError, "cannot listen on %s", address);
     return nullptr;
   }
+  Listener* started = listener.get();
+  started->sweeper = std::thread([started] { started->SweepLoop(); });
   int port = listener->port;
   PyObject* capsule = PyCapsule_New(listener.release(), "veil.native_listener", free_listener);
   if (capsule == nullptr) return nullptr;
@@ -310,23 +395,32 @@ PyObject* serve(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// stop(listener, grace_seconds): refuse new calls, give those in progress the grace period to be
-// answered (serve must be running to answer them), then cancel the rest; serve returns after.
+// stop(listener, grace_seconds): refuse new calls and those still waiting for the budget, give
+// those read the grace period to be answered (serve must be running to answer them), then cancel
+// the rest; serve returns after.
 PyObject* stop(PyObject*, PyObject* args) {
   PyObject* capsule;
   double grace;
   if (!PyArg_ParseTuple(args, "Od", &capsule, &grace)) return nullptr;
   Listener* listener = listener_of(capsule);
   if (listener == nullptr) return nullptr;
+  if (listener->stopping) Py_RETURN_NONE;  // stopped, or being stopped, by an earlier call
   Py_BEGIN_ALLOW_THREADS
   auto deadline = std::chrono::system_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(grace > 0 ? grace * 1000 : 0));
+  {
+    std::lock_guard<std::mutex> lock(listener->mu);
+    listener->stopping = true;  // the sweeper refuses the waiting calls
+  }
+  listener->sweep_cv.notify_all();
   listener->server->Shutdown(deadline);
   {
     std::lock_guard<std::mutex> lock(listener->mu);
     listener->stopped = true;
   }
   listener->cv.notify_all();
+  listener->sweep_cv.notify_all();
+  listener->sweeper.join();
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
 }

@@ -24,7 +24,9 @@ from veil_testing.running import (
     estimates,
     make_upload,
 )
+from veil_testing.waiting import wait_until
 
+from veil.aggregator._auth import BUDGET_REFUSAL, BUDGET_RETRY_MS, BUDGET_WAIT
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator, max_message_bytes
 from veil.aggregator.errors import ConfigError
@@ -200,8 +202,10 @@ class _HeldStore(MemoryStore):
         super().__init__()
         self.entered = threading.Event()
         self.release = threading.Event()
+        self.add_many_calls = 0
 
     def add_many(self, writes):
+        self.add_many_calls += 1
         self.entered.set()
         assert self.release.wait(30)
         return super().add_many(writes)
@@ -214,29 +218,34 @@ def _held_aggregator(**server) -> tuple[Aggregator, _HeldStore]:
     return aggregator, store
 
 
-def test_calls_beyond_the_inflight_budget_are_refused_unread_with_a_hint():
+def test_calls_beyond_the_inflight_budget_wait_their_turn_unread_then_are_refused_with_a_hint():
     limit = max_message_bytes(parse_config(config_dict()))
     aggregator, store = _held_aggregator(max_inflight_bytes=limit)  # room to read one call at a time
     try:
         collector = stub(aggregator)
-        first = collector.Upload.future(make_upload("os", 10), timeout=30)
-        assert store.entered.wait(10)
-        busy = refusal(collector.Upload, make_upload("os", 10))
-        assert busy.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_inflight_bytes" in busy.details()
-        assert int(dict(busy.trailing_metadata())["retry-after-ms"]) > 0
+        first = collector.Upload.future(make_upload("os", 10, seed=1), timeout=30)
+        assert store.entered.wait(10)  # read, and held in the store
+        second = collector.Upload.future(make_upload("os", 10, seed=2), timeout=30)
+        gone = collector.Upload.future(make_upload("os", 10, seed=3), timeout=1)  # its caller leaves while waiting
+        time.sleep(0.5)
+        assert not second.done()  # waiting for the budget, unread
+        with pytest.raises(grpc.RpcError) as left:
+            gone.result()
+        assert left.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         store.release.set()
-        assert first.result().accepted == 10
-        # The budget comes back once gRPC is done with the first call, a moment after its answer.
-        later = make_upload("os", 10)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert collector.Upload(later, timeout=10).accepted == 10
-                break
-            except grpc.RpcError as err:
-                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
-                time.sleep(0.05)
-        assert counted(aggregator, "os") == 20
+        assert first.result().accepted == 10 and second.result().accepted == 10  # its turn came
+        assert counted(aggregator, "os") == 20  # the one that left counted nothing
+
+        store.release.clear()
+        held = collector.Upload.future(make_upload("os", 10, seed=4), timeout=30)
+        assert wait_until(lambda: store.add_many_calls == 3)
+        started = time.monotonic()
+        busy = refusal(collector.Upload, make_upload("os", 10, seed=5))  # waits BUDGET_WAIT in vain
+        assert time.monotonic() - started >= BUDGET_WAIT - 0.5
+        assert busy.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and busy.details() == BUDGET_REFUSAL
+        assert int(dict(busy.trailing_metadata())["retry-after-ms"]) == BUDGET_RETRY_MS
+        store.release.set()
+        assert held.result().accepted == 10 and counted(aggregator, "os") == 30
     finally:
         store.release.set()
         aggregator.stop(grace=0)

@@ -85,7 +85,14 @@ _READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch
 _BEARER = "bearer "
 _END = object()  # the end of a stream's responses
 _SPARE_STREAM_THREADS = 2  # per stream kind: they only refuse streams over its limit
-_BUDGET_WAIT = 5.0  # seconds an upload may wait for the in-flight bytes budget, at most
+# An upload waits this long at most for the in-flight bytes budget, then is refused with this
+# message and hint (the native collector's listener too).
+BUDGET_WAIT = 5.0
+BUDGET_RETRY_MS = 1000
+BUDGET_REFUSAL = (
+    "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
+    "retry (an upload with the same batch id). Nothing was counted."
+)
 
 # A token's limits: (reports per second, report burst, uploads per second, upload burst).
 Limits = tuple[float, float, float, float]
@@ -525,7 +532,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
 class _Reading:
     """A call's requests, read within the in-flight bytes budget (_budget): before each read the
-    largest message's size is reserved (waiting up to _BUDGET_WAIT, within the call's deadline,
+    largest message's size is reserved (waiting up to BUDGET_WAIT, within the call's deadline,
     then RESOURCE_EXHAUSTED); once read, the message keeps its own size until the next read or
     close(). gRPC reads a request only when asked (next), so nothing is read unreserved."""
 
@@ -539,15 +546,9 @@ class _Reading:
     def __next__(self):
         self.close()
         access = self._access
-        if not self._budget.reserve(access._upload_bytes, min(_BUDGET_WAIT, self._context.time_remaining() or 0.0)):
-            self._context.set_trailing_metadata(((RETRY_AFTER_KEY, "1000"),))
-            access._deny(
-                self._context,
-                "(read)",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
-                "retry (an upload with the same batch id). Nothing was counted.",
-            )
+        if not self._budget.reserve(access._upload_bytes, min(BUDGET_WAIT, self._context.time_remaining() or 0.0)):
+            self._context.set_trailing_metadata(((RETRY_AFTER_KEY, str(BUDGET_RETRY_MS)),))
+            access._deny(self._context, "(read)", grpc.StatusCode.RESOURCE_EXHAUSTED, BUDGET_REFUSAL)
         self._held = access._upload_bytes
         request = next(self._requests, None)
         size = len(request) if isinstance(request, bytes) else request.ByteSize() if request is not None else 0

@@ -12,10 +12,12 @@ the set's batches in as few store calls as the store makes. The answers, statuse
 the retry-after-ms trailer are those of the main listener.
 
 The listener serves only those two methods: health, reflection and Estimates stay on
-server.grpc. It has its own in-flight bytes budget of server.max_inflight_bytes, reserved before
-a message is read; a call that finds none left is refused at once with RESOURCE_EXHAUSTED and
-retry-after-ms. With [tls] it speaks TLS from the same files (mutual with tls.client_ca_file),
-which gRPC reads again when they change.
+server.grpc. It has its own in-flight bytes budget of server.max_inflight_bytes, kept as the main
+listener keeps its: each call reserves the largest valid upload's size before its message is
+read, waiting its turn up to BUDGET_WAIT, then keeps its own size until answered; a call that
+waited in vain is refused with the main listener's RESOURCE_EXHAUSTED and retry-after-ms.
+With [tls] it serves the files the main listeners serve (mutual with tls.client_ca_file), through
+a private copy that gRPC's file watcher reads (TlsCopy).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from google.protobuf.message import DecodeError
 
 from veil.wire.v1 import veil_pb2
 
-from ._auth import _SPECS, _UPLOAD, RETRY_AFTER_KEY, AccessInterceptor
+from ._auth import _SPECS, _UPLOAD, BUDGET_REFUSAL, BUDGET_RETRY_MS, BUDGET_WAIT, RETRY_AFTER_KEY, AccessInterceptor
 from ._calls import CallContext, Refused
 from ._tls import ServerTls, TlsCopy
 from .decode import parse_upload
@@ -94,7 +96,12 @@ class NativeCollector:
             files = (str(self._tls.cert_file), str(self._tls.key_file), None if ca is None else str(ca))
         try:
             self._listener, self.port = self._native.start(
-                address, _METHODS, max_message_bytes, max_inflight_bytes, reuse_port, files
+                address,
+                _METHODS,
+                max_message_bytes,
+                (max_inflight_bytes, BUDGET_WAIT, BUDGET_RETRY_MS, BUDGET_REFUSAL),
+                reuse_port,
+                files,
             )
         except OSError:
             self._close_tls()
@@ -116,6 +123,8 @@ class NativeCollector:
         if self._stopped:
             return
         self._stopped = True
+        if not self._threads[0].is_alive():
+            self._threads[0].start()  # gRPC's shutdown waits for every call to be answered by serve
         self._stopping.set()
         self._native.stop(self._listener, grace)
         for thread in self._threads:
