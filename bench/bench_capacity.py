@@ -18,12 +18,6 @@ Model: an aggregator core carries 1e6 / (aggregator us per upload) uploads/s; th
 the shards spread evenly over M of them, 1e6 * M / (sum over masters of us per upload). The
 prediction for N cores and M masters is the smaller of the two (reports/s: times the batch).
 
-The aggregator's server.max_inflight_bytes is set so that every call the load generator has in
-flight fits (64 x the largest valid upload; see inflight_budget): each call reserves the largest
-valid upload (11 MB with these metrics and max_batch 10000) until its message is read, so the
-default 64 MiB admits 6 unread calls, and the native listener refuses a call that finds the
-budget spent at once (grpcio's waits), while the calls it answers in a set come back in a burst.
-
 Checks, where one machine allows: the per-master CPU of the cluster within 10% of its mean (the
 shards of each metric spread evenly), and 1 vs 2 aggregator processes (server.processes = 2, the
 workers sharing a fixed native port) on the cluster.
@@ -117,16 +111,6 @@ LISTENERS = {
     "native": "server.native_grpc: the Collector on gRPC's C++ server, calls handed to Python in sets",
     "grpcio": "server.grpc: grpcio's sync server, a Python thread per call",
 }
-
-
-def inflight_budget(config: dict[str, Any]) -> int:
-    """server.max_inflight_bytes enough to reserve every call in flight of any load shape at the
-    largest valid upload's size (what each call reserves until its message is read)."""
-    from veil.aggregator.config import parse_config
-    from veil.aggregator.daemon import inflight_bytes, max_message_bytes
-
-    parsed = parse_config(config)
-    return max(inflight_bytes(parsed), max(s.in_flight for s in SHAPES.values()) * max_message_bytes(parsed))
 
 
 def measure(
@@ -328,7 +312,6 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     checks: dict[str, Any] = {}
     cleanup: list[Any] = []
-    budget = None  # server.max_inflight_bytes of the aggregators (inflight_budget)
     load = LoadProcesses(args.load_processes)
     with tempfile.TemporaryDirectory(prefix="veil-bench-capacity-") as scratch:
         try:
@@ -365,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
                     config_store = {"shards": shards} if shards else {}
                 config = config_dict(args.ks, [1.0], url, native=True)
                 config["store"].update(config_store)
-                config["server"]["max_inflight_bytes"] = budget = inflight_budget(config)
                 aggregator = AggregatorProcess(name, url, config, Path(scratch))
                 cleanup.append(aggregator.stop)
                 if store in ("redis", "cluster"):
@@ -418,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
                     # through the native listener (a fixed port both workers share).
                     config = config_dict(args.ks, [1.0], url, processes=2, native=True)
                     config["store"].update(config_store)
-                    config["server"]["max_inflight_bytes"] = inflight_budget(config)
                     two = AggregatorProcess(f"{name}-2", url, config, Path(scratch))
                     cleanup.append(two.stop)
                     two.redis = aggregator.redis
@@ -469,7 +450,6 @@ def main(argv: list[str] | None = None) -> int:
             # rows and predictions are measured through the native listener; each efficiency
             # check has the grpcio listener's ratio beside the native one's.
             "listeners": LISTENERS,
-            "max_inflight_bytes": budget,
             "rows_listener": "native",
             "efficiency_rounds": "A-B-C-C-B-A: do-nothing grpcio server, native listener, grpcio listener, "
             "then the other halves in reverse order",
