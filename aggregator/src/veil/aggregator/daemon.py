@@ -19,7 +19,8 @@ threads whatever a caller sends:
   a call refused by the access checks is answered without its message being read (_auth);
 - requests being read reserve at most server.max_inflight_bytes (_budget), each the largest
   valid upload's size until read (tokenless health and reflection calls from a budget of their
-  own); HTTP/2 windows stay small for messages not yet asked for (_GRPC_OPTIONS);
+  own; the native collector keeps one of its own of the same size, see _native); HTTP/2
+  windows stay small for messages not yet asked for (_GRPC_OPTIONS);
 - at most server.max_concurrent_rpcs calls are in progress or queued (more get
   RESOURCE_EXHAUSTED at once); streams run on pools of their own, at most server.max_streams
   Estimates/Watch and server.max_health_streams health and reflection streams;

@@ -122,6 +122,9 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         except (_Cancelled, UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
             result = err
         answer = self._answer(request, result, started)
+        # A refusal's error holds this frame in its traceback, and the frame the request: let
+        # go of it, so the request is freed when answered, not by the cyclic collector.
+        del result
         if isinstance(answer, Refusal):
             context.abort(answer.code, answer.message)
         return answer
@@ -142,7 +145,9 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                 results[i] = err
         for i, result in zip(positions, self._store.add_many(writes)):
             results[i] = result
-        return [self._answer(request, result, started) for request, result in zip(requests, results)]
+        answers = [self._answer(request, result, started) for request, result in zip(requests, results)]
+        results.clear()  # the errors' tracebacks hold this frame (see Upload)
+        return answers
 
     def _batch(
         self, request: veil_pb2.UploadRequest, now: float, active: Callable[[], bool] = lambda: True
