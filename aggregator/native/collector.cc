@@ -6,7 +6,10 @@
 // section 4); gRPC's C++ callback server costs some 40 us. Here gRPC's own threads read each
 // call and queue it; one Python thread (serve) takes every queued call, up to `most`, calls the
 // handler once with the list, and answers each call from the list it returns. The GIL is taken
-// once per set, and the store sees the set as one group write.
+// once per set, and the store sees the set as one group write. Each call passes twice: first
+// unread, with its metadata, for the checks that come before reading (its token and upload
+// rate: a call refused there is answered unread, so a tokenless flood costs no memory for its
+// messages, as on grpcio's listener), then, admitted and read, with its message.
 //
 // What Python decides stays in Python (veil.aggregator._native): which methods are served,
 // tokens, rate limits, validation, statuses and messages. This file only moves bytes, bounds
@@ -49,9 +52,12 @@ class Call final : public grpc::ServerGenericBidiReactor {
   void OnCancel() override { cancelled.store(true); }
   void OnDone() override;
   void Read() { StartRead(&request_); }
+  void Admit(const std::string& name);
   void Answer(int code, const std::string& message, const std::string& body, long retry_after_ms);
 
   int method = -1;  // its index in the listener's methods
+  bool read = false;  // false until its message is read: the first pass is its metadata's
+  std::string token;  // the name of the token the first pass admitted it as
   std::string body;
   std::vector<std::string> authorization;
   std::atomic<bool> cancelled{false};
@@ -84,11 +90,12 @@ struct Listener {
   long budget_retry_ms = 0;                  // the hint of a call that waited in vain
   std::string budget_refusal;                // and its message
   std::mutex mu;  // guards what follows
-  std::condition_variable cv;        // serve(): a call was read, or the listener stopped
+  std::condition_variable cv;        // serve(): a call was queued, or the listener stopped
   std::condition_variable sweep_cv;  // the sweeper: the listener is stopping or stopped
   int64_t held = 0;
   std::deque<Call*> waiting;  // calls waiting for their reservation, oldest first
-  std::deque<Call*> inbox;    // calls read, for the Python side
+  std::deque<Call*> unread;   // calls not yet read, for the Python side's first pass
+  std::deque<Call*> inbox;    // calls read, for its second
   bool stopping = false;      // stop() has begun: waiting calls are refused
   bool stopped = false;       // Shutdown has returned: no call will be queued again
   Service service{this};
@@ -174,13 +181,22 @@ Call::Call(Listener* listener, grpc::GenericCallbackServerContext* context)
   }
   for (const auto& [key, value] : context->client_metadata())
     if (key == "authorization") authorization.emplace_back(value.data(), value.size());
+  {
+    std::lock_guard<std::mutex> lock(listener->mu);
+    listener->unread.push_back(this);  // the Python side checks its metadata first
+  }
+  listener->cv.notify_all();
+}
+
+void Call::Admit(const std::string& name) {
+  token = name;
   // Reserve the largest request before reading this one, so calls in flight never hold more
   // than the budget; without room, wait behind the calls already waiting (Sweep ends the wait).
   std::vector<Call*> start;
   {
-    std::lock_guard<std::mutex> lock(listener->mu);
-    listener->waiting.push_back(this);
-    listener->AdmitLocked(start);
+    std::lock_guard<std::mutex> lock(listener_->mu);
+    listener_->waiting.push_back(this);
+    listener_->AdmitLocked(start);
   }
   for (Call* c : start) c->Read();
 }
@@ -196,11 +212,12 @@ void Call::OnReadDone(bool ok) {
   request_.Clear();
   int64_t size = static_cast<int64_t>(body.size());
   if (size < reserved) listener_->Release(this, reserved - size);
+  read = true;
   {
     std::lock_guard<std::mutex> lock(listener_->mu);
     listener_->inbox.push_back(this);
   }
-  listener_->cv.notify_one();
+  listener_->cv.notify_all();
 }
 
 void Call::Answer(int code, const std::string& message, const std::string& body, long retry_after_ms) {
@@ -309,18 +326,23 @@ PyObject* start(PyObject*, PyObject* args) {
   return Py_BuildValue("(Ni)", capsule, port);
 }
 
-// serve(listener, handler, most): until stop() has returned and every queued call is answered,
-// take the queued calls (at most `most` at once) and call
-//     handler([(method index, authorization values, still active, request bytes), ...])
+// serve(listener, handler, most, read): until stop() has returned and every call of its queue is
+// answered, take the queued calls (at most `most` at once) of one queue, the calls read (read
+// True) or those not yet read, and call
+//     handler([(read, method index, authorization values, token, still active, request bytes), ...])
 //         -> [(status code, message, response bytes, retry-after ms), ...]
-// answering each call with its tuple (code 0: the response; else the status, with the
-// retry-after-ms trailer when above 0). A handler that raises, or answers otherwise, fails its
+// A call not yet read (read False: no token, no bytes) is admitted by code 0, its response
+// bytes naming its token, and is read (within the budget) and handed over again (read True,
+// with that token and its bytes); a call read is answered with code 0's response. Any other
+// code refuses the call with that status and message, and the retry-after-ms trailer when
+// the tuple's last number is above 0. Two Python threads serve the two queues, so that calls
+// are checked and admitted while the other thread waits for the store. A handler that raises, or answers otherwise, fails its
 // set with INTERNAL (and the error is printed): the Python side answers every call itself.
 PyObject* serve(PyObject*, PyObject* args) {
   PyObject* capsule;
   PyObject* handler;
-  int most;
-  if (!PyArg_ParseTuple(args, "OOi", &capsule, &handler, &most)) return nullptr;
+  int most, read;
+  if (!PyArg_ParseTuple(args, "OOip", &capsule, &handler, &most, &read)) return nullptr;
   Listener* listener = listener_of(capsule);
   if (listener == nullptr) return nullptr;
   if (most < 1) most = 1;
@@ -331,15 +353,16 @@ PyObject* serve(PyObject*, PyObject* args) {
     long retry_after_ms;
   };
   std::vector<Reply> replies;
+  std::deque<Call*>& queue = read ? listener->inbox : listener->unread;
   for (;;) {
     bool stopped;
     Py_BEGIN_ALLOW_THREADS
     {
       std::unique_lock<std::mutex> lock(listener->mu);
-      listener->cv.wait(lock, [&] { return !listener->inbox.empty() || listener->stopped; });
-      while (!listener->inbox.empty() && static_cast<int>(taken.size()) < most) {
-        taken.push_back(listener->inbox.front());
-        listener->inbox.pop_front();
+      listener->cv.wait(lock, [&] { return !queue.empty() || listener->stopped; });
+      while (!queue.empty() && static_cast<int>(taken.size()) < most) {
+        taken.push_back(queue.front());
+        queue.pop_front();
       }
       stopped = listener->stopped;
     }
@@ -356,8 +379,10 @@ PyObject* serve(PyObject*, PyObject* args) {
       for (size_t j = 0; authorization && j < call->authorization.size(); j++)
         PyTuple_SET_ITEM(authorization, j,
                          PyUnicode_DecodeLatin1(call->authorization[j].data(), call->authorization[j].size(), nullptr));
-      PyObject* item = Py_BuildValue("(iNOy#)", call->method, authorization, call->cancelled.load() ? Py_False : Py_True,
-                                     call->body.data(), static_cast<Py_ssize_t>(call->body.size()));
+      PyObject* item =
+          Py_BuildValue("(OiNs#Oy#)", call->read ? Py_True : Py_False, call->method, authorization, call->token.data(),
+                        static_cast<Py_ssize_t>(call->token.size()), call->cancelled.load() ? Py_False : Py_True,
+                        call->body.data(), static_cast<Py_ssize_t>(call->body.size()));
       if (item == nullptr) {
         Py_DECREF(calls);
         return nullptr;
@@ -387,8 +412,12 @@ PyObject* serve(PyObject*, PyObject* args) {
     }
     Py_XDECREF(out);
     Py_BEGIN_ALLOW_THREADS
-    for (size_t i = 0; i < taken.size(); i++)
-      taken[i]->Answer(replies[i].code, replies[i].message, replies[i].body, replies[i].retry_after_ms);
+    for (size_t i = 0; i < taken.size(); i++) {
+      if (!taken[i]->read && replies[i].code == 0)
+        taken[i]->Admit(replies[i].body);
+      else
+        taken[i]->Answer(replies[i].code, replies[i].message, replies[i].body, replies[i].retry_after_ms);
+    }
     Py_END_ALLOW_THREADS
     taken.clear();
   }
@@ -427,7 +456,7 @@ PyObject* stop(PyObject*, PyObject* args) {
 
 PyMethodDef kMethods[] = {
     {"start", start, METH_VARARGS, "start(address, methods, max_message_bytes, max_inflight_bytes, reuse_port, tls)"},
-    {"serve", serve, METH_VARARGS, "serve(listener, handler, most)"},
+    {"serve", serve, METH_VARARGS, "serve(listener, handler, most, read)"},
     {"stop", stop, METH_VARARGS, "stop(listener, grace_seconds)"},
     {nullptr, nullptr, 0, nullptr},
 };

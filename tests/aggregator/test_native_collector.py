@@ -325,32 +325,43 @@ def test_check_config_passes_where_the_native_collector_is_built(tmp_path):
 
 
 def test_a_set_answers_each_call_on_its_own(start_aggregator, store_url):
-    """What the C++ side hands over at once: good uploads, a batch twice, refusals and a specs
-    call in one set, answered one by one (the set as the listener's serve thread passes it)."""
+    """What the C++ side hands over at once: calls not yet read (checked by their metadata: the
+    admitted named by their token), and calls read: good uploads, a batch twice, a caller that
+    left, bytes that do not parse, a token withdrawn meanwhile, a specs call; each answered on its
+    own (the set as the listener's serve thread passes it)."""
     aggregator = start_aggregator(store_url, native_grpc=NATIVE, sections={"auth": auth_section()})
     token = bearer(UPLOAD_TOKEN)[0][1]
     twice = make_upload("os", 10, seed=1).SerializeToString()
     calls = [
-        (0, (token,), True, twice),
-        (0, (token,), True, make_upload("browser", 10, seed=2).SerializeToString()),
-        (0, (token,), True, twice),
-        (0, (), True, make_upload("os", 10, seed=3).SerializeToString()),  # no token
-        (0, (token,), False, make_upload("os", 10, seed=4).SerializeToString()),  # its caller left
-        (0, (token,), True, b"\xff"),
-        (1, (token,), True, b""),
+        (False, 0, (token,), "", True, b""),
+        (False, 0, (), "", True, b""),  # no token: refused unread
+        (False, 1, (bearer(READ_TOKEN)[0][1],), "", True, b""),  # a read token may fetch specs
+        (False, 0, (bearer(READ_TOKEN)[0][1],), "", True, b""),  # but not upload
+        (True, 0, (), "app-a", True, twice),
+        (True, 0, (), "app-a", True, make_upload("browser", 10, seed=2).SerializeToString()),
+        (True, 0, (), "app-a", True, twice),
+        (True, 0, (), "app-a", False, make_upload("os", 10, seed=4).SerializeToString()),  # its caller left
+        (True, 0, (), "app-a", True, b"\xff"),
+        (True, 0, (), "withdrawn", True, make_upload("os", 10, seed=5).SerializeToString()),
+        (True, 1, (), "app-a", True, b""),
     ]
     replies = aggregator._native._answer(calls)
     codes = [code for code, _, _, _ in replies]
     assert codes == [
         0,
-        0,
-        0,
         grpc.StatusCode.UNAUTHENTICATED.value[0],
+        0,
+        grpc.StatusCode.PERMISSION_DENIED.value[0],
+        0,
+        0,
+        0,
         grpc.StatusCode.CANCELLED.value[0],
         grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        grpc.StatusCode.UNAUTHENTICATED.value[0],
         0,
     ]
-    first, other, again = (veil_pb2.UploadResponse.FromString(body) for _, _, body, _ in replies[:3])
+    assert (replies[0][2], replies[2][2]) == (b"app-a", b"dashboard")  # admitted, as these tokens
+    first, other, again = (veil_pb2.UploadResponse.FromString(body) for _, _, body, _ in replies[4:7])
     assert (first.duplicate, other.duplicate, again.duplicate) == (False, False, True)
     specs = veil_pb2.GetMetricSpecsResponse.FromString(replies[-1][2])
     assert sorted(s.name for s in specs.specs) == ["browser", "os"]

@@ -144,6 +144,12 @@ class Authenticator:
             found = candidate if match else found
         return found
 
+    def named(self, name: str) -> TokenConfig | None:
+        """The token of this name among those known now (ANONYMOUS with authentication off)."""
+        if not self.enabled:
+            return ANONYMOUS if name == ANONYMOUS.name else None
+        return next((t for t in self._tokens if t.name == name), None)
+
     def from_bearer(self, values: list[str]) -> tuple[TokenConfig | None, str]:
         """The token of an `authorization` header or metadata (its every value), or None and
         why not. The reason never repeats what was sent."""
@@ -345,19 +351,33 @@ class AccessInterceptor(grpc.ServerInterceptor):
     def admit_upload(self, behavior, authorization: list[str], request, context):
         """An upload arriving outside grpcio's server (`request` parsed, or its bytes when it does
         not parse): the gRPC Upload's token, rate limits and checks, then `behavior` (the
-        servicer's Upload, or what admits it to a set). Refusals end in context.abort, as over gRPC."""
-        identity, code, problem = self._identify(_UPLOAD, authorization)
-        if identity is None:
-            self._deny(context, _UPLOAD, code, problem)
-        self._take_upload(identity, context)
-        return self._admit(behavior, request, context, identity)
+        servicer's Upload). Refusals end in context.abort, as over gRPC."""
+        return self.admit_read(behavior, _UPLOAD, self.admit_unread(_UPLOAD, authorization, context), request, context)
 
     def admit_specs(self, behavior, authorization: list[str], request, context):
         """GetMetricSpecs arriving outside grpcio's server: an upload token sees the specs of its
         metrics only."""
-        identity, code, problem = self._identify(_SPECS, authorization)
+        return self.admit_read(behavior, _SPECS, self.admit_unread(_SPECS, authorization, context), request, context)
+
+    def admit_unread(self, method: str, authorization: list[str], context) -> str:
+        """The checks of a call (Upload or GetMetricSpecs) before its message is read: its token,
+        and for an upload one of the token's upload rate. The token's name, for admit_read; the
+        native collector calls the two halves apart, reading only the messages of calls admitted."""
+        identity, code, problem = self._identify(method, authorization)
         if identity is None:
-            self._deny(context, _SPECS, code, problem)
+            self._deny(context, method, code, problem)
+        if method == _UPLOAD:
+            self._take_upload(identity, context)
+        return identity.name
+
+    def admit_read(self, behavior, method: str, name: str, request, context):
+        """The rest, once the message is read, as the token admit_unread named (UNAUTHENTICATED
+        when a reload has withdrawn it meanwhile), then `behavior`."""
+        identity = self._auth.named(name)
+        if identity is None:
+            self._deny(context, method, grpc.StatusCode.UNAUTHENTICATED, f"Token {name!r} was withdrawn by a reload.")
+        if method == _UPLOAD:
+            return self._admit(behavior, request, context, identity)
         if identity.role == "upload":
             return self._scoped_specs(behavior, identity)(request, context)
         return self._as(behavior, identity)(request, context)

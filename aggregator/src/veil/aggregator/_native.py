@@ -5,11 +5,14 @@ grpcio's server spends some 200 us of CPU per call before a handler runs, on han
 a Python thread and taking the GIL back and forth; that, not Veil's work, kept uploads per core
 below the issue's goal (bench/PROFILES.md section 4). The C++ module (aggregator/native/
 collector.cc, built by `make native` against Debian's libgrpc++-dev) reads the calls on gRPC's
-own threads and hands them to one Python thread in sets of up to 256; each set is answered here
-by the same parts as grpcio's listener and the HTTP one: the AccessInterceptor's tokens, rate
-limits and checks (admit_upload, admit_specs), then CollectorService.upload_many, which writes
-the set's batches in as few store calls as the store makes. The answers, statuses, messages and
-the retry-after-ms trailer are those of the main listener.
+own threads and hands them to Python in sets of up to 256; each set is answered here
+by the same parts as grpcio's listener and the HTTP one. A call comes twice: first unread, for
+the AccessInterceptor's checks before reading (admit_unread: its token, and an upload's upload
+rate), so that a call refused there is answered without its message being read; then, read,
+for the rest (admit_read: the token's scope, the report rate), and an upload then joins
+CollectorService.upload_many, which writes the set's batches in as few store calls as the store
+makes. The answers, statuses, messages and the retry-after-ms trailer are those of the main
+listener.
 
 The listener serves only those two methods: health, reflection and Estimates stay on
 server.grpc. It has its own in-flight bytes budget of server.max_inflight_bytes, kept as the main
@@ -47,7 +50,12 @@ _METHODS = (_UPLOAD, _SPECS)  # the C++ side passes a call's method as its index
 _MOST = 256  # calls handed over at once, at most: SQLite writes them in one transaction
 _FAILED = "The aggregator failed on this call; retry it (a batch is counted at most once)."
 
-# One answer to the C++ side: (status code, message, response bytes, retry-after ms); code 0 is OK.
+# A call as the C++ side hands it over: (read, method index, authorization values, token name,
+# whether its caller still waits, request bytes). Each call comes twice: unread (no token, no
+# bytes) for the checks before reading, then read, as the token those checks admitted.
+Call = tuple[bool, int, tuple[str, ...], str, bool, bytes]
+# One answer to the C++ side: (status code, message, response bytes, retry-after ms). Code 0
+# admits an unread call (the bytes: its token's name) or answers a read one.
 Reply = tuple[int, str, bytes, int]
 
 
@@ -106,16 +114,20 @@ class NativeCollector:
         except OSError:
             self._close_tls()
             raise ConfigError(f"server.native_grpc: cannot listen on {address}.") from None
+        # One thread checks the calls not yet read, one answers those read: a call is admitted
+        # while the other waits for the store.
         self._threads = [
             threading.Thread(
-                target=self._native.serve, args=(self._listener, self._answer, _MOST), name="veil-native", daemon=True
+                target=self._native.serve, args=(self._listener, self._answer, _MOST, read), name=name, daemon=True
             )
+            for read, name in ((False, "veil-native-admit"), (True, "veil-native"))
         ]
         if self._tls is not None:
             self._threads.append(threading.Thread(target=self._copy_tls, name="veil-native-tls", daemon=True))
-        self._stopped = False
+        self._started = self._stopped = False
 
     def start(self) -> None:
+        self._started = True
         for thread in self._threads:
             thread.start()
 
@@ -123,13 +135,12 @@ class NativeCollector:
         if self._stopped:
             return
         self._stopped = True
-        if not self._threads[0].is_alive():
-            self._threads[0].start()  # gRPC's shutdown waits for every call to be answered by serve
         self._stopping.set()
+        if not self._started:
+            self.start()  # gRPC's shutdown waits for every call to be answered by serve
         self._native.stop(self._listener, grace)
         for thread in self._threads:
-            if thread.is_alive():
-                thread.join()
+            thread.join()
         self._close_tls()
 
     def _copy_tls(self) -> None:
@@ -145,29 +156,30 @@ class NativeCollector:
         if self._tls is not None:
             self._tls.close()
 
-    def _answer(self, calls: Sequence[tuple[int, tuple[str, ...], bool, bytes]]) -> list[Reply]:
-        """The reply to each call of a set: (method index, authorization values, whether its
-        caller still waits, request bytes). Never raises: the C++ side would fail the set."""
+    def _answer(self, calls: Sequence[Call]) -> list[Reply]:
+        """The reply to each call of a set (see Call). Never raises: the C++ side would fail the set."""
         try:
             return self._replies(calls)
         except Exception:  # noqa: BLE001 (answered as INTERNAL; the set's batches may be retried)
             log.exception("the native collector failed on a set of calls", extra={"calls": len(calls)})
             return [(grpc.StatusCode.INTERNAL.value[0], _FAILED, b"", 0)] * len(calls)
 
-    def _replies(self, calls: Sequence[tuple[int, tuple[str, ...], bool, bytes]]) -> list[Reply]:
+    def _replies(self, calls: Sequence[Call]) -> list[Reply]:
         replies: dict[int, Reply] = {}
         admitted: list[tuple[int, veil_pb2.UploadRequest]] = []
-        for i, (method, authorization, active, body) in enumerate(calls):
+        for i, (read, method_index, authorization, token, active, body) in enumerate(calls):
+            method = _METHODS[method_index]
             context = CallContext(active)
             try:
-                if _METHODS[method] == _UPLOAD:
-                    request = self._access.admit_upload(_joins, list(authorization), parse_upload(body), context)
-                    admitted.append((i, request))
+                if not read:  # admitted by code 0, naming its token: then read, and handed over again
+                    replies[i] = 0, "", self._access.admit_unread(method, list(authorization), context).encode(), 0
+                elif method == _UPLOAD:
+                    admitted.append((i, self._access.admit_read(_joins, method, token, parse_upload(body), context)))
                 else:
-                    replies[i] = _ok(self._access.admit_specs(self._specs, list(authorization), body, context))
+                    replies[i] = _ok(self._access.admit_read(self._specs, method, token, body, context))
             except Refused as refused:
                 replies[i] = _refused(refused.code, refused.message, context)
-        answers = self._collector.upload_many([request for _, request in admitted])
+        answers = self._collector.upload_many([request for _, request in admitted]) if admitted else []
         for (i, _), answer in zip(admitted, answers):
             if isinstance(answer, Refusal):
                 replies[i] = answer.code.value[0], answer.message, b"", 0
@@ -185,5 +197,5 @@ class NativeCollector:
 
 
 def _joins(request: veil_pb2.UploadRequest, _context: CallContext) -> veil_pb2.UploadRequest:
-    """The behaviour admit_upload calls once an upload passes its checks: it joins the set."""
+    """The behaviour admit_read calls once an upload passes its checks: it joins the set."""
     return request

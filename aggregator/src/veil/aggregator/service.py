@@ -143,7 +143,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
                 positions.append(i)
             except (UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
                 results[i] = err
-        for i, result in zip(positions, self._store.add_many(writes)):
+        for i, result in zip(positions, self._store.add_many(writes) if writes else ()):
             results[i] = result
         answers = [self._answer(request, result, started) for request, result in zip(requests, results)]
         results.clear()  # the errors' tracebacks hold this frame (see Upload)
