@@ -353,11 +353,7 @@ def parse_config(
     grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
     processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
     native_grpc_address = _address(server.get("native_grpc", ""), "server.native_grpc", allow_empty=True)
-    if processes > 1 and native_grpc_address.rpartition(":")[2] == "0":
-        raise ConfigError(
-            f"server.native_grpc: port 0 gives each of the server.processes = {processes} workers a port "
-            f"of its own; give a fixed port."
-        )
+    _shared_port(native_grpc_address, "server.native_grpc", processes)
     max_streams = _whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1)
     max_health_streams = _whole(
         server.get("max_health_streams", _DEFAULT_HEALTH_STREAMS), "server.max_health_streams", low=1
@@ -409,6 +405,16 @@ def parse_config(
     )
 
 
+def _shared_port(address: str, key: str, processes: int) -> None:
+    """The workers of server.processes > 1 share a listener's port (SO_REUSEPORT): port 0 would
+    give each a port of its own."""
+    if processes > 1 and address.rpartition(":")[2] == "0":
+        raise ConfigError(
+            f"{key}: port 0 gives each of the server.processes = {processes} workers a port "
+            f"of its own; give a fixed port."
+        )
+
+
 def _processes(value: object, url: str, grpc_address: str) -> int:
     processes = _whole(value, "server.processes", low=1)
     if processes == 1:
@@ -425,11 +431,7 @@ def _processes(value: object, url: str, grpc_address: str) -> int:
             f"store.url: a SQLite store is written by one process, so server.processes = "
             f"{processes} needs a shared store (redis://...); use server.processes = 1."
         )
-    if grpc_address.rpartition(":")[2] == "0":
-        raise ConfigError(
-            f"server.grpc: port 0 gives each of the server.processes = {processes} workers a port "
-            f"of its own; give a fixed port."
-        )
+    _shared_port(grpc_address, "server.grpc", processes)
     return processes
 
 

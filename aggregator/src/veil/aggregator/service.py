@@ -28,15 +28,7 @@ from . import _kernels
 from .config import AggregatorConfig, MetricConfig
 from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
-from .errors import (
-    InvalidBatch,
-    InvalidRange,
-    StaleSpec,
-    StoreError,
-    StoreUnavailable,
-    UnknownMetric,
-    quoted,
-)
+from .errors import InvalidBatch, InvalidRange, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
 from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate, with_group
 from .store import BatchWrite, CountsKey, Store, Version
@@ -71,7 +63,7 @@ class _Cancelled(Exception):
 
 # An upload's outcome (the veil_uploads label) and status by what refused it (the nearest class
 # of the error's); an empty message is the error's own.
-_REFUSED: dict[type, tuple[str, grpc.StatusCode, str]] = {
+_REFUSED: dict[type[Exception], tuple[str, grpc.StatusCode, str]] = {
     UnknownMetric: ("unknown_metric", grpc.StatusCode.FAILED_PRECONDITION, ""),
     StaleSpec: ("stale_spec", grpc.StatusCode.FAILED_PRECONDITION, ""),
     InvalidBatch: ("invalid", grpc.StatusCode.INVALID_ARGUMENT, ""),
@@ -79,6 +71,7 @@ _REFUSED: dict[type, tuple[str, grpc.StatusCode, str]] = {
     StoreUnavailable: ("unavailable", grpc.StatusCode.UNAVAILABLE, _UNAVAILABLE),
     StoreError: ("error", grpc.StatusCode.INTERNAL, "The batch could not be counted; nothing of it was counted."),
 }
+_REFUSABLE: tuple[type[Exception], ...] = tuple(_REFUSED)  # what an upload's checks and write may raise to refuse it
 
 
 class CollectorService(veil_pb2_grpc.CollectorServicer):
@@ -119,7 +112,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         try:
             write = self._batch(request, self._clock(), context.is_active)
             result: bool | Exception = self._store.add(write)
-        except (_Cancelled, UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
+        except _REFUSABLE as err:
             result = err
         answer = self._answer(request, result, started)
         # A refusal's error holds this frame in its traceback, and the frame the request: let
@@ -141,7 +134,7 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
             try:
                 writes.append(self._batch(request, now))
                 positions.append(i)
-            except (UnknownMetric, StaleSpec, InvalidBatch, StoreError) as err:
+            except _REFUSABLE as err:
                 results[i] = err
         for i, result in zip(positions, self._store.add_many(writes) if writes else ()):
             results[i] = result
