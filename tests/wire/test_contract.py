@@ -53,7 +53,7 @@ def test_services_and_mechanisms_match_the_mechanism_package():
     values = {name.lower().replace("_", "-"): value for name, value in veil_pb2.Mechanism.items() if value}
     assert values == {name: shape.proto for name, shape in MECHANISMS.items()}
     service = veil_pb2.DESCRIPTOR.services_by_name
-    assert set(service["Collector"].methods_by_name) == {"GetMetricSpecs", "Upload"}
+    assert set(service["Collector"].methods_by_name) == {"GetMetricSpecs", "Upload", "UploadBatches"}
     assert set(service["Estimates"].methods_by_name) == {"Get", "Watch", "Series"}
     assert service["Estimates"].methods_by_name["Watch"].server_streaming
     assert callable(veil_pb2_grpc.add_CollectorServicer_to_server)

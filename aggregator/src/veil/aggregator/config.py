@@ -6,6 +6,7 @@
     min_n = 100                   # no estimate is shown below this many reports
     max_batch = 10000             # reports per upload, at most
     dedupe_ttl = "48h"            # how long a batch id is remembered (>= the SDK's retry horizon)
+    max_lateness = "25h"          # reports made longer ago (after their time slot ended) are refused as too late
     watch_interval = 1.0          # seconds between Watch updates, at least
     grace_period = 10.0           # seconds in-flight uploads get on SIGTERM
     workers = 16                  # gRPC handler threads
@@ -115,6 +116,9 @@ _DEFAULT_MIN_N = 100
 _DEFAULT_METRICS_TOP = 50
 _DEFAULT_MAX_BATCH = 10_000
 _DEFAULT_DEDUPE_TTL = 48 * 3600
+# The SDKs retry a batch for 24 h (RETRY_HORIZON_SECONDS) after it was made; an hour more for the
+# time a report waits in its slot and on the device before its batch is made.
+_DEFAULT_MAX_LATENESS = 25 * 3600
 _DEFAULT_WATCH_INTERVAL = 1.0
 _DEFAULT_GRACE_PERIOD = 10.0
 _DEFAULT_WORKERS = 16
@@ -150,6 +154,13 @@ def _dedupe_ttl(text: object) -> int:
             f"horizon (a batch retried after its id is forgotten counts twice), got {text!r}."
         )
     return seconds
+
+
+def _max_lateness(text: object) -> int:
+    """Reports made up to this long before now (after their slot ended) still count; a device's
+    batch kept longer than this by its retries is refused as too late, so the SDKs' retry horizon
+    is the sensible least, and more than dedupe_ttl could count a late retry twice."""
+    return parse_duration(text, "server.max_lateness")
 
 
 @dataclass(frozen=True)
@@ -227,6 +238,9 @@ class AggregatorConfig:
     min_n: int = _DEFAULT_MIN_N
     max_batch: int = _DEFAULT_MAX_BATCH
     dedupe_ttl: int = _DEFAULT_DEDUPE_TTL
+    # Seconds after its time slot ends that a report is still counted; a bucket is provisional
+    # until this long after it ends.
+    max_lateness: int = _DEFAULT_MAX_LATENESS
     watch_interval: float = _DEFAULT_WATCH_INTERVAL
     grace_period: float = _DEFAULT_GRACE_PERIOD
     workers: int = _DEFAULT_WORKERS
@@ -319,6 +333,7 @@ def parse_config(
             "min_n",
             "max_batch",
             "dedupe_ttl",
+            "max_lateness",
             "watch_interval",
             "grace_period",
             "workers",
@@ -378,6 +393,7 @@ def parse_config(
         metrics_top=_whole(server.get("metrics_top", _DEFAULT_METRICS_TOP), "server.metrics_top", low=0),
         max_batch=max_batch,
         dedupe_ttl=_dedupe_ttl(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL)),
+        max_lateness=_max_lateness(server.get("max_lateness", _DEFAULT_MAX_LATENESS)),
         watch_interval=_seconds(server.get("watch_interval", _DEFAULT_WATCH_INTERVAL), "server.watch_interval"),
         grace_period=_seconds(server.get("grace_period", _DEFAULT_GRACE_PERIOD), "server.grace_period"),
         workers=workers,

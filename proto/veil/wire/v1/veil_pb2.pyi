@@ -23,7 +23,7 @@ KRR: Mechanism
 WARNER: Mechanism
 
 class MetricSpec(_message.Message):
-    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget")
+    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget", "time_resolution_seconds")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class MetricSpec(_message.Message):
     REPORTS_PER_PERIOD_FIELD_NUMBER: _ClassVar[int]
     PERIOD_BUDGET_FIELD_NUMBER: _ClassVar[int]
     LIFETIME_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TIME_RESOLUTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     labels: _containers.RepeatedScalarFieldContainer[str]
     mechanism: Mechanism
@@ -44,21 +45,32 @@ class MetricSpec(_message.Message):
     reports_per_period: int
     period_budget: float
     lifetime_budget: float
-    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ...) -> None: ...
+    time_resolution_seconds: int
+    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ..., time_resolution_seconds: _Optional[int] = ...) -> None: ...
 
 class GetMetricSpecsRequest(_message.Message):
-    __slots__ = ("metrics",)
+    __slots__ = ("metrics", "if_version")
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    IF_VERSION_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, metrics: _Optional[_Iterable[str]] = ...) -> None: ...
+    if_version: str
+    def __init__(self, metrics: _Optional[_Iterable[str]] = ..., if_version: _Optional[str] = ...) -> None: ...
 
 class GetMetricSpecsResponse(_message.Message):
-    __slots__ = ("specs", "max_batch")
+    __slots__ = ("specs", "max_batch", "specs_version", "unchanged", "server_time_unix", "max_lateness_seconds")
     SPECS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SPECS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MAX_LATENESS_SECONDS_FIELD_NUMBER: _ClassVar[int]
     specs: _containers.RepeatedCompositeFieldContainer[MetricSpec]
     max_batch: int
-    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    specs_version: str
+    unchanged: bool
+    server_time_unix: int
+    max_lateness_seconds: int
+    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ..., max_batch: _Optional[int] = ..., specs_version: _Optional[str] = ..., unchanged: _Optional[bool] = ..., server_time_unix: _Optional[int] = ..., max_lateness_seconds: _Optional[int] = ...) -> None: ...
 
 class IndexSets(_message.Message):
     __slots__ = ("set_size", "indices")
@@ -75,28 +87,58 @@ class Bitmaps(_message.Message):
     def __init__(self, bits: _Optional[bytes] = ...) -> None: ...
 
 class UploadRequest(_message.Message):
-    __slots__ = ("batch_id", "metric", "spec_fingerprint", "count", "index_sets", "bitmaps")
+    __slots__ = ("batch_id", "metric", "spec_fingerprint", "count", "index_sets", "bitmaps", "made_unix")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     INDEX_SETS_FIELD_NUMBER: _ClassVar[int]
     BITMAPS_FIELD_NUMBER: _ClassVar[int]
+    MADE_UNIX_FIELD_NUMBER: _ClassVar[int]
     batch_id: bytes
     metric: str
     spec_fingerprint: str
     count: int
     index_sets: IndexSets
     bitmaps: Bitmaps
-    def __init__(self, batch_id: _Optional[bytes] = ..., metric: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., count: _Optional[int] = ..., index_sets: _Optional[_Union[IndexSets, _Mapping]] = ..., bitmaps: _Optional[_Union[Bitmaps, _Mapping]] = ...) -> None: ...
+    made_unix: int
+    def __init__(self, batch_id: _Optional[bytes] = ..., metric: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., count: _Optional[int] = ..., index_sets: _Optional[_Union[IndexSets, _Mapping]] = ..., bitmaps: _Optional[_Union[Bitmaps, _Mapping]] = ..., made_unix: _Optional[int] = ...) -> None: ...
 
 class UploadResponse(_message.Message):
-    __slots__ = ("accepted", "duplicate")
+    __slots__ = ("accepted", "duplicate", "specs_version")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    SPECS_VERSION_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     duplicate: bool
-    def __init__(self, accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    specs_version: str
+    def __init__(self, accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ..., specs_version: _Optional[str] = ...) -> None: ...
+
+class UploadBatchesRequest(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[UploadRequest]
+    def __init__(self, batches: _Optional[_Iterable[_Union[UploadRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchResult(_message.Message):
+    __slots__ = ("code", "message", "accepted", "duplicate")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    accepted: int
+    duplicate: bool
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class UploadBatchesResponse(_message.Message):
+    __slots__ = ("results", "specs_version")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SPECS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchResult]
+    specs_version: str
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ..., specs_version: _Optional[str] = ...) -> None: ...
 
 class EstimatesRequest(_message.Message):
     __slots__ = ("metric", "window", "group")
@@ -139,7 +181,7 @@ class CategoryEstimate(_message.Message):
     def __init__(self, label: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ..., projected: _Optional[float] = ...) -> None: ...
 
 class WindowEstimate(_message.Message):
-    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group")
+    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group", "provisional", "periods")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +197,8 @@ class WindowEstimate(_message.Message):
     REPORTS_PER_DEVICE_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
+    PERIODS_FIELD_NUMBER: _ClassVar[int]
     metric: str
     window: str
     start_unix: int
@@ -170,7 +214,9 @@ class WindowEstimate(_message.Message):
     reports_per_device: int
     period_seconds: int
     group: GroupEstimate
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ...) -> None: ...
+    provisional: bool
+    periods: int
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: _Optional[bool] = ..., periods: _Optional[int] = ...) -> None: ...
 
 class SeriesRequest(_message.Message):
     __slots__ = ("metric", "window", "from_unix", "to_unix", "merged", "group")

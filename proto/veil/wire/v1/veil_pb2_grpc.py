@@ -53,6 +53,11 @@ class CollectorStub:
                 request_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadRequest.SerializeToString,
                 response_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadResponse.FromString,
                 _registered_method=True)
+        self.UploadBatches = channel.unary_unary(
+                '/veil.wire.v1.Collector/UploadBatches',
+                request_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadBatchesRequest.SerializeToString,
+                response_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadBatchesResponse.FromString,
+                _registered_method=True)
 
 
 class CollectorServicer:
@@ -79,6 +84,14 @@ class CollectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadBatches(self, request, context):
+        """Revision 2. A call refused as a whole (token, rates, memory, size) ends with that status;
+        otherwise it is OK and every batch has its own result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +104,11 @@ def add_CollectorServicer_to_server(servicer, server):
                     servicer.Upload,
                     request_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadRequest.FromString,
                     response_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadResponse.SerializeToString,
+            ),
+            'UploadBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadBatches,
+                    request_deserializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadBatchesRequest.FromString,
+                    response_serializer=veil_dot_wire_dot_v1_dot_veil__pb2.UploadBatchesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -156,6 +174,33 @@ class Collector:
             '/veil.wire.v1.Collector/Upload',
             veil_dot_wire_dot_v1_dot_veil__pb2.UploadRequest.SerializeToString,
             veil_dot_wire_dot_v1_dot_veil__pb2.UploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/veil.wire.v1.Collector/UploadBatches',
+            veil_dot_wire_dot_v1_dot_veil__pb2.UploadBatchesRequest.SerializeToString,
+            veil_dot_wire_dot_v1_dot_veil__pb2.UploadBatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,

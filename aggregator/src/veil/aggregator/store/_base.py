@@ -40,6 +40,9 @@ class BatchWrite:
     # Each bucket with the time (Unix seconds) after which the store may drop it, or None to keep it.
     targets: tuple[tuple[CountsKey, int | None], ...]
     dedupe_ttl: int  # seconds to remember the batch id; at least the SDK's retry horizon
+    # The reporting period its reports were made in (Unix seconds // period_seconds): the stores
+    # record, per bucket, the periods that received reports. None: the period current when it arrived.
+    period: int | None = None
 
 
 # observer(batches, seconds, failed) after each write call (a group of batches).
