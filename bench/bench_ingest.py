@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -475,13 +476,13 @@ class LoadProcesses:
     """The load processes (spawned: no gRPC state is ever forked) and the benchmark's side of
     their pipes."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, target: Callable[[Any, int], None] = load_process) -> None:
         context = multiprocessing.get_context("spawn")
         self.pipes = []
         self.processes = []
         for index in range(count):
             ours, theirs = context.Pipe()
-            process = context.Process(target=load_process, args=(theirs, index), name=f"veil-load-{index}", daemon=True)
+            process = context.Process(target=target, args=(theirs, index), name=f"veil-load-{index}", daemon=True)
             process.start()
             self.pipes.append(ours)
             self.processes.append(process)
@@ -506,15 +507,7 @@ class LoadProcesses:
         watched processes are read just before "go" and after the last process is done."""
         per_process = shape.in_flight // len(self.pipes)
         arguments = {"endpoint": endpoint, "batch": shape.batch, "reports": reports, "in_flight": per_process}
-        for pipe in self.pipes:
-            pipe.send(("run", arguments))
-        for pipe in self.pipes:
-            self._receive(pipe)  # "ready"
-        before = {name: cpu_seconds(pid) for name, pid in watch.items()}
-        for pipe in self.pipes:
-            pipe.send(("go", None))
-        results = [self._receive(pipe) for pipe in self.pipes]
-        after = {name: cpu_seconds(pid) for name, pid in watch.items()}
+        results, used = self.go(arguments, watch)
         seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
         return {
             "seconds": seconds,
@@ -526,10 +519,24 @@ class LoadProcesses:
             "v": sum(r["v"] for r in results),
             # CPU cores busy on average over the run (CPU seconds per wall second).
             "cpu": {
-                **{name: (after[name] - before[name]) / seconds for name in watch if watch[name] is not None},
+                **{name: used[name] / seconds for name in watch if watch[name] is not None},
                 "load": sum(r["cpu"] for r in results) / seconds,
             },
         }
+
+    def go(self, arguments: dict[str, Any], watch: dict[str, Any]) -> tuple[list[Any], dict[str, float]]:
+        """One timed run: each process gets ("run", arguments), sets up untimed and answers
+        "ready"; the CPU seconds of the watched processes are read just before "go" and after the
+        last process is done. (each process's result, CPU seconds used per watched name)"""
+        for pipe in self.pipes:
+            pipe.send(("run", arguments))
+        for pipe in self.pipes:
+            self._receive(pipe)  # "ready"
+        before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+        for pipe in self.pipes:
+            pipe.send(("go", None))
+        results = [self._receive(pipe) for pipe in self.pipes]
+        return results, {name: cpu_seconds(pid) - before[name] for name, pid in watch.items()}
 
     def stop(self) -> None:
         for pipe in self.pipes:
