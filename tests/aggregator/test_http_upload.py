@@ -61,16 +61,19 @@ def bearer(token: str) -> dict:
 
 def test_uploads_in_both_formats_count_exactly_once(start_aggregator):
     aggregator = start_aggregator()
+    version = aggregator.collector.ingest.specs_version
     expected = {}
     for i, metric in enumerate(m["name"] for m in METRICS):
         binary = make_upload(metric, 150 + i, seed=i)
         status, _, body = post(aggregator, binary.SerializeToString())
-        assert status == 200 and veil_pb2.UploadResponse.FromString(body) == veil_pb2.UploadResponse(accepted=150 + i)
+        assert status == 200 and veil_pb2.UploadResponse.FromString(body) == veil_pb2.UploadResponse(
+            accepted=150 + i, specs_version=version
+        )
         status, _, body = post(aggregator, as_json(make_upload(metric, 50, seed=100 + i)), "application/json")
-        assert status == 200 and json.loads(body) == {"accepted": 50, "duplicate": False}
+        assert status == 200 and json.loads(body) == {"accepted": 50, "duplicate": False, "specsVersion": version}
         # The retry of a counted batch (same batch id) is answered as a duplicate and counts nothing.
         status, _, body = post(aggregator, as_json(binary), "application/json")
-        assert status == 200 and json.loads(body) == {"accepted": 150 + i, "duplicate": True}
+        assert status == 200 and json.loads(body) == {"accepted": 150 + i, "duplicate": True, "specsVersion": version}
         expected[metric] = 200 + i
     assert {metric: counted(aggregator, metric) for metric in expected} == expected
 
