@@ -321,12 +321,10 @@ def revision(aggregator: TlsAggregator, pki: Pki) -> dict[str, Any]:
             raise RuntimeError("GetMetricSpecs with the current if_version did not answer unchanged")
         batches_call = channel.unary_unary(PATHS["UploadBatches"], request_serializer=None, response_deserializer=None)
         try:
-            batches_call(b"", timeout=CALL_TIMEOUT)  # no batches: nothing to count
+            batches_call(b"", timeout=CALL_TIMEOUT)  # no batches: nothing to count (refused, or no results)
             grpc_revision = 2
         except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            grpc_revision = 1
+            grpc_revision = 1 if err.code() == grpc.StatusCode.UNIMPLEMENTED else 2
     grpc_revision = grpc_revision if version else 1
     status, headers, specs_body = https(pki, aggregator.http_port, "GET", "/v1/specs")
     if status != 200:
