@@ -55,7 +55,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +67,7 @@ from bench_ingest import (
     Ledger,
     LoadProcesses,
     ReportPool,
+    answer_commands,
     config_dict,
     metric_name,
 )
@@ -369,23 +369,17 @@ def revision(aggregator: TlsAggregator, pki: Pki) -> dict[str, Any]:
 def day_load_process(conn: Any, index: int) -> None:
     """A load process: "prepare" randomizes its reports, "run" sends a turn (set up, "ready",
     wait for "go", send, answer with what was acknowledged)."""
-    reports: DeviceReports | None = None
-    while True:
-        command, arguments = conn.recv()
-        if command == "stop":
-            return
-        try:
-            if command == "prepare":
-                reports = DeviceReports(tuple(arguments["ks"]), arguments["seed"], index, arguments["reports"])
-                reply: Any = None
-            elif command == "run":
-                assert reports is not None
-                reply = asyncio.run(_send(conn, reports, **arguments))
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            conn.send(("ok", reply))
-        except BaseException:  # noqa: BLE001 (the parent reports it: a load process must answer every command)
-            conn.send(("error", traceback.format_exc()))
+    held: list[DeviceReports] = []
+
+    def handle(command: str, arguments: Any) -> Any:
+        if command == "prepare":
+            held[:] = [DeviceReports(tuple(arguments["ks"]), arguments["seed"], index, arguments["reports"])]
+            return None
+        if command == "run":
+            return asyncio.run(_send(conn, held[0], **arguments))
+        raise ValueError(f"unknown command {command!r}")
+
+    answer_commands(conn, handle)
 
 
 def _http_request(method: str, path: str, port: int, body: bytes = b"", headers: tuple[str, ...] = ()) -> bytes:
@@ -911,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rows": rows,
         "checks": checks,
-        "exact_counts": {"ok": not ledger.failures, "checks": ledger.checks, "failures": ledger.failures},
+        "exact_counts": ledger.summary(),
         "wall_seconds": time.perf_counter() - started,
     }
     write_results(args.output, results)

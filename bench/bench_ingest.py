@@ -387,32 +387,40 @@ class ReportPool:
 # --- the load processes ---------------------------------------------------------------------
 
 
-def load_process(conn: Any, index: int) -> None:
-    """A load process: commands from the benchmark over a pipe, one at a time."""
-    pool: ReportPool | None = None
+def answer_commands(conn: Any, handle: Callable[[str, Any], Any]) -> None:
+    """A load process's loop: commands from the benchmark over a pipe, one at a time, until
+    "stop"; each answered ("ok", what ``handle`` returns) or ("error", its traceback)."""
     while True:
         command, arguments = conn.recv()
         if command == "stop":
             return
         try:
-            if command == "cell":
-                pool = ReportPool(**arguments, stream=index)
-                reply: Any = None
-            elif command == "extend":
-                started = time.perf_counter()
-                pool.extend(arguments)
-                reply = {
-                    "size": pool.size,
-                    "seconds": time.perf_counter() - started,
-                    "encoding_checked": pool.encoding_checked,
-                }
-            elif command == "run":
-                reply = asyncio.run(_send_uploads(conn, pool, **arguments))
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            conn.send(("ok", reply))
+            conn.send(("ok", handle(command, arguments)))
         except BaseException:  # noqa: BLE001 (the parent reports it: a load process must answer every command)
             conn.send(("error", traceback.format_exc()))
+
+
+def load_process(conn: Any, index: int) -> None:
+    """A load process: "cell" makes its pool, "extend" randomizes it, "run" sends uploads."""
+    pools: list[ReportPool] = []
+
+    def handle(command: str, arguments: Any) -> Any:
+        if command == "cell":
+            pools[:] = [ReportPool(**arguments, stream=index)]
+            return None
+        if command == "extend":
+            started = time.perf_counter()
+            pools[0].extend(arguments)
+            return {
+                "size": pools[0].size,
+                "seconds": time.perf_counter() - started,
+                "encoding_checked": pools[0].encoding_checked,
+            }
+        if command == "run":
+            return asyncio.run(_send_uploads(conn, pools[0], **arguments))
+        raise ValueError(f"unknown command {command!r}")
+
+    answer_commands(conn, handle)
 
 
 async def _send_uploads(conn: Any, pool: ReportPool, endpoint: str, batch: int, reports: int, in_flight: int) -> dict:
@@ -564,6 +572,10 @@ class Ledger:
     def add(self, store: str, metric: str, n: np.ndarray, v: np.ndarray) -> None:
         held = self.expected.get((store, metric))
         self.expected[store, metric] = (n.copy(), v.copy()) if held is None else (held[0] + n, held[1] + v)
+
+    def summary(self) -> dict[str, Any]:
+        """The results' "exact_counts": all OK or not, how many checks, and the failures."""
+        return {"ok": not self.failures, "checks": self.checks, "failures": self.failures}
 
     def verify(self, aggregator: AggregatorProcess, metrics: list[str]) -> bool:
         """Every window of every named metric holds exactly the expected counts."""
@@ -1186,7 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "ingest": cells,
         "latency": latency,
-        "exact_counts": {"ok": exact, "checks": ledger.checks, "failures": ledger.failures},
+        "exact_counts": ledger.summary(),
         "summary": {
             "targets": targets(cells),
             "exact_counts_ok": exact,
