@@ -889,7 +889,8 @@ def device_day_table(data: dict[str, Any]) -> Table:
         f"{machine['load_average_after'][0]:.1f} after. Devices per core: device-days per core-second x 86,400 / "
         f"{model['peak']} (one device-day per device per day, a peak of {model['peak']}x the average: "
         f"{si(model['fleet'])} devices are {model['fleet'] / 86_400:,.0f} device-days/s, "
-        f"{model['fleet'] / 86_400 * model['peak']:,.0f} at the peak); on Redis, the masters those need beside.",
+        f"{model['fleet'] / 86_400 * model['peak']:,.0f} at the peak); on Redis, the masters (Redis cores at their "
+        "measured CPU per device-day) needed beside them.",
     )
     for row in data["rows"]:
         if row["kind"] != "day":
