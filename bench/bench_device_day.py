@@ -52,6 +52,7 @@ import shlex
 import shutil
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +64,7 @@ from bench_capacity import EFFICIENCY_GOAL, Masters
 from bench_ingest import (
     CALL_TIMEOUT,
     COUNTS_PATH,
+    GRAIN,
     AggregatorProcess,
     Ledger,
     LoadProcesses,
@@ -142,8 +144,8 @@ class DeviceReports:
         for pool in self.pools.values():
             pool.extend(reports)
         for pool in self.pools.values():  # the read-back agrees with the pool's own prefix counts
-            n, v = sent_counts(pool, 1000)
-            if not (np.array_equal(n, pool.counts(1000)[0]) and np.array_equal(v, pool.counts(1000)[1])):
+            n, v = sent_counts(pool, GRAIN)
+            if not (np.array_equal(n, pool.counts(GRAIN)[0]) and np.array_equal(v, pool.counts(GRAIN)[1])):
                 raise AssertionError(f"{pool.metric.name}: the reports read back differ from the pool's counts")
 
     def counts(self, metrics: list[int], reports: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -233,8 +235,6 @@ class NullServer:
     """A do-nothing server subprocess (this file with --null grpc|http) and its port."""
 
     def __init__(self, protocol: str, answers: Path, pki: Pki, scratch: Path, workers: int, max_rpcs: int) -> None:
-        import subprocess
-
         port_file = scratch / f"null-{protocol}-{answers.stem}.port"
         command = [sys.executable, str(Path(__file__).resolve()), "--null", protocol, "--answers", str(answers)]
         command += ["--port-file", str(port_file), "--pki", str(pki.dir), "--workers", str(workers)]
@@ -261,6 +261,17 @@ class NullServer:
 # --- the aggregator and what it answers ------------------------------------------------------
 
 
+def https(pki: Pki, port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    """One HTTPS request on a fresh connection: (status, headers, body)."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=CALL_TIMEOUT, context=pki.ssl_context())
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
 class TlsAggregator(AggregatorProcess):
     """bench_ingest's aggregator process, its listeners serving TLS: the memory and SQLite
     stores are read back over HTTPS."""
@@ -272,30 +283,11 @@ class TlsAggregator(AggregatorProcess):
     def counts(self, metrics: list[str] | None = None) -> dict[str, Any]:
         if self.redis is not None:
             return super().counts(metrics)
-        connection = http.client.HTTPSConnection(
-            "127.0.0.1", self.http_port, timeout=CALL_TIMEOUT, context=self.pki.ssl_context()
-        )
-        try:
-            connection.request("GET", COUNTS_PATH)
-            response = connection.getresponse()
-            body = response.read()
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise RuntimeError(f"{COUNTS_PATH} answered {response.status}")
+        status, _, body = https(self.pki, self.http_port, "GET", COUNTS_PATH)
+        if status != 200:
+            raise RuntimeError(f"{COUNTS_PATH} answered {status}")
         found = json.loads(body)
         return found if metrics is None else {m: found[m] for m in metrics}
-
-
-def https(pki: Pki, port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
-    """One HTTPS request on a fresh connection: (status, headers, body)."""
-    connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=CALL_TIMEOUT, context=pki.ssl_context())
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        connection.close()
 
 
 def revision(aggregator: TlsAggregator, pki: Pki) -> dict[str, Any]:
