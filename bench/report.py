@@ -527,7 +527,7 @@ def device_day_targets(data: dict[str, Any] | None, file: str | None) -> list[di
                 check["ratio"],
                 file,
                 f"checks[{name!r}].ratio",
-                f"{check['calls']}; keep-alive 10-report uploads, same run: {keepalive['ratio']:.0%}",
+                f"{check['calls']}; keep-alive 10-report uploads, same run: {measured_ratio(keepalive)}",
             )
         )
     return entries
@@ -863,6 +863,14 @@ def capacity_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def measured_ratio(check: dict[str, Any]) -> str:
+    """efficiency_text of a device-day ratio, "-" where none was measured (a --quick turn too
+    short for a CPU tick)."""
+    if check["ratio"] is None:
+        return "-"
+    return efficiency_text({**check, "ratio_rounds": [r for r in check["ratio_rounds"] if r is not None]})
+
+
 def device_day_table(data: dict[str, Any]) -> Table:
     """bench_device_day.py: the device-day's cost against a do-nothing server, and the devices an
     aggregator core carries."""
@@ -897,16 +905,18 @@ def device_day_table(data: dict[str, Any]) -> Table:
             continue
         check = data["checks"][f"device_day_{row['store']}_{row['protocol']}"]
         fleet = row["model"]
-        masters = fleet["fleet_masters"]
+        masters = None if fleet is None else fleet["fleet_masters"]
         table.add(
             row["store"],
             f"{row['protocol']} (revision {row['revision']})",
-            efficiency_text(check),
+            measured_ratio(check),
             f"{row['aggregator_us_per_device_day']:.0f}",
             f"{row['null_us_per_device_day']:.0f}",
-            efficiency_text(check["keepalive"]),
-            si(fleet["devices_per_core"]),
-            f"{fleet['fleet_cores']}" + ("" if masters is None else f" (+ {masters} masters)"),
+            measured_ratio(check["keepalive"]),
+            "-" if fleet is None else si(fleet["devices_per_core"]),
+            "-"
+            if fleet is None
+            else f"{fleet['fleet_cores']}" + ("" if masters is None else f" (+ {masters} masters)"),
         )
     return table
 
