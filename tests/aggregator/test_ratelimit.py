@@ -26,7 +26,7 @@ from veil_testing.running import (
 from veil.aggregator._ratelimit import RateLimiter
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import max_message_bytes
-from veil.aggregator.ingest import MAX_BATCHES
+from veil.aggregator.ingest import MAX_BATCHES, Ingest
 from veil.client import Reporter
 from veil.mechanism import MetricSpec, SeededRandomSource
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
@@ -298,7 +298,7 @@ def test_an_upload_whose_caller_is_gone_when_its_handler_runs_writes_nothing(sta
     from veil.aggregator.service import CollectorService
 
     aggregator = start_aggregator(sections={"auth": auth_section()})
-    service = CollectorService(aggregator.config, aggregator.store, aggregator.instruments)
+    service = CollectorService(Ingest(aggregator.config, aggregator.store, aggregator.instruments))
     handler = grpc.unary_unary_rpc_method_handler(service.Upload)
     Details = namedtuple("Details", "method invocation_metadata")
     Metadatum = namedtuple("Metadatum", "key value")
