@@ -312,6 +312,17 @@ def test_upload_batches_are_charged_the_reports_they_hold(start_aggregator):
     assert dict(err.value.trailing_metadata())["retry-after-ms"]
 
 
+def test_upload_batches_take_one_upload_of_the_upload_rate_per_batch(start_aggregator):
+    aggregator = start_aggregator(sections={"auth": auth_section(upload_rate_limit=0.001, upload_rate_burst=3)})
+    stub = collector(f"127.0.0.1:{aggregator.grpc_port}")
+    three = veil_pb2.UploadBatchesRequest(batches=[make_upload("browser", 1, seed=i) for i in range(3)])
+    assert [r.code for r in stub.UploadBatches(three, metadata=bearer(UPLOAD_TOKEN), timeout=10).results] == [0] * 3
+    with pytest.raises(grpc.RpcError) as err:  # the burst of 3 uploads is spent by the 3 batches
+        stub.Upload(make_upload("browser", 1), metadata=bearer(UPLOAD_TOKEN), timeout=10)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Upload rate limit" in err.value.details()
+    assert counted(aggregator, "browser") == 3
+
+
 def bucket_reports(aggregator, metric: str, window: str, start: int) -> int:
     m = aggregator.config.metric(metric)
     key = CountsKey(metric, m.spec.fingerprint, window, start)
