@@ -194,10 +194,12 @@ def test_cors_admits_the_configured_origins_only(start_aggregator):
             if allowed:
                 assert "POST" in response.headers["Access-Control-Allow-Methods"]
                 assert "Authorization" in response.headers["Access-Control-Allow-Headers"]
+                assert "If-None-Match" in response.headers["Access-Control-Allow-Headers"]  # the specs check
         status, headers, _ = post(aggregator, make_upload("os", 5).SerializeToString(), headers={"Origin": origin})
         assert status == 200 and headers.get("Access-Control-Allow-Origin") == (origin if allowed else None)
         if allowed:
             assert "retry-after-ms" in headers["Access-Control-Expose-Headers"]
+            assert "ETag" in headers["Access-Control-Expose-Headers"]
     assert counted(aggregator, "os") == 10
 
 
@@ -216,5 +218,7 @@ def test_a_body_above_the_upload_limit_is_refused_unread_with_413(start_aggregat
     from veil.aggregator.daemon import max_message_bytes
 
     aggregator = start_aggregator()
-    status, _, _ = post(aggregator, b"\x00" * (max_message_bytes(aggregator.config) + 1))
+    status, headers, body = post(aggregator, b"\x00" * (max_message_bytes(aggregator.config) + 1))
     assert status == 413 and counted(aggregator, "os") == 0
+    # The documented refusal, final: JSON {"error", "code"} like every other.
+    assert headers["Content-Type"] == "application/json" and set(json.loads(body)) == {"error", "code"}

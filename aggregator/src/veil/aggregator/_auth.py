@@ -27,8 +27,9 @@ reservation of the budget, then the message is read and parsed; an
 undeclared metric goes on to the servicer (FAILED_PRECONDITION, as for every caller), a
 declared metric outside the token's scope is PERMISSION_DENIED; then the token's report rate,
 charged with the reports the payload holds (decode.reports_held), not the count it claims.
-UploadBatches passes the same checks as one upload: its batches' reports together, and one
-declared metric outside the token's scope refuses the whole call.
+UploadBatches passes the same checks as one upload, with its batches' reports together, one
+upload of the upload rate per batch (the rest taken once it is read), and one declared metric
+outside the token's scope refusing the whole call.
 Nothing of a refused call is written.
 
 Streams hold a thread while they last, so each kind runs on a pool of its own, with a bound
@@ -469,10 +470,10 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
         return upload
 
-    def _take_upload(self, identity: TokenConfig, context) -> None:
-        """One upload of the token's upload rate, or the refusal with its retry hint."""
+    def _take_upload(self, identity: TokenConfig, context, n: int = 1) -> None:
+        """n uploads of the token's upload rate, or the refusal with its retry hint."""
         name = identity.name
-        wait = self._upload_limiter.take(name, 1)
+        wait = self._upload_limiter.take(name, n)
         if wait > 0:
             limit = self._upload_limiter.limit(name)
             assert limit is not None  # a wait comes from a limit
@@ -487,6 +488,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if isinstance(request, bytes):
             self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
         batches = request.batches if isinstance(request, veil_pb2.UploadBatchesRequest) else (request,)
+        if len(batches) > 1:
+            # Each batch leaves its id in the store: the call's first was taken before reading.
+            self._take_upload(identity, context, len(batches) - 1)
         name = identity.name
         for batch in batches:
             if identity.role == "upload" and batch.metric in self._metrics and batch.metric not in identity.metrics:

@@ -66,7 +66,7 @@ from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from .errors import ConfigError, StoreError, StoreMisconfigured
 from .http import HttpListener, Page
-from .ingest import MAX_BATCHES
+from .ingest import MAX_BATCHES, Ingest
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
@@ -253,7 +253,7 @@ class Aggregator:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         collector = self.collector = CollectorService(
-            config, self.store, self.instruments, clock, lambda: self._store_ok is False
+            Ingest(config, self.store, self.instruments, clock, lambda: self._store_ok is False)
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(collector, self._grpc)
         self._estimates = EstimatesService(config, self.live, self._stopping)

@@ -185,7 +185,7 @@ class HttpListener:
         return {
             "Access-Control-Allow-Origin": origin,
             "Vary": "Origin",
-            "Access-Control-Expose-Headers": "retry-after-ms, Retry-After",
+            "Access-Control-Expose-Headers": "retry-after-ms, Retry-After, ETag",
         }
 
     @web.middleware
@@ -214,7 +214,7 @@ class HttpListener:
                     **cors,
                     "Access-Control-Allow-Methods": "GET, POST",
                     "Access-Control-Max-Age": "600",
-                    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept",
+                    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, If-None-Match",
                 }
                 if cors
                 else {},

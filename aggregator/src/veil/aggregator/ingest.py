@@ -71,20 +71,22 @@ class Status:
 
 _UNAVAILABLE = "The counter store is unavailable; retry with the same batch id."
 
-# Every answer, by name. Rows sharing a gRPC status share its HTTP status, but for those that
-# only one transport can give (oversize: grpcio's own RESOURCE_EXHAUSTED, HTTP 413).
+# Every answer, by name (docs/protocol.md section 5). A refusal that carries a gRPC status is
+# answered over HTTP with the status of the first row of that gRPC status (http_status): later
+# rows of the same gRPC status are answers only one transport tells apart (HTTP 304, 413).
 STATUSES: dict[str, Status] = {
     "accepted": Status("accepted", "OK", 200, True),
+    "unchanged": Status(None, "OK", 304, True),
     "duplicate": Status("duplicate", "OK", 200, True),
     "invalid": Status("invalid", "INVALID_ARGUMENT", 400, True),
     "future": Status("future", "INVALID_ARGUMENT", 400, True),
     "too_late": Status("too_late", "OUT_OF_RANGE", 410, True),
-    "oversize": Status(None, "RESOURCE_EXHAUSTED", 413, True),
     "unknown_metric": Status("unknown_metric", "FAILED_PRECONDITION", 409, True),
     "stale_spec": Status("stale_spec", "FAILED_PRECONDITION", 409, True),
     "unauthenticated": Status(None, "UNAUTHENTICATED", 401, False),
     "permission_denied": Status(None, "PERMISSION_DENIED", 403, False),
     "rate_limited": Status(None, "RESOURCE_EXHAUSTED", 429, False),
+    "oversize": Status(None, "RESOURCE_EXHAUSTED", 413, True),
     "cancelled": Status("cancelled", "CANCELLED", 503, False, "The call ended before the batch was counted."),
     "deadline": Status(None, "DEADLINE_EXCEEDED", None, False),
     "unavailable": Status("unavailable", "UNAVAILABLE", 503, False, _UNAVAILABLE),
@@ -95,9 +97,8 @@ STATUSES: dict[str, Status] = {
     "unsupported_media_type": Status(None, None, 415, True),
 }
 
-# What the HTTP adapters answer for a refusal that carries a gRPC status (from the access checks
-# or the core): the HTTP status of the rows of that gRPC status, oversize aside.
-_HTTP_OF_GRPC = {s.grpc: s.http for name, s in STATUSES.items() if s.grpc and s.http and name != "oversize"}
+# Reversed: the first row of each gRPC status is the last written, so it stays.
+_HTTP_OF_GRPC = {s.grpc: s.http for s in reversed(STATUSES.values()) if s.grpc and s.http}
 
 
 def http_status(grpc_name: str) -> int:

@@ -12,8 +12,7 @@ import functools
 import logging
 import math
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -27,9 +26,8 @@ from . import _kernels
 from .config import AggregatorConfig
 from .errors import InvalidRange, StoreUnavailable, UnknownMetric
 from .ingest import Ingest, Outcome
-from .instruments import Instruments
 from .live import LiveEstimates, WindowEstimate, with_group
-from .store import Store, Version
+from .store import Version
 
 __all__ = [
     "MAX_WATCH_INTERVAL",
@@ -58,15 +56,8 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
     """The Collector over gRPC: an adapter of the ingest core (ingest.Ingest), which checks,
     targets, writes and answers; this translates its outcomes to gRPC statuses."""
 
-    def __init__(
-        self,
-        config: AggregatorConfig,
-        store: Store,
-        instruments: Instruments,
-        clock: Callable[[], float] = time.time,
-        store_down: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.ingest = Ingest(config, store, instruments, clock, store_down)
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
 
     def GetMetricSpecs(self, request, context):
         return self.ingest.specs(request.metrics, request.if_version)
