@@ -41,6 +41,8 @@ def reference_window(e: WindowEstimate) -> veil_pb2.WindowEstimate:
         estimand=body["estimand"],
         reports_per_device=body["reports_per_device"],
         period_seconds=body["period"],
+        provisional=body["provisional"],
+        periods=body["periods"],
     )
 
 
@@ -66,6 +68,8 @@ def reference_json(e: WindowEstimate) -> dict:
         "estimand": e.estimand,
         "period": spec.period,
         "reports_per_device": e.reports_per_device,
+        "periods": e.periods,
+        "provisional": e.provisional,
         "categories": [],
     }
     if e.estimate is not None:
@@ -96,8 +100,12 @@ def window_estimate(
     metric = MetricConfig(spec, (TOTAL, HOUR))
     start, end = window.bucket(1_700_000_123)
     what = f"share of devices ({seed})"
+    # Fields 16 and 17 (revision 2) both ways: provisional or not (false is left out), periods 1..
+    more = dict(periods=1 + seed, provisional=seed % 2 == 0)
     if withheld:
-        return WindowEstimate(metric, window, start, end, version, n, None, f"{n} reports so far", 1 + seed, what)
+        return WindowEstimate(
+            metric, window, start, end, version, n, None, f"{n} reports so far", 1 + seed, what, **more
+        )
     rng = np.random.default_rng(seed)
     k = len(labels)
     columns = []
@@ -107,7 +115,7 @@ def window_estimate(
         column[pick] = rng.choice(SPECIAL, pick.sum())
         columns.append(column)
     estimate = Estimate(n, "minimax", *columns[:4], projection=columns[4], reports_per_device=1 + seed)
-    return WindowEstimate(metric, window, start, end, version, n, estimate, "", 1 + seed, what)
+    return WindowEstimate(metric, window, start, end, version, n, estimate, "", 1 + seed, what, **more)
 
 
 CASES = {

@@ -166,7 +166,11 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
             # the periods since counting began (Store.since), never from after a report.
             self._store.since(metric.name, metric.spec.fingerprint, int(now))
             self._since_recorded.add(metric.name)
-        return BatchWrite(metric.name, request.batch_id, counts, self._targets_at(metric, now), self._config.dedupe_ttl)
+        targets = self._targets_at(metric, now)
+        # Bucketed by arrival (revision 1): its period is the one current now.
+        return BatchWrite(
+            metric.name, request.batch_id, counts, targets, self._config.dedupe_ttl, metric.spec.period_index(now)
+        )
 
     def _answer(
         self, request: veil_pb2.UploadRequest, result: bool | Exception, started: float
@@ -424,13 +428,18 @@ def encode_window(e: WindowEstimate) -> bytes:
         )
     )
     tail = veil_pb2.WindowEstimate(
-        estimand=e.estimand, reports_per_device=e.reports_per_device, period_seconds=spec.period, group=group
+        estimand=e.estimand,
+        reports_per_device=e.reports_per_device,
+        period_seconds=spec.period,
+        group=group,
+        provisional=e.provisional,
+        periods=e.periods,
     ).SerializeToString()
     if e.estimate is None:
         return head + tail
     est = e.estimate
     assert est.projection is not None  # live estimates are always projected
-    # Fields go in number order: 1..10, then 11 (the categories), then 12.. .
+    # Fields go in number order: 1..10, then 11 (the categories), then 12..17.
     return (
         head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) + tail
     )
@@ -444,11 +453,13 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[int, Version, int, bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[int, Version, int, bool, bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
-        marker = tuple((e.metric.name, e.window.name, e.start, e.version, e.reports_per_device) for e in estimates)
+        marker = tuple(
+            (e.metric.name, e.window.name, e.start, e.version, e.reports_per_device, e.provisional) for e in estimates
+        )
         held = self._responses.get(shape)
         if held is not None and held[0] == marker:
             return held[1]
@@ -459,8 +470,8 @@ class ResponseCache:
     def _window(self, e: WindowEstimate) -> bytes:
         key = (e.metric.name, e.window.name)
         held = self._windows.get(key)
-        if held is not None and held[:3] == (e.start, e.version, e.reports_per_device):
-            return held[3]
+        if held is not None and held[:4] == (e.start, e.version, e.reports_per_device, e.provisional):
+            return held[4]
         encoded = _field(_ESTIMATES_TAG, encode_window(e))
-        self._windows[key] = (e.start, e.version, e.reports_per_device, encoded)
+        self._windows[key] = (e.start, e.version, e.reports_per_device, e.provisional, encoded)
         return encoded
