@@ -67,6 +67,7 @@ class WindowEstimate:
     estimand: str = ""  # what the estimates are shares of, in words
     group: GroupEstimate | None = None  # the share of a group of categories, where one was asked for
     periods: int = 1  # the reporting periods the estimate pools: those of its span with reports
+    spanned: int = 1  # the reporting periods its span covers so far (for total: since counting began)
     provisional: bool = True  # the bucket is open, or ended less than max_lateness ago (total: always)
     data_periods: frozenset[int] = frozenset()  # the counts' periods (Counts.periods) it was computed from
 
@@ -411,13 +412,14 @@ class LiveEstimates:
 
     def _aged(self, e: WindowEstimate, now: float) -> bool:
         """Whether a kept estimate no longer holds for its counts at `now`: it has left its
-        lateness (no longer provisional), or a period began and its counts say not which
-        periods they came from (so one device can have sent more reports since)."""
+        lateness (no longer provisional), or a period began within its span (its estimand
+        names the periods spanned; where its counts do not say which periods they came from,
+        one device can have sent more reports since)."""
         if e.provisional != self._provisional(e.window, e.end, now):
             return True
-        if not e.n or PERIOD_NOT_SAID not in e.data_periods:
-            return False
-        return e.periods != self._pooled(e.metric, e.window, e.start, e.end, now, e.data_periods)[0]
+        return bool(e.n) and (e.periods, e.spanned) != self._pooled(
+            e.metric, e.window, e.start, e.end, now, e.data_periods
+        )
 
     def _provisional(self, window: Window, end: int, now: float) -> bool:
         """A bucket that has not ended, or ended less than max_lateness ago (reports made in it
@@ -499,6 +501,7 @@ class LiveEstimates:
                 per_device,
                 estimand(metric, window, *pooled[i], buckets),
                 periods=pooled[i][0],
+                spanned=pooled[i][1],
                 provisional=self._provisional(window, end, now),
                 data_periods=counts.periods,
             )
@@ -530,6 +533,7 @@ class LiveEstimates:
                         per_device,
                         what,
                         periods=pooled[i][0],
+                        spanned=pooled[i][1],
                         provisional=self._provisional(window, end, now),
                         data_periods=counts.periods,
                     )
@@ -572,6 +576,7 @@ class LiveEstimates:
             metric.spec.reports_per_period * pooled[0],
             estimand(metric, window, *pooled),
             periods=pooled[0],
+            spanned=pooled[1],
             provisional=self._provisional(window, end, now),
             data_periods=frozenset() if counts is None else counts.periods,
         )
