@@ -10,11 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from veil.aggregator._keystream import FastKeystream
 from veil.aggregator.config import parse_config
 from veil.aggregator.estimate import estimate
 from veil.aggregator.live import LiveEstimates
-from veil.aggregator.simulate import count_reports, simulate_reports
+from veil.aggregator.simulate import FastKeystream, count_reports, simulate_reports
 from veil.aggregator.store import BatchWrite, CountsKey, MemoryStore, RedisStore, SqliteStore
 
 DAY = 86400
