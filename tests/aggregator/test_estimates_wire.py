@@ -4,6 +4,7 @@ before), and the cached JSON text is exactly json.dumps of to_json; caches follo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -218,3 +219,13 @@ def test_the_response_cache_serves_the_same_bytes_until_a_version_or_bucket_chan
     )
     again = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [wider, first[1]]))
     assert again.estimates[0].reports_per_device == moved.reports_per_device + 1
+    # The same counts once a period began that brought no data (c is the same, the estimand names
+    # one period more spanned), or once the bucket left its lateness: new bytes each time.
+    spanned = dataclasses.replace(
+        wider, spanned=wider.spanned + 1, estimand=wider.estimand + ", from the one period with reports of the 2"
+    )
+    said = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [spanned, first[1]]))
+    assert said.estimates[0].estimand == spanned.estimand
+    final = dataclasses.replace(spanned, provisional=False)
+    closed = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [final, first[1]]))
+    assert not closed.estimates[0].provisional

@@ -453,13 +453,11 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[int, Version, int, bool, bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[tuple[int, Version, int, int, bool], bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
-        marker = tuple(
-            (e.metric.name, e.window.name, e.start, e.version, e.reports_per_device, e.provisional) for e in estimates
-        )
+        marker = tuple((e.metric.name, e.window.name, *self._state(e)) for e in estimates)
         held = self._responses.get(shape)
         if held is not None and held[0] == marker:
             return held[1]
@@ -470,8 +468,15 @@ class ResponseCache:
     def _window(self, e: WindowEstimate) -> bytes:
         key = (e.metric.name, e.window.name)
         held = self._windows.get(key)
-        if held is not None and held[:4] == (e.start, e.version, e.reports_per_device, e.provisional):
-            return held[4]
+        state = self._state(e)
+        if held is not None and held[0] == state:
+            return held[1]
         encoded = _field(_ESTIMATES_TAG, encode_window(e))
-        self._windows[key] = (e.start, e.version, e.reports_per_device, e.provisional, encoded)
+        self._windows[key] = (state, encoded)
         return encoded
+
+    @staticmethod
+    def _state(e: WindowEstimate) -> tuple[int, Version, int, int, bool]:
+        """What a window's bytes depend on besides its metric and window: its bucket and version,
+        and what time alone changes (a period begun: c and the estimand; its lateness ended)."""
+        return (e.start, e.version, e.reports_per_device, e.spanned, e.provisional)
