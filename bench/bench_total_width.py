@@ -32,13 +32,12 @@ its markers. Seeded: the same command gives the same table.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, replace_marked, write_results
 from veil_testing.data import zipf_shares
 
 from veil.aggregator.counts import Counts
@@ -135,14 +134,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(text: str) -> None:
-    readme = README.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers.")
-    README.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", readme))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=RUNS, help="repetitions per number of days")
@@ -164,7 +155,7 @@ def main() -> int:
     text = table(rows)
     print(text)
     if args.update_readme:
-        update_readme(text)
+        replace_marked(README, BEGIN, END, text)
     return 0
 
 

@@ -489,22 +489,8 @@ class LiveEstimates:
                 f"{n} reports so far; estimates are shown from {least} reports on, so that "
                 "no small group is singled out and the error bars mean something."
             )
-            found[i] = WindowEstimate(
-                metric,
-                window,
-                start,
-                end,
-                version,
-                n,
-                None,
-                reason,
-                per_device,
-                estimand(metric, window, *pooled[i], buckets),
-                periods=pooled[i][0],
-                spanned=pooled[i][1],
-                provisional=self._provisional(window, end, now),
-                data_periods=counts.periods,
-            )
+            what = estimand(metric, window, *pooled[i], buckets)
+            found[i] = self._made(metric, window, (start, end), version, counts, pooled[i], now, None, reason, what)
         if shown:
             try:
                 computed = estimate_many(
@@ -516,27 +502,12 @@ class LiveEstimates:
                     found[i] = self._failed(metric, window, start, end, version, counts, err, pooled[i], now)
             else:
                 said: dict[tuple[int, int], str] = {}  # estimand() of each (pooled, spanned): most buckets share one
-                for (i, per_device), e in zip(shown, computed):
+                for (i, _), e in zip(shown, computed):
                     (start, end), (version, counts) = spans[i], read[i]
                     what = said.get(pooled[i]) or said.setdefault(
                         pooled[i], estimand(metric, window, *pooled[i], buckets)
                     )
-                    found[i] = WindowEstimate(
-                        metric,
-                        window,
-                        start,
-                        end,
-                        version,
-                        e.n,
-                        e,
-                        "",
-                        per_device,
-                        what,
-                        periods=pooled[i][0],
-                        spanned=pooled[i][1],
-                        provisional=self._provisional(window, end, now),
-                        data_periods=counts.periods,
-                    )
+                    found[i] = self._made(metric, window, (start, end), version, counts, pooled[i], now, e, "", what)
         return found  # type: ignore[return-value]
 
     def _failed(
@@ -564,20 +535,37 @@ class LiveEstimates:
                 extra={"metric": metric.name, "window": window.name},
             )
         reason = f"The estimate could not be computed ({type(err).__name__}: {err}); other metrics are unaffected."
+        what = estimand(metric, window, *pooled)
+        return self._made(metric, window, (start, end), version, counts, pooled, now, None, reason, what)
+
+    def _made(
+        self,
+        metric: MetricConfig,
+        window: Window,
+        span: tuple[int, int],
+        version: Version,
+        counts: Counts | None,
+        pooled: tuple[int, int],
+        now: float,
+        estimate_: Estimate | None,
+        reason: str,
+        what: str,
+    ) -> WindowEstimate:
+        """The WindowEstimate of a bucket's span and counts (None: none read), its pooled and
+        spanned periods (_pooled), its estimate (None: withheld, for the reason) and estimand."""
         return WindowEstimate(
             metric,
             window,
-            start,
-            end,
+            *span,
             version,
             0 if counts is None else counts.total,
-            None,
+            estimate_,
             reason,
             metric.spec.reports_per_period * pooled[0],
-            estimand(metric, window, *pooled),
+            what,
             periods=pooled[0],
             spanned=pooled[1],
-            provisional=self._provisional(window, end, now),
+            provisional=self._provisional(window, span[1], now),
             data_periods=frozenset() if counts is None else counts.periods,
         )
 
