@@ -292,7 +292,7 @@ def test_intervals_are_shown_as_intervals_and_one_below_0_as_no_evidence_of_pres
         for bar in bars.values():
             assert re.fullmatch(r"\[\u2212?\d+\.\d+%, \d+\.\d+%\]", bar["value"]), bar
             assert not bar["absent"] and bar["whiskers"] == 1
-        assert "\u00b1" not in page.evaluate("document.getElementById('panels').textContent")
+        assert "\u00b1" not in page.evaluate("document.body.textContent")
         provisional = page.evaluate(
             "[...document.querySelectorAll('section.panel')].map((s) => [s.dataset.metric, s.dataset.window, "
             "s.dataset.provisional, s.querySelector('.badge.provisional')?.textContent ?? null])"
