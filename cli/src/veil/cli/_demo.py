@@ -1,18 +1,20 @@
 """`veil demo`: the whole system on one machine.
 
 An aggregator on the embedded SQLite store (in a temporary directory removed at exit, or
---data-dir to keep the counts; Redis with --redis), simulated devices that
-report through the real SDK over gRPC, the dashboard on the HTTP listener, and a terminal table
-of live estimates (read over gRPC) with their 95% intervals beside the truth. Ctrl-C stops
-everything cleanly.
+--data-dir to keep the counts; Redis with --redis, under a key namespace drawn for the run and
+removed at exit), simulated devices that report through the real SDK over gRPC, the dashboard on
+the HTTP listener, and a terminal table of live estimates (read over gRPC) with their 95%
+intervals beside the truth, made to fit an 80x24 terminal. Ctrl-C stops everything cleanly.
 
-Each simulated device is a Reporter with the SDK's defaults (memoization on, the privacy
-ledger, the metric's reporting period) and holds its own true value of each metric, drawn from a
-hidden distribution; at every period's turn a few devices draw a new value. The app calls
-report() again and again; what leaves the device is the metric's rule: the first report of each
-period. So the estimates are of the share of devices, as the README's "What the numbers mean"
-describes, and the all-time window's intervals allow for each device reporting in every period.
-"""
+Each simulated device is a device of the SDK's own (Reporter.simulated_device: its own device
+secret, memo and privacy ledger, the SDK's defaults: memoization on, the metric's reporting
+period), and holds its own true value of each metric, drawn from a hidden distribution; at every
+period's turn a few devices draw a new value. The devices share one Reporter's queue and gRPC
+connection, as behind one gateway, so tens of thousands cost little more than their ledgers and
+memos. The app calls report() again and again; what leaves each device is the metric's rule: one
+randomized report per period. So the estimates are of the share of devices, as the README's
+"What the numbers mean" describes, and the all-time window's intervals allow for each device
+reporting in every period."""
 
 from __future__ import annotations
 
@@ -71,7 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop after this long and exit 0 (default 0: run until Ctrl-C)",
     )
     parser.add_argument(
-        "--devices", type=int, default=500, help="simulated devices, each a Reporter with its own values (default 500)"
+        "--devices",
+        type=int,
+        default=20_000,
+        help="simulated devices, each with its own values, device secret, memo and privacy ledger (default 20000)",
     )
     parser.add_argument(
         "--period",
