@@ -266,10 +266,10 @@ _ROWS_SHOWN = 4  # each metric's categories with the largest truths
 def frame(
     clock: str, dashboard: str, endpoint: str, devices: int, hint: str, windows, error: str = ""
 ) -> tuple[list[str], int, int]:
-    """One screen of the demo (at most WIDTH x HEIGHT): where everything is (and `hint`), then each metric's
-    largest categories, from `windows` (WindowEstimate messages by metric name) or, when they
-    could not be read, `error`; and how many categories' truths lie inside their 95% intervals
-    (all categories, not only those shown), out of how many."""
+    """One screen of the demo, at most WIDTH x HEIGHT: where everything is (and `hint`), then
+    each metric's largest categories, from `windows` (WindowEstimate messages by metric name)
+    or, when they could not be read, `error`; and how many categories' truths lie inside their
+    95% intervals (all categories, not only those shown), out of how many."""
     lines = [
         f"{clock}  Veil demo: dashboard {dashboard}  gRPC {endpoint}",
         f"{devices:,} simulated devices, each with its own ledger and memo. {hint}".rstrip(),
@@ -295,20 +295,8 @@ def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
         f"{metric.name}: {metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g}, n = {window.n:,}"
     )
     if window.withheld:
-        return (
-            [
-                head,
-                *textwrap.wrap(
-                    f"withheld: {window.reason}",
-                    WIDTH - 2,
-                    initial_indent="  ",
-                    subsequent_indent="  ",
-                    max_lines=_ROWS_SHOWN,
-                ),
-            ],
-            0,
-            0,
-        )
+        reason = textwrap.wrap(f"withheld: {window.reason}", WIDTH, initial_indent="  ", subsequent_indent="  ")
+        return [head, *reason[:_ROWS_SHOWN]], 0, 0
     inside = [c.lower <= t <= c.upper for c, t in zip(window.categories, metric.truth)]
     lines = [f"{head} ({sum(inside)}/{len(inside)} inside)"]
     for j in sorted(range(len(metric.labels)), key=lambda j: -metric.truth[j])[:_ROWS_SHOWN]:
