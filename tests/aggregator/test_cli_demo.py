@@ -88,14 +88,15 @@ def test_every_screen_fits_an_80x24_terminal_and_keeps_the_addresses_on_its_firs
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_in_an_80x24_terminal_the_screen_shows_its_addresses_and_every_metric(tmp_path):
+def test_in_an_80x24_terminal_the_screen_shows_its_addresses_and_every_metric_and_closing_it_cleans_up(tmp_path):
     server = f"veil-demo-{uuid.uuid4().hex[:8]}"  # a tmux server of this test's own
-    command = " ".join([*DEMO, "--duration", "60", "--devices", "2000"])
+    # The demo's temporary directory (tempfile's) goes under tmp_path, to see it removed.
+    command = " ".join([f"TMPDIR={tmp_path}", *DEMO, "--devices", "2000"])
     tmux = ["tmux", "-L", server, "-f", "/dev/null"]
     subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", command], check=True)
     try:
         screen: list[str] = []
-        deadline = time.monotonic() + 60  # a generous bound on start-up, not a measurement
+        deadline = time.monotonic() + 60  # generous bounds on start-up and exit, not measurements
         while time.monotonic() < deadline:
             shown = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True)
             screen = shown.stdout.splitlines()
@@ -104,8 +105,13 @@ def test_in_an_80x24_terminal_the_screen_shows_its_addresses_and_every_metric(tm
             time.sleep(0.5)
         assert screen and TITLE.match(screen[0]), screen
         assert all(any(line.startswith(f"{m.name}: ") for line in screen) for m in DEMO_METRICS), screen
+        assert [p.name for p in tmp_path.iterdir()][0].startswith("veil-demo-")
     finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        subprocess.run([*tmux, "kill-server"], capture_output=True)  # the terminal closes: SIGHUP
+    deadline = time.monotonic() + 60
+    while any(tmp_path.iterdir()):
+        assert time.monotonic() < deadline, list(tmp_path.iterdir())
+        time.sleep(0.5)
 
 
 def test_demo_on_redis_starts_from_nothing_and_leaves_no_key_behind_nor_touches_another(redis_server):

@@ -384,7 +384,11 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int, stor
             aggregator.stop(grace=0)
             raise CliError(f"--redis: {err}.") from None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # A kill, or the terminal closed, stops the demo as Ctrl-C does: its temporary store or
+    # Redis keys are removed all the same.
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, lambda *_: stop.set())
     devices = [_devices(endpoint, args, period, stop)]
     live = sys.stdout.isatty()
     dashboard = f"http://127.0.0.1:{aggregator.http_port}/"
