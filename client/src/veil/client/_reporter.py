@@ -242,6 +242,21 @@ class Reporter:
         """The metric specs in use, by name (empty until specs are known)."""
         return self._specs.specs
 
+    # --- simulation -----------------------------------------------------------------------
+
+    def simulated_device(self) -> Reporter:
+        """Another device, for simulations and demos of many devices in one process: a Reporter
+        with its own device secret, memo and privacy ledger (in memory), whose report() applies
+        the same rules, sending through this Reporter's specs, queue and connection. What leaves
+        it is what would leave a device of its own: its reports within its own ledger's bounds,
+        randomized with its own memo. counters(), force_flush() and shutdown() are the shared
+        queue's (shutting any of them down shuts it down for all)."""
+        device = Reporter.__new__(Reporter)
+        vars(device).update(vars(self))  # the settings, specs, queue and connection
+        log = self._processor.log
+        device._memo, device._ledger = MemoStore(None, log), Ledger(None, log)
+        return device
+
 
 def _index(spec: MetricSpec | None, value: object) -> int | None:
     """The index ``value`` names in ``spec``; None when the spec has no such index (a server-side
