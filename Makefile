@@ -94,8 +94,9 @@ $(NATIVE): aggregator/native/collector.cc | grpc-dev $(VENV)/bin/python
 native: $(NATIVE)
 
 # client/js: its packages from the lockfile, then built (the Python tests run the built SDK; the
-# build copies the wire contract's veil.proto beside it for gRPC).
-client/js/dist/.built: client/js/package.json client/js/package-lock.json proto/veil/wire/v1/veil.proto \
+# build puts client/js/proto/veil.proto, the package's copy of the wire contract, beside it for
+# gRPC, so it builds outside this repository too; tests/test_package.py fails when the copy drifts).
+client/js/dist/.built: client/js/package.json client/js/package-lock.json client/js/proto/veil.proto \
 		$(wildcard client/js/src/*.ts client/js/test/*.ts) | node
 	cd client/js && npm ci --no-audit --no-fund && npm run build
 	touch $@
