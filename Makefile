@@ -136,10 +136,13 @@ proto-check:
 
 # What a user installs: the sdist, the wheel built from it, and the npm tarball (client/js's
 # prepack embeds the wire contract's veil.proto). tests/test_package.py installs each of them.
+# (DIST=elsewhere: the test builds them into a temporary directory.) npm pack without scripts:
+# client/js/dist/.built has built it already.
+DIST ?= dist
 dist: $(VENV)/.dev client/js/dist/.built
-	rm -rf dist
-	$(PY) -m build --no-isolation --outdir dist .
-	cd client/js && npm pack --pack-destination $(CURDIR)/dist
+	rm -rf $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) .
+	cd client/js && npm pack --ignore-scripts --pack-destination $(abspath $(DIST))
 
 clean:
 	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist $(NATIVE)
