@@ -134,10 +134,10 @@ profile: $(VENV)/.dev $(NATIVE) redis-server
 proto-check:
 	$(PYTHON) proto/generate.py --check
 
-# What a user installs: the sdist, the wheel built from it, and the npm tarball (client/js's
-# prepack embeds the wire contract's veil.proto). tests/test_package.py installs each of them.
-# (DIST=elsewhere: the test builds them into a temporary directory.) npm pack without scripts:
-# client/js/dist/.built has built it already.
+# What a user installs: the sdist, the wheel built from it, and the npm tarball (with the
+# package's veil.proto). tests/test_package.py installs each of them (DIST=elsewhere: it builds
+# them into a temporary directory). npm pack without scripts: client/js/dist/.built has built
+# the package already (its prepack builds it for an `npm pack` or `npm publish` run by hand).
 DIST ?= dist
 dist: $(VENV)/.dev client/js/dist/.built
 	rm -rf $(DIST)
