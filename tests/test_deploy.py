@@ -445,6 +445,7 @@ def test_the_wheel_builds_from_what_the_dockerfile_copies(tmp_path):
     ):
         assert module in names
     assert not any("__pycache__" in n for n in names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)  # the image's package has its license
 
 
 def test_the_constraints_pin_every_dependency_within_pyproject():
