@@ -28,6 +28,8 @@ class Counters:
               failure, and not counted as dropped.
     over_budget: report() calls not sent because they would have spent more epsilon than the
               metric's period or lifetime budget allows (see Reporter.privacy_spent()).
+    ledger_unavailable: report() calls not sent because the privacy ledger under the queue
+              directory could not record their spending (a full disk, an unwritable directory).
     """
 
     accepted: int = 0
@@ -38,6 +40,7 @@ class Counters:
     queued: int = 0
     limited: int = 0
     over_budget: int = 0
+    ledger_unavailable: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

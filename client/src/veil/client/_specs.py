@@ -19,6 +19,7 @@ from typing import cast
 from veil.mechanism import DEFAULT_PERIOD, MechanismError, MetricSpec, spec_for, wire_shape, wire_shape_of
 from veil.wire.v1 import veil_pb2
 
+from ._clock import BoundedClock
 from ._fs import write_atomic
 from ._log import LogOnce, logger
 
@@ -71,7 +72,8 @@ class SpecCache:
 
     FILE = "specs.pb"
 
-    def __init__(self, directory: Path | None, log: LogOnce) -> None:
+    def __init__(self, directory: Path | None, log: LogOnce, clock: BoundedClock) -> None:
+        self._clock = clock  # told the aggregator's time by every answer (not by the cached one)
         self._path = directory / self.FILE if directory is not None else None
         self._log = log
         self.specs: Mapping[str, MetricSpec] = {}
@@ -99,6 +101,7 @@ class SpecCache:
 
     def update(self, response: veil_pb2.GetMetricSpecsResponse) -> None:
         """Install a fresh response from the aggregator and keep it on disk."""
+        self._clock.observe(response.server_time_unix)
         self._install(response, time.time())
         if self._path is not None:
             try:
