@@ -12,8 +12,9 @@ export interface Metric {
   fingerprint: string;
   periodSeconds: number;
   reportsPerPeriod: number;
-  /** epsilon per period and per lifetime the operator allows (Infinity: no lifetime cap). */
-  periodBudget: number;
+  /** epsilon per period and per lifetime the operator allows (periodBudget null: the period's reports
+   * are its only bound; lifetimeBudget Infinity: no lifetime cap). */
+  periodBudget: number | null;
   lifetimeBudget: number;
   design: Design;
 }
@@ -37,7 +38,7 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
         reportsPerPeriod });
       if (mine !== s.fingerprint) continue;
       metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
-        periodBudget: Number(s.periodBudget) || reportsPerPeriod * epsilon,
+        periodBudget: Number(s.periodBudget) || null,
         lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: design(mechanism, labels.length, epsilon) });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out

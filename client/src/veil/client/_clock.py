@@ -21,11 +21,21 @@ __all__ = ["ALLOWANCE", "BoundedClock"]
 ALLOWANCE = 300.0  # seconds a device's time may run ahead of the aggregator's last word
 
 
+def _since_boot() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# The time elapsed since an answer, counting time suspended where the platform can (Linux and
+# Android): time.monotonic stops while a device sleeps, which would hold a device that slept
+# overnight in the day before until the next specs answer.
+_ELAPSED = _since_boot if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+
+
 class BoundedClock:
     """``now()``: the device's clock (``wall``, Unix seconds), at most the aggregator's last
     observed time plus the ``monotonic`` time since, plus ALLOWANCE."""
 
-    def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = _ELAPSED) -> None:
         self._wall = wall
         self._monotonic = monotonic
         # (the aggregator's Unix time, the monotonic time it arrived): replaced whole, read without a lock
