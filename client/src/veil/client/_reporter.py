@@ -171,7 +171,8 @@ class Reporter:
         if index is None:
             return self._processor.drop_logged("unknown-category", metric=metric)
         try:
-            period = spec.period_index(self._clock.now())
+            now = self._clock.now()  # the device's clock, bounded by the aggregator's
+            period = spec.period_index(now)
             if self._ledger.full(spec.name, period, spec.reports_per_period):
                 return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
