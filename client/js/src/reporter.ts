@@ -113,7 +113,9 @@ export class Reporter {
   private closed = false;
   private stopping = false;
   private readonly held: [string, string | number][] = [];
-  /** Memo keys whose new response is drawn once the ledger that admitted it is stored. */
+  /** Reports admitted whose spending is being stored, and the memo keys whose new response is drawn
+   * once it is. */
+  private admitting = 0;
   private readonly drawing = new Set<string>();
   private readonly open = new Map<string, Open>();
   private readonly batches: Batch[] = [];
@@ -176,7 +178,8 @@ export class Reporter {
   async flush(timeoutMs = 30_000): Promise<boolean> {
     const deadline = Date.now() + timeoutMs;
     await this.until(() => this.ready || this.closed, deadline);
-    await this.device?.persisted();  // reports wait in report() until their spending is stored
+    // Reports admitted a moment ago are batched once their spending is stored.
+    await this.until(() => this.admitting === 0, deadline);
     this.cut(true);
     const done = await this.until(() => this.counts.queued === 0, deadline);
     const { dropped, failed, ledgerUnavailable } = this.counts;
@@ -257,21 +260,24 @@ export class Reporter {
       // Randomized and queued once the spending is stored: a response is never drawn (and memoized)
       // for a report the ledger could not record.
       this.counts.queued += 1;
+      this.admitting += 1;
       if (key !== null && fresh) this.drawing.add(key);
       void stored.then((admitted) => {
         // The admissions that counted on this draw were made before this answer: they share its fate.
         if (key !== null && fresh) this.drawing.delete(key);
+        this.admitting -= 1;
         if (this.closed) return;  // shutdown counted it as dropped
         this.counts.queued -= 1;
-        if (!admitted) {
+        if (admitted) {
+          const draw = () => randomize(metric.design, index, this.words);
+          const memoized = key !== null && device.memo.known(key);
+          const report = key === null ? draw() : device.memo.response(key, draw);
+          if (key !== null && !memoized) device.changed("memo");
+          this.enqueue(metric, report);
+        } else {
           this.counts.ledgerUnavailable += 1;
-          return this.notify();
         }
-        const draw = () => randomize(metric.design, index, this.words);
-        const memoized = key !== null && device.memo.known(key);
-        const report = key === null ? draw() : device.memo.response(key, draw);
-        if (key !== null && !memoized) device.changed("memo");
-        this.enqueue(metric, report);
+        this.notify();
       }).catch(() => this.drop("error", "Veil: a report could not be randomized and was dropped."));
     } catch {
       this.drop("error", "Veil: a report could not be randomized and was dropped.");
