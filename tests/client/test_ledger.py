@@ -23,7 +23,7 @@ import pytest
 from loopback_collector import CollectorServer
 
 from veil.client import ConfigError, Counters, PrivacySpent, Reporter
-from veil.client._clock import ALLOWANCE, BoundedClock
+from veil.client._clock import ALLOWANCE, bounded_clock
 from veil.client._ledger import Ledger, units
 from veil.client._log import LogOnce
 from veil.mechanism import MechanismError, MetricSpec
@@ -372,19 +372,14 @@ def test_a_clock_ahead_is_bounded_by_the_aggregators(serve, ready_reporter, stat
 
 
 def test_the_bounded_clock():
-    wall, monotonic = [5_000.0], [50.0]
-    clock = BoundedClock(lambda: wall[0], lambda: monotonic[0])
-    assert clock.now() == 5_000.0  # nothing said yet: the device's clock
-    clock.observe(0)  # a revision-1 aggregator says nothing
-    assert clock.now() == 5_000.0
-    clock.observe(1_000)
-    monotonic[0] = 60.0
-    assert clock.now() == 1_000 + 10 + ALLOWANCE
+    wall: list[float] = [5_000.0]
+    server: list[float | None] = [None]
+    clock = bounded_clock(lambda: wall[0], lambda: server[0])
+    assert clock() == 5_000.0  # the aggregator's time unknown: the device's clock
+    server[0] = 1_010.0
+    assert clock() == 1_010.0 + ALLOWANCE
     wall[0] = 900.0  # behind the aggregator: left as it is
-    assert clock.now() == 900.0
-    clock.observe(0)  # what was said still holds
-    wall[0] = 5_000.0
-    assert clock.now() == 1_000 + 10 + ALLOWANCE
+    assert clock() == 900.0
 
 
 # --- budgets ----------------------------------------------------------------------------------

@@ -3,13 +3,13 @@
 // uploaded in the background, one at a time, each retried with the same batch id until the
 // aggregator acknowledges it, refuses it for good, or the retry horizon passes.
 
-import { BoundedClock } from "./clock.js";
+import { boundedClock } from "./clock.js";
 import { DeviceState } from "./device.js";
 import { HttpTransport } from "./http.js";
 import type { PrivacySpent, Refusal } from "./ledger.js";
 import { randomize, VeilUsageError } from "./mechanism.js";
 import { SystemWords, type WordSource } from "./random.js";
-import { parseSpecs, type Metric } from "./specs.js";
+import { parseSpecs, ServerClock, type Metric } from "./specs.js";
 import { MemoryStore, type DeviceStore } from "./store.js";
 import { backoffMs, RETRY_HORIZON_MS, type Batch, type Transport } from "./transport.js";
 
@@ -102,13 +102,14 @@ export class Reporter {
   private readonly transport: Transport;
   private readonly settings: { [K in keyof typeof DEFAULTS]: number };
   private readonly words: WordSource;
-  /** Periods and made times: the device's clock, bounded by the aggregator's. */
-  private readonly clock: BoundedClock;
+  private readonly clock: () => number;
   private readonly log: (message: string) => void;
   private readonly logged = new Set<string>();
   private device: DeviceState | null = null;
   private metrics = new Map<string, Metric>();
   private maxBatch = 0;
+  /** The aggregator's clock as its specs answers say it: what the ledger bounds the device's clock by. */
+  readonly serverClock = new ServerClock();
   private ready = false;
   private closed = false;
   private stopping = false;
@@ -141,7 +142,8 @@ export class Reporter {
     this.settings = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, positive(options, k as keyof typeof DEFAULTS)])
     ) as Reporter["settings"];
     this.words = options.words ?? new SystemWords();
-    this.clock = new BoundedClock(options.clock ?? Date.now);
+    // Periods and made times: the device's clock, bounded by the aggregator's (clock.ts).
+    this.clock = boundedClock(options.clock ?? Date.now, () => this.serverClock.nowMs());
     this.log = options.log ?? ((message) => console.warn(message));
     // A page going away sends what is batched at once (fetch keepalive outlives the page); a Node
     // process about to exit shuts the Reporter down first.
@@ -285,7 +287,7 @@ export class Reporter {
   }
 
   private period(metric: Metric): number {
-    return Math.floor(this.clock.now() / 1000 / metric.periodSeconds);
+    return Math.floor(this.clock() / 1000 / metric.periodSeconds);
   }
 
   /** The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower; a period
@@ -331,7 +333,7 @@ export class Reporter {
       if (only !== undefined ? key !== only : !all && open.due > now) continue;
       this.open.delete(key);
       open.batch.id = globalThis.crypto.getRandomValues(new Uint8Array(16));
-      open.batch.made = this.clock.now();
+      open.batch.made = this.clock();
       this.batches.push(open.batch);
     }
     this.schedule();
@@ -370,7 +372,7 @@ export class Reporter {
           this.warnOnce(`fail:${outcome.why}`, `Veil: the aggregator refused a batch of ${n} reports for good (${outcome.why}).`);
           this.settle(batch, "failed");
           if (outcome.refetch) void this.refreshSpecs();
-        } else if (this.clock.now() - batch.made > RETRY_HORIZON_MS) {
+        } else if (this.clock() - batch.made > RETRY_HORIZON_MS) {
           this.settle(batch, "failed");
         } else {
           this.counts.retried += 1;
@@ -471,7 +473,7 @@ export class Reporter {
 
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   private useSpecs(answer: any, fetched: boolean): void {
-    if (fetched) this.clock.observe(Number(answer.serverTimeUnix) || 0);
+    if (fetched) this.serverClock.heard(answer.serverTimeUnix);
     const { metrics, maxBatch } = parseSpecs(answer);
     this.metrics = new Map(metrics.map((m) => [m.name, m]));
     this.maxBatch = maxBatch;

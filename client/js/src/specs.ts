@@ -46,3 +46,20 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
   }
   return { metrics, maxBatch: Number(answer.maxBatch) || 0 };
 }
+
+/** The aggregator's clock as its last specs answer said it, moved on by the monotonic time since
+ * (performance.now()): the ledger bounds the device's clock by it. */
+export class ServerClock {
+  private said: { unixMs: number; at: number } | null = null;
+
+  /** An answer's server_time_unix (seconds; absent or 0: not said). */
+  heard(serverTimeUnix: string | number | undefined): void {
+    const unix = Number(serverTimeUnix ?? 0);
+    if (Number.isFinite(unix) && unix > 0) this.said = { unixMs: unix * 1000, at: performance.now() };
+  }
+
+  /** The aggregator's time now, Unix milliseconds; null until an answer of this run said it. */
+  nowMs(): number | null {
+    return this.said === null ? null : this.said.unixMs + (performance.now() - this.said.at);
+  }
+}

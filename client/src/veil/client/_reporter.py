@@ -15,7 +15,7 @@ from pathlib import Path
 
 from veil.mechanism import MetricSpec, RandomSource
 
-from ._clock import BoundedClock
+from ._clock import bounded_clock
 from ._config import resolve_config
 from ._counters import Counters
 from ._errors import ConfigError, UnknownCategoryError, UnknownMetricError
@@ -119,13 +119,13 @@ class Reporter:
         if random_source is not None:
             logger.warning("This Veil Reporter uses an injected random source: for simulation and tests only.")
         self._source = random_source
-        # Periods and made times follow the device's clock, bounded by the aggregator's (see _clock).
-        self._clock = BoundedClock(clock or time.time)
         log = LogOnce()
         directory = self._queue_dir(config.queue_dir, log)
         if not config.tls and config.token and not config.loopback:
             logger.warning("The Veil token travels without TLS to a remote endpoint.")
-        self._specs = SpecCache(directory, log, self._clock)
+        self._specs = SpecCache(directory, log)
+        # Periods and made times: the device's clock, bounded by the aggregator's (see _clock).
+        self._clock = bounded_clock(clock or time.time, self._specs.server_now)
         self._specs.load()
         self._memo = MemoStore(directory, log)
         self._ledger = Ledger(directory, log)
@@ -171,8 +171,7 @@ class Reporter:
         if index is None:
             return self._processor.drop_logged("unknown-category", metric=metric)
         try:
-            now = self._clock.now()  # the device's clock, bounded by the aggregator's
-            period = spec.period_index(now)
+            period = spec.period_index(self._clock())
             if self._ledger.full(spec.name, period, spec.reports_per_period):
                 return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
@@ -245,7 +244,7 @@ class Reporter:
         reporting period and over the device's lifetime, beside the budgets in force. Lifetime
         means as long as this device's ledger lives: under ``queue_dir``, until its files are
         deleted; without one, this process."""
-        now = self._clock.now()
+        now = self._clock()
         return {name: self._ledger.spent(spec, now, *self._budgets(spec)) for name, spec in self._specs.specs.items()}
 
     @property
