@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 
 import { ALLOWANCE_MS, boundedClock } from "../src/clock.js";
-import { fingerprint, Ledger, Reporter, type Rule } from "../src/index.js";
+import { design, fingerprint, Ledger, Reporter, type Rule } from "../src/index.js";
 import { nodeFileStore } from "../src/node.js";
 
 const DAY = 86400;
@@ -79,8 +79,8 @@ interface Aggregator { url: string; reports: number; serverTime: number }
  * serverTime (Unix seconds) is what its specs answers say (0: nothing, as revision 1). */
 async function aggregator(t: TestContext, epsilon: number, reportsPerPeriod = 1, budgets: Record<string, number> = {}):
   Promise<Aggregator> {
-  const spec = { name: "m", labels: LABELS, mechanism: "KRR", epsilon, periodSeconds: DAY, reportsPerPeriod, ...budgets,
-    fingerprint: fingerprint({ name: "m", labels: LABELS, mechanism: "krr", k: LABELS.length, epsilon, period: DAY,
+  const spec = { name: "m", labels: LABELS, mechanism: "KRR", epsilon, q: design("krr", LABELS.length, epsilon).q,
+    periodSeconds: DAY, reportsPerPeriod, ...budgets, fingerprint: fingerprint({ name: "m", labels: LABELS, mechanism: "krr", k: LABELS.length, epsilon, period: DAY,
       reportsPerPeriod }) };
   const seen = new Set<string>();
   const server = createServer((request, response) => {
