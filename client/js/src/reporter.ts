@@ -68,7 +68,8 @@ export interface Counters {
   failed: number;
   /** Reports awaiting acknowledgement now (and calls waiting for the first specs). */
   queued: number;
-  /** Calls not sent because this period's reports of the metric were sent already. */
+  /** Calls not sent because this period's reports of the metric were sent already, or because the
+   * period is before one the device reported in (its clock was set back). */
   limited: number;
   /** Calls not sent because they would exceed the metric's period or lifetime budget. */
   overBudget: number;

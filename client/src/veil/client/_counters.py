@@ -24,7 +24,8 @@ class Counters:
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
               (batches left by an earlier process included).
     limited:  report() calls not sent because this period's reports of the metric were sent
-              already (the metric's reports_per_period): the device-level bound at work, not a
+              already (the metric's reports_per_period), or because the period is before one the
+              device reported in (its clock was set back): the device-level bound at work, not a
               failure, and not counted as dropped.
     over_budget: report() calls not sent because they would have spent more epsilon than the
               metric's period or lifetime budget allows (see Reporter.privacy_spent()).
