@@ -149,16 +149,29 @@ def test_a_report_past_the_lifetime_budget_is_dropped_and_counted_and_memoized_o
     assert reporter.privacy_spent()["browser"].lifetime_epsilon == 2.0
 
 
-def test_without_memoization_every_report_spends_and_the_period_budget_caps_it(serve, ready_reporter, state):
-    spec = MetricSpec.create("browser", LABELS, epsilon=1.0, reports_per_period=10, period_budget=3.0)
+@pytest.mark.parametrize(
+    ("epsilon", "reports_per_period", "period_budget", "counters"),
+    [
+        (1.0, 10, 3.0, Counters(accepted=3, sent=3, over_budget=7)),
+        # The default period budget is 6 * 0.15 = 0.8999999999999999 in floating point: still six reports.
+        (0.15, 6, None, Counters(accepted=6, sent=6, limited=4)),
+    ],
+)
+def test_without_memoization_every_report_spends_and_the_period_budget_caps_it(
+    serve, ready_reporter, state, epsilon, reports_per_period, period_budget, counters
+):
+    spec = MetricSpec.create(
+        "browser", LABELS, epsilon=epsilon, reports_per_period=reports_per_period, period_budget=period_budget
+    )
     serve(spec)
     reporter = ready_reporter(memoize=False, clock=Clock())
     for _ in range(10):
         reporter.report("browser", "edge")
     assert reporter.force_flush(10)
-    assert state.total("browser") == 3
-    assert reporter.counters().over_budget == 7
-    assert reporter.privacy_spent()["browser"].period_epsilon == 3.0
+    assert state.total("browser") == counters.sent
+    assert reporter.counters() == counters
+    spent = reporter.privacy_spent()["browser"]
+    assert spent.period_epsilon == spent.period_budget == counters.sent * units(epsilon) / 1e9
 
 
 def test_the_app_can_lower_the_budgets_but_not_raise_them(serve, ready_reporter, state):
@@ -383,20 +396,6 @@ def test_the_bounded_clock():
 
 
 # --- budgets ----------------------------------------------------------------------------------
-
-
-def test_six_reports_of_epsilon_0_15_fit_the_default_budget(serve, ready_reporter, state):
-    # The default period budget is 6 * 0.15 = 0.8999999999999999 in floating point: still six reports.
-    spec = MetricSpec.create("browser", LABELS, epsilon=0.15, reports_per_period=6)
-    serve(spec)
-    reporter = ready_reporter(memoize=False, clock=Clock())
-    for _ in range(7):
-        reporter.report("browser", "edge")
-    assert reporter.force_flush(10)
-    assert state.total("browser") == 6
-    assert reporter.counters() == Counters(accepted=6, sent=6, limited=1)
-    spent = reporter.privacy_spent()["browser"]
-    assert spent.period_epsilon == spent.period_budget == 0.9
 
 
 def _decimal(rng: random.Random, low: int, high: int) -> Decimal:
