@@ -70,7 +70,7 @@ export class Ledger {
     try {
       for (const [metric, s] of Object.entries(JSON.parse(json ?? "{}") as Record<string, Stored>)) {
         const values = [s.period, s.reports, s.periodEpsilon, s.lifetimeEpsilon];
-        if (values.every((v) => typeof v === "number" && Number.isFinite(v) && v >= 0)) {
+        if (values.every((v) => typeof v === "number" && Number.isFinite(v))) {
           this.states.set(metric, { period: s.period, reports: s.reports, periodUnits: units(s.periodEpsilon),
             lifetimeUnits: units(s.lifetimeEpsilon) });
         }

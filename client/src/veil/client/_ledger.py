@@ -226,7 +226,7 @@ class Ledger(DeviceFileOwner):
             try:
                 record = json.loads(data[position:end])
                 spent = float(record["period_epsilon"]), float(record["lifetime_epsilon"])
-                if not all(math.isfinite(x) and x >= 0 for x in spent):
+                if not all(map(math.isfinite, spent)):
                     raise ValueError
                 state = _State(int(record["period"]), int(record["reports"]), *map(units, spent))
             except (ValueError, KeyError, TypeError):
