@@ -12,8 +12,9 @@ export interface Metric {
   fingerprint: string;
   periodSeconds: number;
   reportsPerPeriod: number;
-  /** epsilon per period and per lifetime the operator allows (Infinity: no lifetime cap). */
-  periodBudget: number;
+  /** epsilon per period and per lifetime the operator allows (periodBudget null: the period's reports
+   * are its only bound; lifetimeBudget Infinity: no lifetime cap). */
+  periodBudget: number | null;
   lifetimeBudget: number;
   design: Design;
 }
@@ -37,11 +38,28 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
         reportsPerPeriod });
       if (mine !== s.fingerprint) continue;
       metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
-        periodBudget: Number(s.periodBudget) || reportsPerPeriod * epsilon,
+        periodBudget: Number(s.periodBudget) || null,
         lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: design(mechanism, labels.length, epsilon) });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }
   }
   return { metrics, maxBatch: Number(answer.maxBatch) || 0 };
+}
+
+/** The aggregator's clock as its last specs answer said it, moved on by the monotonic time since
+ * (performance.now()): the ledger bounds the device's clock by it. */
+export class ServerClock {
+  private said: { unixMs: number; at: number } | null = null;
+
+  /** An answer's server_time_unix (seconds; absent or 0: not said). */
+  heard(serverTimeUnix: string | number | undefined): void {
+    const unix = Number(serverTimeUnix ?? 0);
+    if (Number.isFinite(unix) && unix > 0) this.said = { unixMs: unix * 1000, at: performance.now() };
+  }
+
+  /** The aggregator's time now, Unix milliseconds; null until an answer of this run said it. */
+  nowMs(): number | null {
+    return this.said === null ? null : this.said.unixMs + (performance.now() - this.said.at);
+  }
 }

@@ -288,13 +288,18 @@ def encode_window(e: WindowEstimate) -> bytes:
         )
     )
     tail = veil_pb2.WindowEstimate(
-        estimand=e.estimand, reports_per_device=e.reports_per_device, period_seconds=spec.period, group=group
+        estimand=e.estimand,
+        reports_per_device=e.reports_per_device,
+        period_seconds=spec.period,
+        group=group,
+        provisional=e.provisional,
+        periods=e.periods,
     ).SerializeToString()
     if e.estimate is None:
         return head + tail
     est = e.estimate
     assert est.projection is not None  # live estimates are always projected
-    # Fields go in number order: 1..10, then 11 (the categories), then 12.. .
+    # Fields go in number order: 1..10, then 11 (the categories), then 12..17.
     return (
         head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) + tail
     )
@@ -308,11 +313,11 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[int, Version, int, bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[tuple[int, Version, int, int, bool], bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
-        marker = tuple((e.metric.name, e.window.name, e.start, e.version, e.reports_per_device) for e in estimates)
+        marker = tuple((e.metric.name, e.window.name, *self._state(e)) for e in estimates)
         held = self._responses.get(shape)
         if held is not None and held[0] == marker:
             return held[1]
@@ -323,8 +328,15 @@ class ResponseCache:
     def _window(self, e: WindowEstimate) -> bytes:
         key = (e.metric.name, e.window.name)
         held = self._windows.get(key)
-        if held is not None and held[:3] == (e.start, e.version, e.reports_per_device):
-            return held[3]
+        state = self._state(e)
+        if held is not None and held[0] == state:
+            return held[1]
         encoded = _field(_ESTIMATES_TAG, encode_window(e))
-        self._windows[key] = (e.start, e.version, e.reports_per_device, encoded)
+        self._windows[key] = (state, encoded)
         return encoded
+
+    @staticmethod
+    def _state(e: WindowEstimate) -> tuple[int, Version, int, int, bool]:
+        """What a window's bytes depend on besides its metric and window: its bucket and version,
+        and what time alone changes (a period begun: c and the estimand; its lateness ended)."""
+        return (e.start, e.version, e.reports_per_device, e.spanned, e.provisional)

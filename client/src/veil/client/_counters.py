@@ -24,10 +24,13 @@ class Counters:
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
               (batches left by an earlier process included).
     limited:  report() calls not sent because this period's reports of the metric were sent
-              already (the metric's reports_per_period): the device-level bound at work, not a
+              already (the metric's reports_per_period), or because the period is before one the
+              device reported in (its clock was set back): the device-level bound at work, not a
               failure, and not counted as dropped.
     over_budget: report() calls not sent because they would have spent more epsilon than the
               metric's period or lifetime budget allows (see Reporter.privacy_spent()).
+    ledger_unavailable: report() calls not sent because the privacy ledger under the queue
+              directory could not record their spending (a full disk, an unwritable directory).
     """
 
     accepted: int = 0
@@ -38,6 +41,7 @@ class Counters:
     queued: int = 0
     limited: int = 0
     over_budget: int = 0
+    ledger_unavailable: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -21,7 +21,7 @@ from veil.mechanism import MetricSpec
 
 from ._config import Config
 from ._counters import Counters
-from ._ledger import BUDGET, PERIOD, Ledger
+from ._ledger import BUDGET, PERIOD, UNWRITABLE, Ledger
 from ._log import LogOnce, logger
 from ._memo import MemoStore
 from ._outbox import Outbox, Spool
@@ -92,8 +92,8 @@ class BatchProcessor:
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
-        self.limited = self.over_budget = 0
-        self.lost_at_flush = 0  # dropped + failed when the last force_flush answered
+        self.limited = self.over_budget = self.ledger_unavailable = 0
+        self.lost_at_flush = 0  # dropped + failed + ledger_unavailable when the last force_flush answered
 
     def _start(self, load: bool) -> None:
         from ._worker import Worker
@@ -126,6 +126,8 @@ class BatchProcessor:
         with self.lock:
             if reason == PERIOD:
                 self.limited += 1
+            elif reason == UNWRITABLE:  # the ledger logged why
+                self.ledger_unavailable += 1
             else:
                 self.over_budget += 1
         if reason == BUDGET:
@@ -155,6 +157,7 @@ class BatchProcessor:
                 len(self.pending) + self.outbox_reports,
                 self.limited,
                 self.over_budget,
+                self.ledger_unavailable,
             )
 
     def force_flush(self, timeout: float | None) -> bool:
@@ -165,8 +168,8 @@ class BatchProcessor:
             self.requests.append(request)
             self.wake.notify()
         request.done.wait(timeout)
-        with self.lock:  # honest: False when reports were dropped or failed since the last flush
-            lost, before = self.dropped + self.failed, self.lost_at_flush
+        with self.lock:  # honest: False when reports were lost (dropped, failed, unrecorded) since the last flush
+            lost, before = self.dropped + self.failed + self.ledger_unavailable, self.lost_at_flush
             self.lost_at_flush = lost
         return request.done.is_set() and request.ok and lost == before
 
@@ -182,7 +185,11 @@ class BatchProcessor:
         if threading.current_thread() is not self.thread:
             self.thread.join(None if timeout is None else max(0.0, request.deadline - time.monotonic()))
         counters = self.counters()
-        ok = request.done.is_set() and request.ok and not (counters.dropped or counters.failed or counters.queued)
+        ok = (
+            request.done.is_set()
+            and request.ok
+            and not (counters.dropped or counters.failed or counters.queued or counters.ledger_unavailable)
+        )
         if ok:
             logger.info("Veil Reporter shut down (all reports delivered).")
         else:

@@ -80,7 +80,15 @@ class SpecCache:
         self.refused: frozenset[str] = frozenset()
         self.max_batch: int | None = None  # the most reports per upload the aggregator accepts, if it says
         self.fetched_at: float | None = None  # Unix time of the response in use
+        # (server_time_unix, time.monotonic() when it arrived), from the last answer that said it
+        self.server_time: tuple[int, float] | None = None
         self.ready = threading.Event()  # set once specs have been obtained (disk or network)
+
+    def server_now(self) -> float | None:
+        """The aggregator's clock now (Unix seconds), as its last answer in this process said it
+        and the monotonic clock has moved since; None when no answer said it."""
+        said = self.server_time
+        return None if said is None else said[0] + (time.monotonic() - said[1])
 
     def load(self) -> None:
         """Read the cached response from disk, if any (never raises)."""
@@ -99,6 +107,8 @@ class SpecCache:
 
     def update(self, response: veil_pb2.GetMetricSpecsResponse) -> None:
         """Install a fresh response from the aggregator and keep it on disk."""
+        if response.server_time_unix:
+            self.server_time = (response.server_time_unix, time.monotonic())
         self._install(response, time.time())
         if self._path is not None:
             try:
