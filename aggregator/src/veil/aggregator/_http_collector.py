@@ -83,6 +83,11 @@ class HttpCollector:
     def _batches(self, request: veil_pb2.UploadBatchesRequest, _context) -> veil_pb2.UploadBatchesResponse | Outcome:
         return self._ingest.upload_batches(request)
 
+    def current(self, if_none_match: str) -> bool:
+        """Whether If-None-Match names the current specs version: specs() then answers 304 (once
+        the token is checked), which costs little enough to answer on the listener's loop."""
+        return _matches(if_none_match, f'"{self._ingest.specs_version}"')
+
     def specs(self, authorization: list[str], metrics: list[str], accept: str, if_none_match: str = "") -> Answer:
         """GET /v1/specs: 304 when If-None-Match names the current version (its ETag)."""
         etag = f'"{self._ingest.specs_version}"'
