@@ -144,43 +144,6 @@ def test_concurrent_batches_of_every_metric_go_in_one_transaction(path, opened, 
         assert store.read(key(metric=f"m{m}", window="1h"), (2,), 8) == expected
 
 
-def test_a_devices_upload_of_ten_metrics_reads_in_two_statements_whatever_its_buckets(path, opened, rng):
-    """A device's day: 10 batches, each of its own metric, 3 windows each (30 buckets). The
-    transaction reads the ids and the buckets in one statement each, not one per metric and
-    bucket (each statement lets the GIL go and takes it back), and writes the ids, the buckets
-    and the counters in one statement each."""
-    store = opened(SqliteStore(path))
-    windows = ("total", "1h", "1d")
-
-    def day() -> list:
-        return [
-            batch(random_counts((2,), 8, rng), *(key(metric=f"m{m}", window=w) for w in windows), period=m % 2)
-            for m in range(10)
-        ]
-
-    first = day()
-    assert store.add_many(first) == [True] * 10  # makes the 30 buckets
-    statements: list[str] = []
-    store._writer.set_trace_callback(statements.append)
-    second = day()
-    assert store.add_many([*second, first[3]]) == [True] * 10 + [False]
-    store._writer.set_trace_callback(None)
-    reads = [s for s in statements if s.lstrip().upper().startswith(("SELECT", "WITH"))]
-    assert len(reads) == 2, reads
-    written = {s.split("(")[0].split(" SET ")[0].strip() for s in statements if s not in reads}
-    assert written == {
-        "BEGIN IMMEDIATE",
-        "INSERT OR REPLACE INTO batches",
-        "UPDATE buckets",
-        "INSERT INTO counters",
-        "COMMIT",
-    }, written
-    for m in range(10):
-        expected = Counts.summed([first[m].counts, second[m].counts])
-        for w in windows:
-            assert store.read(key(metric=f"m{m}", window=w), (2,), 8) == expected
-
-
 def test_a_bucket_of_another_design_fails_only_its_own_batches(path, opened, rng):
     store = opened(SqliteStore(path))
     assert store.add(batch(random_counts((1,), 3, rng), key(window="1h")))

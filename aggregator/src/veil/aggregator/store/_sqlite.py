@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -230,18 +230,9 @@ class SqliteStore(Store):
                     period = PERIOD_NOT_SAID if write.period is None else write.period
                     group = (write.metric, write.targets, write.counts.weights, write.counts.k, period)
                     groups.setdefault(group, []).append(i)
-                # A few statements per transaction, not a few per bucket (a device's upload of 10
-                # metrics is 30 buckets): each statement runs with the GIL let go, and every time
-                # it is taken back other threads may hold it a while. So the buckets are read in
-                # one statement, and the ids, bucket rows and counters written in one each
-                # (executemany), in order: a bucket two groups add to is updated twice, the second
-                # time from the row as the first left it (`held`).
-                held = _held_buckets(db, {target for group in groups for target, _ in group[1]})
-                ids: list[tuple[str, bytes, int]] = []
-                updates: list[tuple] = []
-                counters: list[tuple[int, int, int, bytes]] = []
                 for (metric, targets, weights, k, period), members in groups.items():
-                    other = _other_designs(targets, [held.get(t) for t, _ in targets], weights, k, now)
+                    held = [_held_bucket(db, target) for target, _ in targets]
+                    other = _other_designs(targets, held, weights, k, now)
                     if other is not None:
                         for i in members:  # each caller raises its own exception object
                             results[i] = _other_design(*other)
@@ -249,32 +240,20 @@ class SqliteStore(Store):
                     counts = writes[members[0]].counts
                     if len(members) > 1:
                         counts = Counts.summed([writes[i].counts for i in members])
-                    ids += [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl) for i in members]
-                    for target, expires_at in targets:
-                        row = held.get(target)
-                        change = _add_to_bucket(db, target, row, expires_at, counts, period, len(members), now)
-                        applied.append(change.heard)
-                        held[target] = change.row
-                        updates += change.update
-                        counters += change.counters
-                    for i in members:
-                        results[i] = True
-                if ids:
-                    rows = _padded(ids)  # one statement text per power of two (see _padded)
+                    # One statement for the group's ids (see _padded): each statement runs with the
+                    # GIL let go, and every time it is taken back other threads may hold it a while.
+                    rows = _padded(
+                        [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl) for i in members]
+                    )
                     db.execute(
                         "INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES "
                         + ", ".join(["(?, ?, ?)"] * len(rows)),
                         [value for row in rows for value in row],
                     )
-                db.executemany(
-                    "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ?, periods = ? WHERE id = ?",
-                    updates,
-                )
-                db.executemany(
-                    "INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
-                    "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)",
-                    counters,
-                )
+                    for (target, expires_at), row in zip(targets, held):
+                        applied.append(_add_to_bucket(db, target, row, expires_at, counts, period, len(members), now))
+                    for i in members:
+                        results[i] = True
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -495,18 +474,18 @@ class SqliteStore(Store):
 
 def _unseen(db: sqlite3.Connection, writes: Sequence[BatchWrite], now_ms: int) -> list[int]:
     """The positions of the writes whose batch ids are not counted (or were, but expired), the
-    first of a repeated id only; one query, not one per batch or metric."""
-    wanted = _padded(list({(write.metric, write.batch_id) for write in writes}))
-    if not wanted:
-        return []
-    # A join with the ids looks each up in the primary key (an IN of row values would scan).
-    found = db.execute(
-        f"WITH wanted (metric, id) AS (VALUES {', '.join(['(?, ?)'] * len(wanted))}) "
-        "SELECT b.metric, b.id FROM wanted JOIN batches AS b ON b.metric = wanted.metric AND b.id = wanted.id "
-        "WHERE +b.expires_ms > ?",
-        (*(value for pair in wanted for value in pair), now_ms),
-    )
-    taken: set[tuple[str, bytes]] = set(found)
+    first of a repeated id only; one query per metric, not one per batch."""
+    ids: dict[str, set[bytes]] = {}
+    for write in writes:
+        ids.setdefault(write.metric, set()).add(write.batch_id)
+    taken: set[tuple[str, bytes]] = set()
+    for metric, batch_ids in ids.items():
+        padded = _padded(list(batch_ids))
+        found = db.execute(
+            f"SELECT id FROM batches WHERE metric = ? AND expires_ms > ? AND id IN ({', '.join(['?'] * len(padded))})",
+            (metric, now_ms, *padded),
+        )
+        taken.update((metric, batch_id) for (batch_id,) in found)
     unseen = []
     for i, write in enumerate(writes):
         batch = (write.metric, write.batch_id)
@@ -523,21 +502,13 @@ def _padded(items: list[_T]) -> list[_T]:
     return items + items[-1:] * ((1 << (len(items) - 1).bit_length()) - len(items))
 
 
-def _held_buckets(db: sqlite3.Connection, targets: set[CountsKey]) -> dict[CountsKey, tuple]:
-    """Each target's bucket row as the write path needs it, expired or not (those that exist):
-    id, k, weights, version, expires_at, periods; one query."""
-    if not targets:
-        return {}
-    by_where = {_where(target): target for target in targets}
-    wanted = _padded(list(by_where))
-    found = db.execute(
-        f"WITH wanted (metric, fingerprint, window, start) AS (VALUES {', '.join(['(?, ?, ?, ?)'] * len(wanted))}) "
-        "SELECT b.metric, b.fingerprint, b.window, b.start, b.id, b.k, b.weights, b.version, b.expires_at, b.periods "
-        "FROM wanted JOIN buckets AS b ON b.metric = wanted.metric AND b.fingerprint = wanted.fingerprint "
-        "AND b.window = wanted.window AND b.start = wanted.start",
-        [value for where in wanted for value in where],
-    )
-    return {by_where[row[:4]]: row[4:] for row in found}
+def _held_bucket(db: sqlite3.Connection, target: CountsKey) -> tuple | None:
+    """A bucket's row as the write path needs it, expired or not: id, k, weights, version, expires_at, periods."""
+    return db.execute(
+        "SELECT id, k, weights, version, expires_at, periods FROM buckets WHERE metric = ? AND fingerprint = ? "
+        "AND window = ? AND start = ?",
+        _where(target),
+    ).fetchone()
 
 
 def _other_designs(
@@ -551,18 +522,6 @@ def _other_designs(
     return None
 
 
-class _BucketChange(NamedTuple):
-    """What adding to a bucket leaves to write and to tell: `heard` what observers hear (target,
-    version before, version after, counts; Nones when it is gone), `row` the bucket's row after
-    it (None: gone), and the buckets UPDATE and counters rows left for the transaction's one
-    statement of each."""
-
-    heard: tuple[CountsKey, int | None, int | None, Counts | None]
-    row: tuple | None
-    update: list[tuple]
-    counters: list[tuple[int, int, int, bytes]]
-
-
 def _add_to_bucket(
     db: sqlite3.Connection,
     target: CountsKey,
@@ -572,10 +531,10 @@ def _add_to_bucket(
     period: int,
     batches: int,
     now: float,
-) -> _BucketChange:
-    """Add counts (of `batches` batches made in `period`) to a bucket whose design was checked (its
-    row as _held_buckets read it, or None): a new bucket's row is inserted and an expired one's
-    deleted here, the rest is left to the caller (_BucketChange)."""
+) -> tuple[CountsKey, int | None, int | None, Counts | None]:
+    """Add counts (of `batches` batches made in `period`) to a bucket whose design was checked (its row as
+    _held_bucket read it, or None); what observers hear of it: (target, version before, version
+    after, counts), or Nones when it is gone."""
     if row is not None and row[4] is not None and row[4] <= now:  # expired, not yet purged: gone
         _delete_bucket(db, row[0])
         row = None
@@ -588,31 +547,33 @@ def _add_to_bucket(
     if expiry is not None and expiry <= now:  # a target already past its expiry goes at once
         if row is not None:
             _delete_bucket(db, row[0])
-        return _BucketChange((target, None, None, None), None, [], [])
+        return target, None, None, None
     version = 1 + secrets.randbelow(_VERSIONS)
-    update = []
     if row is None:
-        periods = f",{period},"
         bucket = db.execute(
             "INSERT INTO buckets (metric, fingerprint, window, start, k, weights, batches, version, "
             "expires_at, periods) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry, periods),
+            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry, f",{period},"),
         ).lastrowid
-        assert bucket is not None  # an INSERT's rowid
         before = 0
-        k, weights = counts.k, _weights_text(counts.weights)
     else:
-        bucket, k, weights, before = row[:4]
-        held_periods = periods_of(row[5])
-        periods = row[5] if period in held_periods else periods_text(held_periods | {period})
-        update.append((batches, version, expiry, periods, bucket))
+        bucket, before = row[0], row[3]
+        periods = periods_of(row[5])
+        db.execute(
+            "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ?, periods = ? WHERE id = ?",
+            (batches, version, expiry, row[5] if period in periods else periods_text(periods | {period}), bucket),
+        )
     rows = [
         (bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
         for r, t in enumerate(counts.weights)
         if counts.n[r] or counts.v[r].any()
     ]
-    heard = (target, before, version, Counts(counts.weights, counts.n, counts.v, frozenset((period,))))
-    return _BucketChange(heard, (bucket, k, weights, version, expiry, periods), update, rows)
+    db.executemany(
+        "INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
+        "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)",
+        rows,
+    )
+    return target, before, version, Counts(counts.weights, counts.n, counts.v, frozenset((period,)))
 
 
 def _add_blobs(held: bytes, added: bytes) -> bytes:
