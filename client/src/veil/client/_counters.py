@@ -22,12 +22,15 @@ class Counters:
     failed:   reports in batches the aggregator refused for good (stale spec, invalid batch)
               or that stayed unacknowledged past the retry horizon.
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
-              (batches left by an earlier process included).
+              (batches left by an earlier process included), and report() calls waiting for the
+              first specs.
     limited:  report() calls not sent because this period's reports of the metric were sent
               already (the metric's reports_per_period): the device-level bound at work, not a
               failure, and not counted as dropped.
     over_budget: report() calls not sent because they would have spent more epsilon than the
               metric's period or lifetime budget allows (see Reporter.privacy_spent()).
+    too_late: reports in batches the aggregator refused for good because they were made longer
+              ago than it accepts (its max_lateness after their time slot ended): not counted.
     """
 
     accepted: int = 0
@@ -38,6 +41,7 @@ class Counters:
     queued: int = 0
     limited: int = 0
     over_budget: int = 0
+    too_late: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

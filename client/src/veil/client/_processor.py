@@ -1,9 +1,12 @@
 """The bounded queue between report() and the background worker (OpenTelemetry's batch
 processor, for randomized reports).
 
-report() appends a randomized report under one lock and returns; nothing here touches the
-network or the disk on the caller's thread. A full queue drops the newest report and counts
-it. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
+report() appends a randomized report, with the time it was made, under one lock and returns;
+nothing here touches the network or the disk on the caller's thread. A full queue drops the
+newest report and counts it. Before any spec is known (a first start, no network yet) report()
+calls wait here as they were made (``early``: metric, value and time, in memory only, within the
+same bound); the worker hands them back to the Reporter once specs arrive, and only then are
+they randomized. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
 shutdown hand it a request with a deadline and wait for its answer. After fork the child gets
 new locks, an empty queue, a new worker and, later, its own gRPC channel.
 """
@@ -16,6 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 from veil.mechanism import MetricSpec
 
@@ -33,7 +37,6 @@ __all__ = ["BatchProcessor", "FlushRequest"]
 _DROP_MESSAGES = {
     "full": "The Veil report queue is full; dropping new reports until it drains.",
     "closed": "The Veil Reporter is shut down; dropping new reports.",
-    "no-specs": "No Veil metric specs are known yet; dropping reports until the aggregator sends them.",
     "refused": "A Veil metric's spec was refused; dropping its reports.",
     # A metric or category can vanish from a running app's specs (an operator removed or renamed
     # it): never an exception in the host, and a misspelt name shows up here too.
@@ -78,6 +81,8 @@ class BatchProcessor:
                 )
         self.outbox = Outbox(spool, log)
         self.stopped = False
+        # The Reporter's report() of a call made at a given time, for the calls held before specs.
+        self.report_early: Callable[[], Callable[[str, object, float], None] | None] = lambda: None
         self._new_state()
         self._start(load=True)
         if hasattr(os, "register_at_fork"):  # POSIX
@@ -87,13 +92,14 @@ class BatchProcessor:
     def _new_state(self) -> None:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
-        self.pending: deque[tuple[MetricSpec, tuple[int, ...]]] = deque()
-        self.held = 0  # reports in memory: pending and batches not spooled
+        self.pending: deque[tuple[MetricSpec, tuple[int, ...], float]] = deque()  # (spec, report, made at)
+        self.early: list[tuple[str, object, float]] = []  # report() calls made before any spec was known
+        self.held = 0  # reports in memory: early, pending and batches not spooled
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
-        self.limited = self.over_budget = 0
-        self.lost_at_flush = 0  # dropped + failed when the last force_flush answered
+        self.limited = self.over_budget = self.too_late = 0
+        self.lost_at_flush = 0  # dropped + failed + too_late when the last force_flush answered
 
     def _start(self, load: bool) -> None:
         from ._worker import Worker
@@ -107,13 +113,43 @@ class BatchProcessor:
         """A racy early check, so a report that would be dropped is not randomized first."""
         return not self.stopped and self.held < self.config.max_queue_size
 
-    def submit(self, spec: MetricSpec, report: tuple[int, ...]) -> None:
+    def hold(self, metric: str, value: object, made_at: float) -> bool:
+        """Keep a report() call made before any spec is known, until specs arrive (or drop and
+        count it when the queue is full); False when specs are known by now (report it)."""
+        with self.lock:
+            if self.specs.ready.is_set():
+                return False
+            if self.stopped or self.held >= self.config.max_queue_size:
+                reason = "closed" if self.stopped else "full"
+                self.dropped += 1
+            else:
+                self.early.append((metric, value, made_at))
+                self.held += 1
+                return True
+        self.drop_logged(reason, count=False)
+        return True
+
+    def release_early(self) -> None:
+        """Once specs are known (the worker): report the calls held until then, as made."""
+        with self.lock:
+            early, self.early = self.early, []
+            self.held -= len(early)
+        report = self.report_early()
+        for metric, value, made_at in early:
+            try:
+                if report is None:
+                    raise RuntimeError("the Reporter is gone")
+                report(metric, value, made_at)
+            except Exception:  # noqa: BLE001 (never raised: the call is dropped, counted)
+                self.drop_logged("error")
+
+    def submit(self, spec: MetricSpec, report: tuple[int, ...], made_at: float) -> None:
         with self.lock:
             if self.stopped or self.held >= self.config.max_queue_size:
                 reason = "closed" if self.stopped else "full"
                 self.dropped += 1
             else:
-                self.pending.append((spec, report))
+                self.pending.append((spec, report, made_at))
                 self.held += 1
                 self.accepted += 1
                 if len(self.pending) in (1, self.config.max_batch_size):
@@ -152,9 +188,10 @@ class BatchProcessor:
                 self.sent,
                 self.retried,
                 self.failed,
-                len(self.pending) + self.outbox_reports,
+                len(self.early) + len(self.pending) + self.outbox_reports,
                 self.limited,
                 self.over_budget,
+                self.too_late,
             )
 
     def force_flush(self, timeout: float | None) -> bool:
@@ -166,7 +203,7 @@ class BatchProcessor:
             self.wake.notify()
         request.done.wait(timeout)
         with self.lock:  # honest: False when reports were dropped or failed since the last flush
-            lost, before = self.dropped + self.failed, self.lost_at_flush
+            lost, before = self.dropped + self.failed + self.too_late, self.lost_at_flush
             self.lost_at_flush = lost
         return request.done.is_set() and request.ok and lost == before
 
@@ -182,15 +219,20 @@ class BatchProcessor:
         if threading.current_thread() is not self.thread:
             self.thread.join(None if timeout is None else max(0.0, request.deadline - time.monotonic()))
         counters = self.counters()
-        ok = request.done.is_set() and request.ok and not (counters.dropped or counters.failed or counters.queued)
+        ok = (
+            request.done.is_set()
+            and request.ok
+            and not (counters.dropped or counters.failed or counters.too_late or counters.queued)
+        )
         if ok:
             logger.info("Veil Reporter shut down (all reports delivered).")
         else:
             logger.warning(
-                "Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d unsent%s.",
+                "Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d too late, %d unsent%s.",
                 counters.sent,
                 counters.dropped,
                 counters.failed,
+                counters.too_late,
                 counters.queued,
                 " (kept under the queue directory)" if counters.queued else "",
             )
