@@ -129,6 +129,7 @@ class CollectorState:
     lost_acks: int = 0  # count the next uploads, then answer UNAVAILABLE (the ack is lost)
     gate: tuple[threading.Event, threading.Event] | None = None  # (in flight, release) for the next upload
     revision: int = 2  # 1: UploadBatches is UNIMPLEMENTED, and no specs_version or time is said
+    upload_batches: bool = True  # False: UploadBatches is UNIMPLEMENTED even at revision 2 (e.g. a proxy)
     resolutions: dict[str, int] = field(default_factory=dict)  # metric -> time_resolution_seconds served
     clock: Callable[[], float] = time.time  # the aggregator's clock
     max_lateness: int = 0  # seconds; 0: not said nor enforced (tests of a simulated clock in the past)
@@ -270,7 +271,7 @@ class Servicer(veil_pb2_grpc.CollectorServicer):
             state.batch_calls.append([b.batch_id for b in request.batches])
             state.lock.notify_all()
             fault = state.call_faults.popleft() if state.call_faults else None
-        if state.revision < 2:
+        if state.revision < 2 or not state.upload_batches:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         self._authorize(context)
         if fault is not None:

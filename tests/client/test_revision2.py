@@ -126,8 +126,22 @@ def test_a_call_refused_whole_is_retried_with_the_same_batches(ready_reporter, s
     assert state.total() == 2
 
 
-def test_a_revision_1_aggregator_gets_one_upload_per_batch_for_the_channels_life(ready_reporter, state):
+def test_a_revision_1_aggregator_gets_one_upload_per_batch(ready_reporter, state):
+    # Its specs answer says no specs_version: UploadBatches is never tried (with tokens such an
+    # aggregator answers it PERMISSION_DENIED, not UNIMPLEMENTED: no token grants an unknown method).
     state.revision = 1
+    reporter = ready_reporter(schedule_delay_ms=60_000)
+    for metric, value in (("browser", "edge"), ("country", "c1"), ("theme", "dark")):
+        reporter.report(metric, value)
+    assert reporter.force_flush(10)
+    assert state.batch_calls == []
+    assert [outcome for _, outcome in state.calls] == ["counted"] * 3
+    assert reporter.counters() == Counters(accepted=3, sent=3)
+    assert 0 not in made(state), "the SDK says made_unix all the same (a revision-1 aggregator ignores it)"
+
+
+def test_upload_batches_unimplemented_falls_back_to_upload_for_the_channels_life(ready_reporter, state):
+    state.upload_batches = False
     reporter = ready_reporter(schedule_delay_ms=60_000)
     for _ in range(2):
         for metric, value in (("browser", "edge"), ("country", "c1"), ("theme", "dark")):
@@ -136,7 +150,6 @@ def test_a_revision_1_aggregator_gets_one_upload_per_batch_for_the_channels_life
     assert len(state.batch_calls) == 1, "UploadBatches is asked once, then never again"
     assert [outcome for _, outcome in state.calls] == ["counted"] * 6
     assert reporter.counters() == Counters(accepted=6, sent=6)
-    assert 0 not in made(state), "the SDK says made_unix all the same (a revision-1 aggregator ignores it)"
 
 
 def test_reports_older_than_the_aggregators_lateness_are_counted_as_too_late(ready_reporter, state):

@@ -336,11 +336,14 @@ class Worker:
 
     def _next_call(self) -> list[tuple[Batch, bytes]]:
         """The batches (and their bytes) of the next upload call, oldest first: as many as one
-        UploadBatches call takes, or one for a revision-1 aggregator. Batches that can never be
-        sent are settled on the way."""
+        UploadBatches call takes, or one for a revision-1 aggregator (its specs say no version, or
+        it answered UploadBatches UNIMPLEMENTED). Batches that can never be sent are settled on
+        the way."""
         p = self.p
         limit = p.specs.max_batch or p.config.max_batch_size
-        most = _BATCHES_PER_CALL if p.transport.batches else 1
+        # Only a revision-2 aggregator says a specs_version; a revision-1 one with tokens would refuse
+        # UploadBatches as PERMISSION_DENIED (no token grants a method it does not know), not UNIMPLEMENTED.
+        most = _BATCHES_PER_CALL if p.transport.batches and p.specs.version else 1
         call: list[tuple[Batch, bytes]] = []
         reports = size = 0
         for batch in p.outbox.oldest(_BATCHES_PER_CALL):
