@@ -13,7 +13,7 @@ class Counters:
 
     accepted: report() calls randomized and queued in this process.
     dropped:  reports discarded on the device without reaching the aggregator: a full queue,
-              no spec known yet, a refused spec, a metric or category the aggregator does not
+              calls still waiting for the first specs at shutdown, a refused spec, a metric or category the aggregator does not
               declare, a Reporter shut down, the disk cap, or batches held only in memory at
               shutdown.
     sent:     reports the aggregator acknowledged (a duplicate acknowledgement included: the
