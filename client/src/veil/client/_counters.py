@@ -13,9 +13,9 @@ class Counters:
 
     accepted: report() calls randomized and queued in this process.
     dropped:  reports discarded on the device without reaching the aggregator: a full queue,
-              calls still waiting for the first specs at shutdown, a refused spec, a metric or category the aggregator does not
-              declare, a Reporter shut down, the disk cap, or batches held only in memory at
-              shutdown.
+              calls still waiting for the first specs at shutdown, a refused spec, a metric or
+              category the aggregator does not declare, a Reporter shut down, the disk cap, or
+              batches held only in memory at shutdown.
     sent:     reports the aggregator acknowledged (a duplicate acknowledgement included: the
               batch was counted once, on an earlier attempt).
     retried:  upload attempts (batches, not reports) repeated after a retryable failure.
