@@ -5,7 +5,7 @@ little-endian uint32 indices per report, each report's indices strictly increasi
 ``randomize`` returns them), or as Bitmaps, ceil(k/8) bytes per report, category j being bit
 j % 8 (least significant first) of byte j // 8: the report's bit mask as a little-endian integer.
 Several stored batches go in one UploadBatchesRequest as they are: the request is nothing but its
-batches, each a length-delimited field 1, so it is written from their bytes without parsing them.
+batches, each a length-delimited field 1 holding the batch's bytes.
 """
 
 from __future__ import annotations
@@ -65,15 +65,10 @@ def encode_batch(spec: MetricSpec, reports: Sequence[tuple[int, ...]], batch_id:
     return request.SerializeToString()
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_batches(payloads: Sequence[bytes]) -> bytes:
-    """The serialized UploadBatchesRequest of serialized UploadRequests, in their order."""
-    return b"".join(b"\x0a" + _varint(len(payload)) + payload for payload in payloads)
+    """The serialized UploadBatchesRequest of serialized UploadRequests, in their order: each batch
+    is written back as the bytes it was (fields in number order, as protoc writes them)."""
+    request = veil_pb2.UploadBatchesRequest()
+    for payload in payloads:
+        request.batches.add().MergeFromString(payload)
+    return request.SerializeToString()

@@ -143,10 +143,13 @@ class Worker:
         if not closing and time.monotonic() >= self.spec_due:
             self._fetch_specs()
         self._deliver()
-        self._settle()
-        if closing and not any(r.closing for r in self.active):
-            self._close()
-            return False
+        answers = self._settle()
+        closed = any(request.closing for request, _ in answers)
+        if closed:
+            self._close()  # before shutdown() hears its answer: its counts are final then
+        for request, ok in answers:
+            request.finish(ok)
+        return not closed
         return True
 
     def _drain_due(self, now: float) -> bool:
@@ -487,28 +490,30 @@ class Worker:
 
     # --- flush and shutdown -------------------------------------------------------------------
 
-    def _settle(self) -> None:
-        """Answer the flush requests that are done or cannot finish in time."""
+    def _settle(self) -> list[tuple[FlushRequest, bool]]:
+        """The flush requests that are done or cannot finish in time, with their answers (the
+        caller gives them); the others stay active."""
         head = self.p.outbox.head()
         now = time.monotonic()
         spooled = self.p.outbox.spool is not None
         with self.p.lock:
             early = bool(self.p.early)  # calls waiting for the first specs: not delivered yet
-        still = []
+        answers, still = [], []
         for request in self.active:
             if (head is None or head.seq > request.target) and not early:
-                request.finish(True)
+                answers.append((request, True))
             elif early and request.closing:
-                request.finish(False)  # no specs to randomize them under: shutdown drops them
+                answers.append((request, False))  # no specs to randomize them under: shutdown drops them
             elif (
                 now >= request.deadline
                 or self.retry_at > request.deadline
                 or (request.closing and spooled and self.retry_at > now)
             ):
-                request.finish(False)  # with a spool, shutdown leaves the batches on disk
+                answers.append((request, False))  # with a spool, shutdown leaves the batches on disk
             else:
                 still.append(request)
         self.active = still
+        return answers
 
     def _close(self) -> None:
         p = self.p
