@@ -115,6 +115,8 @@ export class Reporter {
   private maxBatch = 0;
   private specsVersion = "";
   private fetching = false;
+  /** A fetch was asked for while one was in flight: fetch again when it ends. */
+  private fetchAgain = false;
   /** The aggregator's clock as its specs answers say it: what the ledger bounds the device's clock by. */
   readonly serverClock = new ServerClock();
   /** Seconds after a slot's end the aggregator still counts its reports (0: not said). */
@@ -471,9 +473,14 @@ export class Reporter {
   }
 
   private async refreshSpecs(failures = 0): Promise<void> {
-    if (this.closed || this.fetching) return;
+    if (this.closed) return;
+    if (this.fetching) {
+      this.fetchAgain = true;
+      return;
+    }
     if (this.specTimer) clearTimeout(this.specTimer);
     this.fetching = true;
+    this.fetchAgain = false;
     let next = this.settings.specTtlMs;
     try {
       // With the version held: "unchanged" when it is still the aggregator's (a cheap check).
@@ -487,6 +494,7 @@ export class Reporter {
       this.fetching = false;
     }
     if (this.closed) return;
+    if (this.fetchAgain && next === this.settings.specTtlMs) return this.refreshSpecs();
     this.specTimer = setTimeout(() => void this.refreshSpecs(next === this.settings.specTtlMs ? 0 : failures), next);
     unref(this.specTimer);
   }

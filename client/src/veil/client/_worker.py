@@ -329,10 +329,6 @@ class Worker:
             timeout = self._timeout()
             if timeout <= 0:
                 return
-            for batch, _ in call:
-                if batch.attempts:
-                    self._mirror(0, retried=1)
-                batch.attempts += 1
             # One batch goes in an Upload, which every revision answers alike.
             if not (self._upload_batches(call, timeout) if len(call) > 1 else self._upload(*call[0], timeout)):
                 return
@@ -382,8 +378,11 @@ class Worker:
             self._await(future)
             response = future.result()
         except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
+            self._attempted([batch])
             return self._answered([batch], _code(error), _retry_hint(error), error)
+        self._attempted([batch])
         self._heard(response.specs_version)
+        self.uploads.reset()
         return self._answered([batch], grpc.StatusCode.OK, 0.0, None)
 
     def _upload_batches(self, call: list[tuple[Batch, bytes]], timeout: float) -> bool:
@@ -401,10 +400,10 @@ class Worker:
                 # A revision-1 aggregator: one Upload per batch from now on, on this channel.
                 p.transport.batches = False
                 logger.info("The Veil aggregator predates UploadBatches; uploading one batch per call.")
-                for batch in batches:
-                    batch.attempts -= 1  # not an attempt: the call was not understood
-                return True
+                return True  # not an attempt: the call was not understood
+            self._attempted(batches)
             return self._answered(batches, code, _retry_hint(error), error)  # the call refused whole
+        self._attempted(batches)
         self._heard(response.specs_version)
         if len(response.results) != len(batches):
             return self._answered(batches, None, 0.0, ValueError("UploadBatches answered a result count unasked"))
@@ -417,7 +416,18 @@ class Worker:
             else:  # to retry: one backoff for all of them, as for a call refused whole
                 waiting.append(batch)
                 waiting_code = waiting_code or code
-        return not waiting or self._answered(waiting, waiting_code, 0.0, None)
+        if not waiting:
+            self.uploads.reset()
+            return True
+        return self._answered(waiting, waiting_code, 0.0, None)
+
+    def _attempted(self, batches: list[Batch]) -> None:
+        """Count an answered attempt of each batch (a repeated one as retried)."""
+        repeated = sum(1 for batch in batches if batch.attempts)
+        for batch in batches:
+            batch.attempts += 1
+        if repeated:
+            self._mirror(0, retried=repeated)
 
     def _answered(
         self,
@@ -430,10 +440,9 @@ class Worker:
         """Settle batches by their answer (OK, a final status, or one to retry: None when no
         status came); False when they must wait for a retry."""
         p = self.p
-        if code == grpc.StatusCode.OK:
+        if code == grpc.StatusCode.OK:  # the caller resets the backoff when nothing in the call waits
             for batch in batches:
                 self._finish(batch, "sent")
-            self.uploads.reset()
             if p.log.rearm("upload:"):
                 logger.info("Veil uploads succeed again.")
             return True
