@@ -48,6 +48,8 @@ export class Collector {
   readonly batchCalls: string[][] = [];
   readonly specRequests: (string | null)[] = [];
   notModified = 0;
+  /** A q served instead of the design's, by metric (a spec the SDK must refuse). */
+  readonly wrongQ = new Map<string, number>();
   private server: Server | null = null;
 
   get url(): string {
@@ -111,7 +113,8 @@ export class Collector {
       const fp = await fingerprint({ name: m.name, labels: m.labels, mechanism: m.mechanism, k: m.labels.length,
         epsilon: m.epsilon, period: m.periodSeconds, reportsPerPeriod: m.reportsPerPeriod });
       specs.push({ name: m.name, labels: m.labels, mechanism: WIRE_NAMES[m.mechanism], epsilon: m.epsilon,
-        q: design(m.mechanism, m.labels.length, m.epsilon).q, fingerprint: fp, periodSeconds: m.periodSeconds,
+        q: this.wrongQ.get(m.name) ?? design(m.mechanism, m.labels.length, m.epsilon).q, fingerprint: fp,
+        periodSeconds: m.periodSeconds,
         reportsPerPeriod: m.reportsPerPeriod,
         ...(this.revision >= 2 && m.timeResolutionSeconds ? { timeResolutionSeconds: m.timeResolutionSeconds } : {}) });
     }

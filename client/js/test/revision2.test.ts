@@ -1,7 +1,8 @@
 // Wire revision 2 from the TypeScript SDK, over HTTP against a real loopback collector
 // (collector.ts): made_unix per time slot, several batches per POST /v1/uploads with each result
 // handled alone, the revision-1 fallback, too late, the conditional specs check and the version in
-// upload answers, the aggregator's clock, and calls made before the first specs.
+// upload answers, the aggregator's clock, calls made before the first specs, and a served spec the
+// SDK does not reproduce.
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
 
@@ -161,5 +162,20 @@ test("calls before the first specs wait, bounded, and are randomized in the slot
     assert.equal(await r.flush(5000), false, "a call was dropped since the start");
     assert.deepEqual([r.counters().sent, r.counters().queued], [3, 0]);
     assert.deepEqual(c.arrivals.map((a) => a.madeUnix), [slot(T, 3600)]);
+    await r.shutdown(1000);
+  }));
+
+test("a served spec whose q this SDK does not compute is refused: its reports are dropped", () =>
+  withCollector(async (c) => {
+    c.wrongQ.set("browser", 3);  // subset k = 4 at epsilon 1 has q = 1
+    const lines: string[] = [];
+    const r = reporter(c, { log: (m) => lines.push(m) });
+    assert.ok(await r.whenReady());
+    r.report("browser", 1);
+    r.report("country", 1);
+    assert.equal(await r.flush(5000), false, "a report was dropped");
+    assert.deepEqual([r.counters().dropped, r.counters().sent], [1, 1]);
+    assert.deepEqual(c.arrivals.map((a) => a.metric), ["country"]);
+    assert.equal(lines.filter((l) => l.includes("\"browser\"")).length, 1);
     await r.shutdown(1000);
   }));
