@@ -143,7 +143,7 @@ test("the aggregator's clock is held for the ledger", () => withCollector(async 
   const r = reporter(c);
   assert.ok(await r.whenReady());
   const said = r.serverClock.nowMs()!;
-  assert.ok(said >= 2_000_000_000_000 && said < 2_000_000_600_000, String(said));
+  assert.ok(said >= 2_000_000_000_000, String(said));  // the aggregator's (2033), not this machine's clock
   await r.shutdown(1000);
 }));
 
