@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -386,32 +387,40 @@ class ReportPool:
 # --- the load processes ---------------------------------------------------------------------
 
 
-def load_process(conn: Any, index: int) -> None:
-    """A load process: commands from the benchmark over a pipe, one at a time."""
-    pool: ReportPool | None = None
+def answer_commands(conn: Any, handle: Callable[[str, Any], Any]) -> None:
+    """A load process's loop: commands from the benchmark over a pipe, one at a time, until
+    "stop"; each answered ("ok", what ``handle`` returns) or ("error", its traceback)."""
     while True:
         command, arguments = conn.recv()
         if command == "stop":
             return
         try:
-            if command == "cell":
-                pool = ReportPool(**arguments, stream=index)
-                reply: Any = None
-            elif command == "extend":
-                started = time.perf_counter()
-                pool.extend(arguments)
-                reply = {
-                    "size": pool.size,
-                    "seconds": time.perf_counter() - started,
-                    "encoding_checked": pool.encoding_checked,
-                }
-            elif command == "run":
-                reply = asyncio.run(_send_uploads(conn, pool, **arguments))
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            conn.send(("ok", reply))
+            conn.send(("ok", handle(command, arguments)))
         except BaseException:  # noqa: BLE001 (the parent reports it: a load process must answer every command)
             conn.send(("error", traceback.format_exc()))
+
+
+def load_process(conn: Any, index: int) -> None:
+    """A load process: "cell" makes its pool, "extend" randomizes it, "run" sends uploads."""
+    pools: list[ReportPool] = []
+
+    def handle(command: str, arguments: Any) -> Any:
+        if command == "cell":
+            pools[:] = [ReportPool(**arguments, stream=index)]
+            return None
+        if command == "extend":
+            started = time.perf_counter()
+            pools[0].extend(arguments)
+            return {
+                "size": pools[0].size,
+                "seconds": time.perf_counter() - started,
+                "encoding_checked": pools[0].encoding_checked,
+            }
+        if command == "run":
+            return asyncio.run(_send_uploads(conn, pools[0], **arguments))
+        raise ValueError(f"unknown command {command!r}")
+
+    answer_commands(conn, handle)
 
 
 async def _send_uploads(conn: Any, pool: ReportPool, endpoint: str, batch: int, reports: int, in_flight: int) -> dict:
@@ -475,13 +484,13 @@ class LoadProcesses:
     """The load processes (spawned: no gRPC state is ever forked) and the benchmark's side of
     their pipes."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, target: Callable[[Any, int], None] = load_process) -> None:
         context = multiprocessing.get_context("spawn")
         self.pipes = []
         self.processes = []
         for index in range(count):
             ours, theirs = context.Pipe()
-            process = context.Process(target=load_process, args=(theirs, index), name=f"veil-load-{index}", daemon=True)
+            process = context.Process(target=target, args=(theirs, index), name=f"veil-load-{index}", daemon=True)
             process.start()
             self.pipes.append(ours)
             self.processes.append(process)
@@ -506,15 +515,7 @@ class LoadProcesses:
         watched processes are read just before "go" and after the last process is done."""
         per_process = shape.in_flight // len(self.pipes)
         arguments = {"endpoint": endpoint, "batch": shape.batch, "reports": reports, "in_flight": per_process}
-        for pipe in self.pipes:
-            pipe.send(("run", arguments))
-        for pipe in self.pipes:
-            self._receive(pipe)  # "ready"
-        before = {name: cpu_seconds(pid) for name, pid in watch.items()}
-        for pipe in self.pipes:
-            pipe.send(("go", None))
-        results = [self._receive(pipe) for pipe in self.pipes]
-        after = {name: cpu_seconds(pid) for name, pid in watch.items()}
+        results, used = self.go(arguments, watch)
         seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
         return {
             "seconds": seconds,
@@ -526,10 +527,24 @@ class LoadProcesses:
             "v": sum(r["v"] for r in results),
             # CPU cores busy on average over the run (CPU seconds per wall second).
             "cpu": {
-                **{name: (after[name] - before[name]) / seconds for name in watch if watch[name] is not None},
+                **{name: used[name] / seconds for name in watch if watch[name] is not None},
                 "load": sum(r["cpu"] for r in results) / seconds,
             },
         }
+
+    def go(self, arguments: dict[str, Any], watch: dict[str, Any]) -> tuple[list[Any], dict[str, float]]:
+        """One timed run: each process gets ("run", arguments), sets up untimed and answers
+        "ready"; the CPU seconds of the watched processes are read just before "go" and after the
+        last process is done. (each process's result, CPU seconds used per watched name)"""
+        for pipe in self.pipes:
+            pipe.send(("run", arguments))
+        for pipe in self.pipes:
+            self._receive(pipe)  # "ready"
+        before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+        for pipe in self.pipes:
+            pipe.send(("go", None))
+        results = [self._receive(pipe) for pipe in self.pipes]
+        return results, {name: cpu_seconds(pid) - before[name] for name, pid in watch.items()}
 
     def stop(self) -> None:
         for pipe in self.pipes:
@@ -557,6 +572,10 @@ class Ledger:
     def add(self, store: str, metric: str, n: np.ndarray, v: np.ndarray) -> None:
         held = self.expected.get((store, metric))
         self.expected[store, metric] = (n.copy(), v.copy()) if held is None else (held[0] + n, held[1] + v)
+
+    def summary(self) -> dict[str, Any]:
+        """The results' "exact_counts": all OK or not, how many checks, and the failures."""
+        return {"ok": not self.failures, "checks": self.checks, "failures": self.failures}
 
     def verify(self, aggregator: AggregatorProcess, metrics: list[str]) -> bool:
         """Every window of every named metric holds exactly the expected counts."""
@@ -1179,7 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "ingest": cells,
         "latency": latency,
-        "exact_counts": {"ok": exact, "checks": ledger.checks, "failures": ledger.failures},
+        "exact_counts": ledger.summary(),
         "summary": {
             "targets": targets(cells),
             "exact_counts_ok": exact,

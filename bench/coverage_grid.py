@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, replace_marked, write_results
 from veil_testing.data import zipf_shares
 
 MECHANISMS = ("subset", "krr", "warner", "rappor", "rappor-admissible")
@@ -102,14 +101,6 @@ def markdown(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(table: str) -> None:
-    text = README.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers.")
-    README.write_text(pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", text))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="runs per cell, at least (default 100)")
@@ -126,7 +117,7 @@ def main() -> int:
         table = markdown(json.loads(args.output.read_text())["cells"])
         print(table)
         if args.update_readme:
-            update_readme(table)
+            replace_marked(README, BEGIN, END, table)
         return 0
     started = time.monotonic()
     cells = []
@@ -152,7 +143,7 @@ def main() -> int:
     table = markdown(cells)
     print(table)
     if args.update_readme:
-        update_readme(table)
+        replace_marked(README, BEGIN, END, table)
         progress("updated README.md")
     return 0 if all(c["coverage"] >= 0.93 for c in cells) else 1
 

@@ -7,8 +7,9 @@
     .venv/bin/python bench/report.py --run --quick  # smoke runs in bench/results/quick/ (`make bench-quick`)
 
 Reads randomize.json (bench_randomize.py), client.json (bench_client.py), ingest.json
-(bench_ingest.py), capacity.json (bench_capacity.py), series.json (bench_series.py) and cli.json
-(bench_cli.py) from the results directory and writes beside them:
+(bench_ingest.py), capacity.json (bench_capacity.py), device_day.json (bench_device_day.py),
+series.json (bench_series.py) and cli.json (bench_cli.py) from the results directory and writes
+beside them:
 
   latest.json     one document: the machine, each benchmark's results as it wrote them, the
                   correctness checks, and a ``targets`` list (target, goal, measured, met, and
@@ -20,7 +21,7 @@ Reads randomize.json (bench_randomize.py), client.json (bench_client.py), ingest
 and prints one table (stdout; progress and the benchmarks' own tables go to stderr): the
 randomize cells with Veil / peer ratios measured in the same run, report() latency per k,
 ingest per store and shape with the exact-count verdict, estimate latency, the capacity model's
-predictions, and the targets.
+predictions, the device-day and the devices an aggregator core carries, and the targets.
 
 With --run the benchmarks run first, one after the other, each writing its own JSON into
 the results directory; a benchmark that fails still lets the others run, and the report then
@@ -53,6 +54,7 @@ BENCHMARKS = {
     "client": "bench_client.py",
     "ingest": "bench_ingest.py",
     "capacity": "bench_capacity.py",
+    "device_day": "bench_device_day.py",
     "series": "bench_series.py",
     "cli": "bench_cli.py",
 }
@@ -76,6 +78,8 @@ SERIES_P99_GOAL_MS = 50.0  # issue 16: 720 hourly buckets at k = 1024, each esti
 MERGED_P99_GOAL_MS = 10.0  # issue 16: a 7-day merged estimate at k = 1024
 SERIES_STORES = ("sqlite", "redis")  # the stores issue 16's series targets apply to
 EFFICIENCY_GOAL = 0.75  # issue 17: 10-report uploads per aggregator CPU second / a do-nothing grpcio server's calls
+DEVICE_DAY_GOAL = 0.75  # issue 26: device-days per aggregator CPU second / a do-nothing server's, same calls and TLS
+DEVICE_DAY_STORES = ("sqlite", "redis", "cluster")  # what --stores may pass on to bench_device_day
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -504,6 +508,31 @@ def capacity_targets(data: dict[str, Any] | None, file: str | None) -> list[dict
     return entries
 
 
+def device_day_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str, Any]]:
+    """Issue 26's device-day efficiency, per store and protocol measured; the keep-alive
+    10-report cell of the same run beside it."""
+    entries = []
+    checks = {} if data is None else data["checks"]
+    for name, check in checks.items():
+        keepalive = check["keepalive"]
+        entries.append(
+            target(
+                "device-days per aggregator CPU second / a do-nothing server's",
+                "a device-day (new TLS connection, specs check, one upload of 10 metrics) per aggregator CPU "
+                ">= 75% of a do-nothing server's device-days per CPU second, same calls, TLS and load (issue 26)",
+                ">=",
+                DEVICE_DAY_GOAL,
+                "%",
+                f"{check['store']} {check['protocol']}",
+                check["ratio"],
+                file,
+                f"checks[{name!r}].ratio",
+                f"{check['calls']}; keep-alive 10-report uploads, same run: {measured_ratio(keepalive)}",
+            )
+        )
+    return entries
+
+
 def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[str, Any]]:
     def file(name: str) -> str | None:
         return sources[name]["file"] if name in results else None
@@ -515,6 +544,7 @@ def all_targets(results: dict[str, Any], sources: dict[str, Any]) -> list[dict[s
         + series_targets(results.get("series"), file("series"))
         + cli_targets(results.get("cli"), file("cli"))
         + capacity_targets(results.get("capacity"), file("capacity"))
+        + device_day_targets(results.get("device_day"), file("device_day"))
     )
 
 
@@ -569,6 +599,10 @@ def correctness(results: dict[str, Any]) -> dict[str, Any]:
         exact = results["capacity"]["exact_counts"]
         checks["capacity_exact_counts_ok"] = bool(exact["ok"])
         checks["capacity_exact_count_failures"] = exact["failures"]
+    if "device_day" in results:
+        exact = results["device_day"]["exact_counts"]
+        checks["device_day_exact_counts_ok"] = bool(exact["ok"])
+        checks["device_day_exact_count_failures"] = exact["failures"]
     if "client" in results:
         dropped = [
             f"{phase} {cell} {mode}"
@@ -829,6 +863,64 @@ def capacity_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def measured_ratio(check: dict[str, Any]) -> str:
+    """efficiency_text of a device-day ratio, "-" where none was measured (a --quick turn too
+    short for a CPU tick)."""
+    if check["ratio"] is None:
+        return "-"
+    return efficiency_text({**check, "ratio_rounds": [r for r in check["ratio_rounds"] if r is not None]})
+
+
+def device_day_table(data: dict[str, Any]) -> Table:
+    """bench_device_day.py: the device-day's cost against a do-nothing server, and the devices an
+    aggregator core carries."""
+    settings = data["settings"]
+    model = settings["model"]
+    machine = data["machine"]
+    table = Table(
+        "The device-day: a new TLS connection, the specs check, one upload of a device's 10 metrics; devices "
+        "per aggregator core",
+        [
+            "store",
+            "protocol",
+            "device-days per CPU s, / do-nothing",
+            "aggregator us per device-day",
+            "do-nothing us",
+            "keep-alive 10-report uploads, / do-nothing",
+            "devices per core",
+            f"cores for {si(model['fleet'])} devices",
+        ],
+        right={2, 3, 4, 5, 6, 7},
+        note=f"Measured by bench_device_day.py, median (and range) of {rounds(settings['rounds'])} of A-B-B-A "
+        "against a do-nothing grpcio or aiohttp server with the same TLS, calls and load, each by its own "
+        f"process's CPU (goal {DEVICE_DAY_GOAL:.0%}); load average {machine['load_average_before'][0]:.1f} before, "
+        f"{machine['load_average_after'][0]:.1f} after. Devices per core: device-days per core-second x 86,400 / "
+        f"{model['peak']} (one device-day per device per day, a peak of {model['peak']}x the average: "
+        f"{si(model['fleet'])} devices are {model['fleet'] / 86_400:,.0f} device-days/s, "
+        f"{model['fleet'] / 86_400 * model['peak']:,.0f} at the peak); on Redis, the masters (Redis cores at their "
+        "measured CPU per device-day) needed beside them.",
+    )
+    for row in data["rows"]:
+        if row["kind"] != "day":
+            continue
+        check = data["checks"][f"device_day_{row['store']}_{row['protocol']}"]
+        fleet = row["model"]
+        masters = None if fleet is None else fleet["fleet_masters"]
+        table.add(
+            row["store"],
+            f"{row['protocol']} (revision {row['revision']})",
+            measured_ratio(check),
+            f"{row['aggregator_us_per_device_day']:.0f}",
+            f"{row['null_us_per_device_day']:.0f}",
+            measured_ratio(check["keepalive"]),
+            "-" if fleet is None else si(fleet["devices_per_core"]),
+            "-"
+            if fleet is None
+            else f"{fleet['fleet_cores']}" + ("" if masters is None else f" (+ {masters} masters)"),
+        )
+    return table
+
+
 def latency_table(data: dict[str, Any]) -> Table | None:
     latency = data.get("latency")
     if not latency:
@@ -914,6 +1006,8 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
             tables.append(latency)
     if "capacity" in results:
         tables.append(capacity_table(results["capacity"]))
+    if "device_day" in results:
+        tables.append(device_day_table(results["device_day"]))
     tables.append(targets_table(document["targets"]))
     for table in tables:
         out += ["", table.render(markdown)]
@@ -927,8 +1021,9 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
 def verdict_lines(document: dict[str, Any]) -> list[str]:
     checks = document["checks"]
     lines = [f"PROBLEM: {problem}" for problem in document["problems"]]
-    for failure in checks.get("ingest_exact_count_failures", []):
-        lines.append(f"COUNT CHECK FAILED: {failure}")
+    for name in ("ingest", "capacity", "device_day"):
+        for failure in checks.get(f"{name}_exact_count_failures", []):
+            lines.append(f"COUNT CHECK FAILED: {failure}")
     for failure in checks.get("randomize_sanity_failures", []):
         lines.append(f"SANITY CHECK FAILED: {failure}")
     if checks.get("ingest_latency_sanity_ok") is False:
@@ -1103,6 +1198,8 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
                 command += ["--epsilons", *(f"{e:g}" for e in args.epsilons)]
         if name in ("ingest", "capacity", "series") and args.stores:
             command += ["--stores", *args.stores]
+        if name == "device_day" and args.stores:
+            command += ["--stores", *([s for s in args.stores if s in DEVICE_DAY_STORES] or ["sqlite"])]
         progress(f"=== {name}: {shlex.join(command)}")
         started = time.perf_counter()
         status = subprocess.run(command, stdout=2, cwd=REPO).returncode  # fd 2: stderr
@@ -1124,7 +1221,7 @@ def run_benchmarks(args: argparse.Namespace, directory: Path) -> dict[str, dict[
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__)
-    parser.add_argument("--run", action="store_true", help="run the four benchmarks first (what `make bench` does)")
+    parser.add_argument("--run", action="store_true", help="run the benchmarks first (what `make bench` does)")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -1163,7 +1260,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--stores",
         nargs="+",
         choices=("memory", "sqlite", "redis"),
-        help="with --run: stores for bench_ingest (default all three)",
+        help="with --run: stores for bench_ingest, bench_capacity and bench_series (default theirs: all), and the "
+        "ones of them bench_device_day measures (sqlite, redis; memory alone: sqlite)",
     )
     args = parser.parse_args(argv)
     if (args.ks or args.epsilons or args.stores) and not args.run:

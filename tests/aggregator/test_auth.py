@@ -28,6 +28,7 @@ from veil_testing.running import (
 
 from veil.aggregator._logging import JsonFormatter
 from veil.aggregator.config import load_config, parse_config
+from veil.aggregator.decode import UNPARSEABLE
 from veil.aggregator.errors import ConfigError
 from veil.cli import main
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
@@ -118,7 +119,7 @@ def test_bytes_that_are_not_an_upload_are_refused_after_the_token_check(secured)
     error = refused(raw, garbage, metadata=bearer(UPLOAD_TOKEN), timeout=10)
     assert (error.code(), error.details()) == (
         grpc.StatusCode.INVALID_ARGUMENT,
-        "The upload is not a valid UploadRequest message.",
+        UNPARSEABLE,
     )
     assert counted(secured, "browser") == 0
 

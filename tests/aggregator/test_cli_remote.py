@@ -9,6 +9,7 @@ import pytest
 from veil_testing.running import SPEC_NAMES
 
 from veil.cli import main
+from veil.cli._estimates import interval_text
 
 
 def run_json(capsys, *args: str) -> dict:
@@ -80,3 +81,31 @@ def test_unreachable_aggregator_and_unknown_metric_are_one_line_errors(start_agg
     assert "declares no metric 'nope'" in capsys.readouterr().err
     assert main(["simulate", "os", "--address", f"127.0.0.1:{aggregator.grpc_port}", "--distribution", "1,2"]) == 2
     assert "--distribution: expected 6 non-negative weights" in capsys.readouterr().err
+
+
+def test_estimates_table_and_csv_show_intervals_periods_and_provisional(start_aggregator, capsys):
+    aggregator = start_aggregator(min_n=10)
+    address = f"127.0.0.1:{aggregator.grpc_port}"
+    run_json(capsys, "simulate", "browser", "--address", address, "--reports", "2000", "--seed", "2")
+    (total, hour) = run_json(capsys, "estimates", "browser", "--address", address)["estimates"]
+    assert total["provisional"] and hour["provisional"] and total["periods"] == hour["periods"] == 1
+    assert main(["estimates", "browser", "--address", address]) == 0
+    table = capsys.readouterr().out
+    assert table.count("provisional (reports made in this bucket may still arrive)") == 2
+    assert "\u00b1" not in table
+    for c in total["categories"]:
+        assert f"[{c['lower']:>8.4f}, {c['upper']:>8.4f}]" in table
+    assert main(["estimates", "browser", "--address", address, "--window", "1h", "--csv"]) == 0
+    head, first, *_ = capsys.readouterr().out.splitlines()
+    columns = head.split(",")
+    assert columns[5:8] == ["reports_per_device", "periods", "provisional"]
+    assert first.split(",")[6:8] == ["1", "True"]
+    assert main(["estimates", "browser", "--address", address, "--window", "1h", "--last", "3h"]) == 0
+    series = capsys.readouterr().out
+    assert "* provisional (reports made in this bucket may still arrive)" in series
+
+
+def test_an_interval_below_0_reads_as_no_evidence_of_presence():
+    assert interval_text({"lower": -0.21, "upper": -0.1}) == "no evidence of presence"
+    assert interval_text({"lower": 0.0, "upper": 0.077}) == "[  0.0000,   0.0770]"
+    assert interval_text({"lower": None, "upper": None}) == "[     n/a,      n/a]"

@@ -90,6 +90,10 @@ def test_window_buckets_are_aligned():
         ({"metrics": [METRIC], "server": {"min_n": -1}}, "server.min_n:"),
         ({"metrics": [METRIC], "server": {"dedupe_ttl": "0h"}}, "server.dedupe_ttl:"),
         ({"metrics": [METRIC], "server": {"dedupe_ttl": "23h"}}, "server.dedupe_ttl: expected at least 24h, the SDK's"),
+        (
+            {"metrics": [METRIC], "server": {"dedupe_ttl": "48h", "max_lateness": "49h"}},
+            "server.max_lateness: expected at most server.dedupe_ttl (172800 s)",
+        ),
         ({"metrics": [METRIC], "server": {"workers": 0}}, "server.workers:"),
         ({"metrics": [METRIC], "server": {"port": 1}}, "server.port: unknown key"),
         ({"metrics": [METRIC], "store": {"url": ""}}, "store.url:"),

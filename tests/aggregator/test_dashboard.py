@@ -260,6 +260,56 @@ def test_the_dashboard_draws_every_metric_and_follows_the_aggregator(aggregator,
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG"), name
 
 
+BARS_AS_SHOWN = """((metric) => [...document.querySelectorAll("section.panel")]
+  .filter((s) => s.dataset.metric === metric).flatMap((s) => [...s.querySelectorAll("g.bar")]).map((g) => ({
+  label: g.dataset.label, upper: Number(g.dataset.upper), value: g.querySelector("text.value").textContent,
+  absent: g.classList.contains("absent"), whiskers: g.querySelectorAll("path.interval").length,
+  title: g.querySelector("title").textContent})))"""
+
+
+def test_intervals_are_shown_as_intervals_and_one_below_0_as_no_evidence_of_presence(
+    aggregator, chromium_binary, tmp_path
+):
+    """Each bar's value is its interval, [lower, upper], never the estimate +- half the interval
+    (which it need not surround); a category whose interval lies below 0 reads "no evidence of
+    presence", without whiskers; open buckets are marked provisional."""
+    spec = SPECS[HOSTILE["name"]]  # k-RR, k = 4: a report names one category; the last in none
+    reports = [(0,)] * 150 + [(1,)] * 150 + [(2,)] * 100
+    request = veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, b"\x05" * 16))
+    collector(f"127.0.0.1:{aggregator.grpc_port}").Upload(request, timeout=10)
+    upload(aggregator, "browser", 400, seed=1)
+    with Browser(chromium_binary, tmp_path) as browser:
+        page = browser.open(f"http://127.0.0.1:{aggregator.http_port}/")
+        page.wait_for(
+            "[...document.querySelectorAll('section.panel')].some((s) => s.dataset.n === '400' "
+            "&& s.querySelector('h2 .name').textContent === " + json.dumps(HOSTILE["name"]) + ")",
+            timeout=15,
+        )
+        bars = {b["label"]: b for b in page.evaluate(f"{BARS_AS_SHOWN}({json.dumps(HOSTILE['name'])})")}
+        other = bars.pop(HOSTILE["labels"][3])
+        assert other["upper"] < 0 and other["absent"] and other["whiskers"] == 0
+        assert other["value"] == "no evidence of presence" and "lies below 0" in other["title"]
+        for bar in bars.values():
+            assert re.fullmatch(r"\[\u2212?\d+\.\d+%, \d+\.\d+%\]", bar["value"]), bar
+            assert not bar["absent"] and bar["whiskers"] == 1
+        assert "\u00b1" not in page.evaluate("document.body.textContent")
+        provisional = page.evaluate(
+            "[...document.querySelectorAll('section.panel')].map((s) => [s.dataset.metric, s.dataset.window, "
+            "s.dataset.provisional, s.querySelector('.badge.provisional')?.textContent ?? null])"
+        )
+        assert all(p == "true" and badge == "provisional" for _, _, p, badge in provisional), provisional
+        page.wait_for("document.querySelector(\"section.trend[data-metric='browser']\") !== null", timeout=15)
+        trend = page.evaluate(
+            "(() => { const t = document.querySelector(\"section.trend[data-metric='browser']\"); "
+            "return [t.dataset.buckets, t.dataset.provisional, t.querySelectorAll('rect.provisional-bucket').length]; "
+            "})()"
+        )
+        # Every hour shown ended less than max_lateness (25 h) ago: all still provisional; the one
+        # with reports is drawn so (the others, withheld, as withheld).
+        assert trend[0] == trend[1] and trend[2] == 1, trend
+        assert page.errors() == []
+
+
 # ---- with tokens: the page asks for a read token --------------------------------------------
 
 BROWSER_PANELS = 6  # METRICS: browser (total, 1h) and four metrics with a total window

@@ -4,6 +4,7 @@ before), and the cached JSON text is exactly json.dumps of to_json; caches follo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -41,6 +42,8 @@ def reference_window(e: WindowEstimate) -> veil_pb2.WindowEstimate:
         estimand=body["estimand"],
         reports_per_device=body["reports_per_device"],
         period_seconds=body["period"],
+        provisional=body["provisional"],
+        periods=body["periods"],
     )
 
 
@@ -66,6 +69,8 @@ def reference_json(e: WindowEstimate) -> dict:
         "estimand": e.estimand,
         "period": spec.period,
         "reports_per_device": e.reports_per_device,
+        "periods": e.periods,
+        "provisional": e.provisional,
         "categories": [],
     }
     if e.estimate is not None:
@@ -96,8 +101,12 @@ def window_estimate(
     metric = MetricConfig(spec, (TOTAL, HOUR))
     start, end = window.bucket(1_700_000_123)
     what = f"share of devices ({seed})"
+    # Fields 16 and 17 (revision 2) both ways: provisional or not (false is left out), periods 1..
+    more = dict(periods=1 + seed, provisional=seed % 2 == 0)
     if withheld:
-        return WindowEstimate(metric, window, start, end, version, n, None, f"{n} reports so far", 1 + seed, what)
+        return WindowEstimate(
+            metric, window, start, end, version, n, None, f"{n} reports so far", 1 + seed, what, **more
+        )
     rng = np.random.default_rng(seed)
     k = len(labels)
     columns = []
@@ -107,7 +116,7 @@ def window_estimate(
         column[pick] = rng.choice(SPECIAL, pick.sum())
         columns.append(column)
     estimate = Estimate(n, "minimax", *columns[:4], projection=columns[4], reports_per_device=1 + seed)
-    return WindowEstimate(metric, window, start, end, version, n, estimate, "", 1 + seed, what)
+    return WindowEstimate(metric, window, start, end, version, n, estimate, "", 1 + seed, what, **more)
 
 
 CASES = {
@@ -210,3 +219,13 @@ def test_the_response_cache_serves_the_same_bytes_until_a_version_or_bucket_chan
     )
     again = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [wider, first[1]]))
     assert again.estimates[0].reports_per_device == moved.reports_per_device + 1
+    # The same counts once a period began that brought no data (c is the same, the estimand names
+    # one period more spanned), or once the bucket left its lateness: new bytes each time.
+    spanned = dataclasses.replace(
+        wider, spanned=wider.spanned + 1, estimand=wider.estimand + ", from the one period with reports of the 2"
+    )
+    said = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [spanned, first[1]]))
+    assert said.estimates[0].estimand == spanned.estimand
+    final = dataclasses.replace(spanned, provisional=False)
+    closed = veil_pb2.EstimatesResponse.FromString(cache.response(("", ""), [final, first[1]]))
+    assert not closed.estimates[0].provisional

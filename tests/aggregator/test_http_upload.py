@@ -61,16 +61,19 @@ def bearer(token: str) -> dict:
 
 def test_uploads_in_both_formats_count_exactly_once(start_aggregator):
     aggregator = start_aggregator()
+    version = aggregator.collector.ingest.specs_version
     expected = {}
     for i, metric in enumerate(m["name"] for m in METRICS):
         binary = make_upload(metric, 150 + i, seed=i)
         status, _, body = post(aggregator, binary.SerializeToString())
-        assert status == 200 and veil_pb2.UploadResponse.FromString(body) == veil_pb2.UploadResponse(accepted=150 + i)
+        assert status == 200 and veil_pb2.UploadResponse.FromString(body) == veil_pb2.UploadResponse(
+            accepted=150 + i, specs_version=version
+        )
         status, _, body = post(aggregator, as_json(make_upload(metric, 50, seed=100 + i)), "application/json")
-        assert status == 200 and json.loads(body) == {"accepted": 50, "duplicate": False}
+        assert status == 200 and json.loads(body) == {"accepted": 50, "duplicate": False, "specsVersion": version}
         # The retry of a counted batch (same batch id) is answered as a duplicate and counts nothing.
         status, _, body = post(aggregator, as_json(binary), "application/json")
-        assert status == 200 and json.loads(body) == {"accepted": 150 + i, "duplicate": True}
+        assert status == 200 and json.loads(body) == {"accepted": 150 + i, "duplicate": True, "specsVersion": version}
         expected[metric] = 200 + i
     assert {metric: counted(aggregator, metric) for metric in expected} == expected
 
@@ -191,10 +194,12 @@ def test_cors_admits_the_configured_origins_only(start_aggregator):
             if allowed:
                 assert "POST" in response.headers["Access-Control-Allow-Methods"]
                 assert "Authorization" in response.headers["Access-Control-Allow-Headers"]
+                assert "If-None-Match" in response.headers["Access-Control-Allow-Headers"]  # the specs check
         status, headers, _ = post(aggregator, make_upload("os", 5).SerializeToString(), headers={"Origin": origin})
         assert status == 200 and headers.get("Access-Control-Allow-Origin") == (origin if allowed else None)
         if allowed:
             assert "retry-after-ms" in headers["Access-Control-Expose-Headers"]
+            assert "ETag" in headers["Access-Control-Expose-Headers"]
     assert counted(aggregator, "os") == 10
 
 
@@ -213,5 +218,7 @@ def test_a_body_above_the_upload_limit_is_refused_unread_with_413(start_aggregat
     from veil.aggregator.daemon import max_message_bytes
 
     aggregator = start_aggregator()
-    status, _, _ = post(aggregator, b"\x00" * (max_message_bytes(aggregator.config) + 1))
+    status, headers, body = post(aggregator, b"\x00" * (max_message_bytes(aggregator.config) + 1))
     assert status == 413 and counted(aggregator, "os") == 0
+    # The documented refusal, final: JSON {"error", "code"} like every other.
+    assert headers["Content-Type"] == "application/json" and set(json.loads(body)) == {"error", "code"}

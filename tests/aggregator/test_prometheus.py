@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from veil_testing.running import make_upload
 
 from veil.aggregator.config import parse_config
-from veil.aggregator.estimate import group_estimate
+from veil.aggregator.estimate import rest_estimate
 from veil.aggregator.instruments import EstimatesCollector
 from veil.aggregator.live import LiveEstimates
 from veil.aggregator.simulate import FastKeystream, simulate_counts
@@ -78,21 +78,29 @@ def test_estimates_are_bounded_to_the_top_n_and_the_rest_as_a_group():
     top = set(np.argsort(-total.estimate.estimate, kind="stable")[:50].tolist())  # ties: by index, as exported
     shown = {int(s.labels["category"][1:]) for s in estimates if s.labels["window"] == "total"}
     assert shown == top
-    rest = {s.labels["window"]: s.value for s in families["veil_estimate_rest"].samples}
-    want = group_estimate(total.metric.spec.mechanism, total.estimate, sorted(set(range(1024)) - top))
-    assert rest["total"] == pytest.approx(want.estimate, rel=1e-12)
-    assert {s.labels["window"]: s.value for s in families["veil_estimate_rest_stderr"].samples}[
-        "total"
-    ] == pytest.approx(want.stderr, rel=1e-12)
+    # Each category's interval as served: its lower and upper ends, not estimate +- 1.96 stderr.
+    for end in ("lower", "upper"):
+        got = {
+            int(s.labels["category"][1:]): s.value
+            for s in families[f"veil_estimate_{end}"].samples
+            if s.labels["metric"] == "big" and s.labels["window"] == "total"
+        }
+        assert got == {j: getattr(total.estimate, end)[j] for j in top}
+    # The rest: the group outside the top, with the interval that allows for its being chosen.
+    want = rest_estimate(total.metric.spec.mechanism, total.estimate, 50)
+    assert want.labels == () and want.upper > want.estimate + 1.96 * want.stderr
+    for name, value in [("", want.estimate), ("_stderr", want.stderr), ("_lower", want.lower), ("_upper", want.upper)]:
+        rest = {s.labels["window"]: s.value for s in families[f"veil_estimate_rest{name}"].samples}
+        assert rest["total"] == pytest.approx(value, rel=1e-12), name
     # k = 3 is below the bound: every category, no rest. (Withheld: n = 0.)
     assert not [s for s in families["veil_estimate_rest"].samples if s.labels["metric"] == "small"]
     info = {s.labels["metric"]: s.labels for s in families["veil_metric_info"].samples}
     assert info["big"]["mechanism"] == "subset" and info["big"]["k"] == "1024" and info["small"]["epsilon"] == "2.0"
     assert info["big"]["fingerprint"] == total.metric.spec.fingerprint and info["big"]["period_seconds"] == "86400"
     assert families["veil_store_up"].samples[0].value == 1
-    # The count the README states: 3 windows x (50 estimates + 50 stderrs + the rest's 2).
+    # The count the README states: 3 windows x (50 x (estimate, stderr, lower, upper) + the rest's 4).
     series = [line for line in text.splitlines() if line.startswith("veil_estimate")]
-    assert len(series) == 3 * (2 * 50 + 2)
+    assert len(series) == 3 * (4 * 50 + 4)
     assert promtool_lint(text) == ""
 
 

@@ -332,7 +332,11 @@ def test_cli_series_table_json_csv_and_group(hourly, capsys):
     assert {r["label"] for r in rows if r["start"] == str(start)} == {c["label"] for c in windows[0]["categories"]}
     assert main([*args, "--group", "chrome,edge"]) == 0
     table = capsys.readouterr().out
-    assert "withheld" in table and "chrome + edge" in table and table.count("\n") == 1 + 1 + 4 + 1
+    assert "withheld" in table and "chrome + edge" in table and table.count("\n") == 1 + 1 + 4 + 1 + 1
+    # The buckets still within max_lateness of their end (all four: the last hours) are marked so.
+    assert table.count("* ") == 4 + 1
+    assert table.endswith("* provisional (reports made in this bucket may still arrive)\n")
+    assert [w["provisional"] for w in windows] == [True] * 4
     assert main([*args, "--merged", "--json"]) == 0
     (merged,) = json.loads(capsys.readouterr().out)["estimates"]
     assert merged["n"] == 1505

@@ -1,7 +1,7 @@
 """The benchmarks and their report run end to end (smoke runs: their numbers mean nothing, and
 nothing here asserts on a time).
 
-One quick run of all four benchmarks through the report's --run (what `make bench-quick` does),
+One quick run of every benchmark through the report's --run (what `make bench-quick` does),
 on a few cells, into a scratch directory; the tests then check what it wrote and run the report
 again on those files.
 """
@@ -99,6 +99,16 @@ def test_quick_run_writes_every_benchmark_and_the_combined_results(quick_run):
     assert capacity["exact_counts"]["ok"] is True and capacity["exact_counts"]["checks"] > 0
     assert {row["store"] for row in capacity["rows"]} == {"memory", "redis"}
     assert {name for name in capacity["checks"]} == {"efficiency_memory", "efficiency_redis"}
+    # The device-day on the stores it measures of those asked (Redis), over both protocols, the
+    # keep-alive cell beside each; every acknowledged report read back exact.
+    device_day = json.loads((directory / "device_day.json").read_text())
+    assert device_day["exact_counts"]["ok"] is True and device_day["exact_counts"]["checks"] > 0
+    assert device_day["settings"]["stores"] == ["redis"]
+    assert {(r["store"], r["protocol"], r["kind"]) for r in device_day["rows"]} == {
+        ("redis", protocol, kind) for protocol in ("grpc", "http") for kind in ("day", "keepalive")
+    }
+    assert set(device_day["checks"]) == {"device_day_redis_grpc", "device_day_redis_http"}
+    assert all(r["tls_sessions_resumed"] == 0 for r in device_day["rows"])
     series = json.loads((directory / "series.json").read_text())
     assert set(series["series"]) == {"memory", "redis"} and series["settings"]["quick"] is True
     assert series["series"]["redis"]["series_720_hourly"]["buckets"] == 721
@@ -106,7 +116,7 @@ def test_quick_run_writes_every_benchmark_and_the_combined_results(quick_run):
     cli = json.loads((directory / "cli.json").read_text())
     assert set(cli["cli"]) >= {"veil_specs", "veil_estimates"} and cli["settings"]["quick"] is True
 
-    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity", "series", "cli"}
+    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity", "device_day", "series", "cli"}
     assert latest["benchmarks"]["ingest"] == ingest  # each benchmark's results as it wrote them
     assert latest["quick"] is True and latest["summary"]["ok"] is True and not latest["problems"]
     assert latest["machine"]["cpu_count"] >= 1 and latest["machine"]["python"]
@@ -129,6 +139,7 @@ def test_targets_list_names_the_exact_source_of_every_number(quick_run):
         "10-report uploads",
         "Estimates.Get p99",
         "report() median and p99",
+        "device-days per aggregator CPU second",
     ):
         assert any(wanted in group for group in groups), wanted
     by_name = {Path(s["file"]).name: name for name, s in latest["sources"].items()}

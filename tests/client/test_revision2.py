@@ -240,3 +240,17 @@ def test_a_batch_spooled_by_the_previous_sdk_is_still_sent(state, collector, tmp
         assert reporter.force_flush(10)
         assert reporter.counters() == Counters(sent=1)
     assert state.made[batch_id] == 0 and state.total("country") == 1
+
+
+def test_a_call_held_before_the_first_specs_is_reported_by_the_device_that_made_it(state, collector):
+    collector.stop()
+    with Reporter(collector.endpoint, **FAST) as reporter:
+        device = reporter.simulated_device()  # its own ledger and memo, the Reporter's queue
+        device.report("browser", "edge")
+        device.report("country", "c1")
+        reporter.report("browser", "safari")
+        collector.start()
+        assert reporter.wait_for_specs(10) and reporter.force_flush(10)
+        assert {m: s.reports for m, s in device.privacy_spent().items() if s.reports} == {"browser": 1, "country": 1}
+        assert {m: s.reports for m, s in reporter.privacy_spent().items() if s.reports} == {"browser": 1}
+    assert state.total() == 3

@@ -304,6 +304,9 @@ def _full_run_and_scrape(auth, make_redis_server, make_aggregator, make_device, 
         if match := COUNTS_KEY.match(key):
             assert kind == "hash" and match["fp"] == fingerprints[match["metric"]], key
             fields = client.hgetall(raw)
+            # The reporting periods with data: period indexes (days here), nothing finer.
+            periods = fields.pop(b"periods", b"")
+            assert re.fullmatch(rb"(,\d+)*,", periods), (key, periods)
             assert all(COUNTS_FIELD.match(f) and re.fullmatch(rb"\d+", v) for f, v in fields.items()), (key, fields)
             assert (ttl == -1) if match["window"] == "total" else (0 < ttl), (key, ttl)
             counts_keys.append(key)

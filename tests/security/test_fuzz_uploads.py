@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from upload_contract import bitmap_width, members
 from veil_testing.running import METRICS, config_dict, specs_of
 
+from veil.aggregator import decode
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import max_message_bytes
 from veil.aggregator.simulate import FastKeystream, simulate_reports
@@ -49,7 +50,7 @@ HealthCheck = hypothesis.HealthCheck
 UPLOAD = "/veil.wire.v1.Collector/Upload"
 # Bytes that are not an UploadRequest are the caller's error, whatever grpcio does by default
 # with a request its deserializer cannot parse (INTERNAL "Exception deserializing request!").
-UNPARSEABLE = (grpc.StatusCode.INVALID_ARGUMENT, "The upload is not a valid UploadRequest message.")
+UNPARSEABLE = (grpc.StatusCode.INVALID_ARGUMENT, decode.UNPARSEABLE)
 
 SPECS = specs_of(METRICS)
 NAMES = tuple(SPECS)

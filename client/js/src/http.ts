@@ -21,7 +21,8 @@ const KEEPALIVE_BYTES = 60_000;
 /** What an HTTP refusal means for its batches (docs/protocol.md section 5). */
 function outcomeOfStatus(response: Response): Outcome {
   const status = response.status;
-  if (status === 400 || status === 413) return { kind: "fail", why: `HTTP ${status}`, refetch: false, tooLate: false };
+  // 405 and 415: a route or body this SDK never gets wrong unless it has a bug; final as 400.
+  if ([400, 405, 413, 415].includes(status)) return { kind: "fail", why: `HTTP ${status}`, refetch: false, tooLate: false };
   if (status === 409) return { kind: "fail", why: "stale spec (HTTP 409)", refetch: true, tooLate: false };
   if (status === 410) return { kind: "fail", why: "too late (HTTP 410)", refetch: false, tooLate: true };
   return { kind: "retry", why: `HTTP ${status}`, token: status === 401 || status === 403,

@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -20,7 +21,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUICK_RESULTS_DIR", "RESULTS_DIR", "machine_info", "median", "progress", "timed", "write_results"]
+__all__ = [
+    "QUICK_RESULTS_DIR",
+    "RESULTS_DIR",
+    "machine_info",
+    "median",
+    "progress",
+    "replace_marked",
+    "timed",
+    "write_results",
+]
 
 # bench/results of the checkout: this package is installed in development mode (the dev extra),
 # so its files stay in the checkout's testing/src/veil_testing.
@@ -95,3 +105,13 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     scratch = path.with_name(path.name + ".tmp")
     scratch.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     scratch.replace(path)
+
+
+def replace_marked(path: Path, begin: str, end: str, text: str) -> None:
+    """Put ``text`` between the lines ``begin`` and ``end`` of the file (a table a benchmark keeps
+    in the README), nothing else changed; SystemExit when the file has no such markers."""
+    content = path.read_text()
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if not pattern.search(content):
+        raise SystemExit(f"{path} has no {begin} ... {end} markers.")
+    path.write_text(pattern.sub(lambda _: f"{begin}\n{text}\n{end}", content))

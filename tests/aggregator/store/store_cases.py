@@ -36,11 +36,15 @@ def key(metric: str = "m", window: str = "total", bucket: int = 0, fingerprint: 
 
 
 def batch(
-    counts: Counts, *targets: CountsKey | tuple[CountsKey, int | None], batch_id: bytes | None = None, ttl: int = 3600
+    counts: Counts,
+    *targets: CountsKey | tuple[CountsKey, int | None],
+    batch_id: bytes | None = None,
+    ttl: int = 3600,
+    period: int | None = None,
 ) -> BatchWrite:
     """A batch of counts to these targets (a bare key never expires), of the first target's metric."""
     pairs = tuple(t if isinstance(t, tuple) else (t, None) for t in targets)
-    return BatchWrite(pairs[0][0].metric, batch_id or os.urandom(16), counts, pairs, ttl)
+    return BatchWrite(pairs[0][0].metric, batch_id or os.urandom(16), counts, pairs, ttl, period)
 
 
 def doubled(counts: Counts, times: int = 2) -> Counts:

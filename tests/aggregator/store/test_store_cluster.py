@@ -124,3 +124,20 @@ def test_a_cluster_nobody_answers_is_unavailable():
             store.add(batch(Counts((1,), [1], [[1, 0]]), key(), batch_id=os.urandom(16)))
     finally:
         store.close()
+
+
+def test_each_shard_records_the_periods_of_its_own_batches_and_reads_join_them(stores, rng):
+    """A bucket's periods live in each shard's hash (the batch's slot: one atomic script), so a
+    period reaches only the shard its batch went to; a read is the union over the shards."""
+    store = stores()
+    writes = [batch(random_counts((1,), 4, rng), key(), period=30_000 + i) for i in range(12)]
+    assert store.add_many(writes) == [True] * 12
+    by_shard: dict[int, set[int]] = {}
+    for write in writes:
+        by_shard.setdefault(shard_of(write.batch_id, store.shard_count()), set()).add(write.period)
+    assert len(by_shard) > 1  # 12 random ids over 3 shards
+    for shard, name in enumerate(store.bucket_hashes(key())):
+        held = store._redis.hget(name, "periods")
+        recorded = {int(p) for p in held.decode().split(",") if p} if held else set()
+        assert recorded == by_shard.get(shard, set()), shard
+    assert store.read(key(), (1,), 4).periods == {30_000 + i for i in range(12)}

@@ -448,28 +448,41 @@ def test_coalesce_1_sends_every_batch_alone(stores, rng):
 
 
 def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
-    """add_batch.lua itself: ids checked first, all or nothing, the applied ones named."""
+    """add_batch.lua itself: ids checked first, all or nothing, the applied ones named; each
+    target records the group's period once."""
     script = raw.register_script(_ADD_BATCH)
     target = counts_key(key())
     ids = [dedupe_key("m", os.urandom(16)) for _ in range(3)]
     first = 2**63 - 1  # versions go through as strings: a Lua number (a double) would round this one
-    assert script([ids[1], target], [1, 60, first, "", "n:1", 4, "v:1:0", 3]) == [0, 0]  # applied: versions before
+    # Applied: the versions before.
+    assert script([ids[1], target], [1, 60, first, 20000, "", "n:1", 4, "v:1:0", 3]) == [0, 0]
     before = raw.hgetall(target)
-    assert script([*ids, target], [3, 60, 5, "", "n:1", 9, "v:1:0", 9]) == [2]
+    assert script([*ids, target], [3, 60, 5, 20001, "", "n:1", 9, "v:1:0", 9]) == [2]
     assert (
         raw.hgetall(target)
         == before
-        == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1", b"version": str(first).encode()}
+        == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1", b"version": str(first).encode(), b"periods": b",20000,"}
     )
     assert raw.exists(ids[0], ids[2]) == 0
-    assert script([ids[0], ids[2], target], [2, 60, 77, "", "n:1", 9, "v:1:0", 9]) == [0, str(first).encode()]
-    assert raw.hgetall(target) == {b"n:1": b"13", b"v:1:0": b"12", b"batches": b"3", b"version": b"77"}
+    assert script([ids[0], ids[2], target], [2, 60, 77, 20001, "", "n:1", 9, "v:1:0", 9]) == [0, str(first).encode()]
+    assert raw.hgetall(target) == {
+        b"n:1": b"13",
+        b"v:1:0": b"12",
+        b"batches": b"3",
+        b"version": b"77",
+        b"periods": b",20000,20001,",
+    }
     assert all(55 <= raw.ttl(i) <= 60 for i in ids)
     # Several targets: each one's version before the group; -1 for one whose expiry has passed (gone).
     hour, old = counts_key(key(window="1h", bucket=3600)), counts_key(key(window="1h", bucket=0))
     more = [dedupe_key("m", os.urandom(16)) for _ in range(2)]
-    assert script([*more, target, hour, old], [2, 60, 78, "", 4102444800, 1, "n:1", 1]) == [0, b"77", 0, -1]
+    assert script([*more, target, hour, old], [2, 60, 78, 20000, "", 4102444800, 1, "n:1", 1]) == [0, b"77", 0, -1]
     assert raw.exists(old) == 0 and raw.hmget(hour, "batches", "version") == [b"2", b"78"]
+    assert raw.hget(target, "periods") == b",20000,20001,"  # already there: recorded once
+    # A hash kept from before periods were recorded may hold any period: it records -1 as well.
+    raw.hdel(hour, "periods")
+    assert script([dedupe_key("m", os.urandom(16)), hour], [1, 60, 79, 20002, 4102444800, "n:1", 1])[0] == 0
+    assert raw.hget(hour, "periods") == b",-1,20002,"
 
 
 def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):

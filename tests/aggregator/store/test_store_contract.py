@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from store_cases import AWKWARD_METRICS, batch, batches_added, doubled, key, random_counts
 
-from veil.aggregator.counts import Counts
+from veil.aggregator.counts import PERIOD_NOT_SAID, Counts
 from veil.aggregator.errors import StoreError
 from veil.aggregator.store import BatchWrite, Store
 from veil.mechanism import spec_for
@@ -231,3 +231,34 @@ def test_sets_of_overlapping_batches_added_concurrently_count_each_once(make_han
         thread.join(20)
     assert sum(applied) == len(writes) and len(applied) == len(writes) * len(handles)
     assert_reads(handles[0], key(), Counts.summed([w.counts for w in writes]))
+
+
+def test_each_bucket_records_the_periods_that_received_reports(store, rng):
+    hourly = key(window="1h", bucket=3600)
+    for period, bucket in [(20000, hourly), (20002, hourly), (20000, key(window="1h", bucket=7200))]:
+        assert store.add(batch(random_counts((2,), 4, rng), key(), bucket, period=period))
+    # A duplicate records nothing, whatever period it carries.
+    again = batch(random_counts((2,), 4, rng), key(), hourly, batch_id=b"\x09" * 16, period=20005)
+    assert store.add(again)
+    assert not store.add(batch(again.counts, key(), hourly, batch_id=b"\x09" * 16, period=20007))
+    assert store.read(key(), (2,), 4).periods == {20000, 20002, 20005}
+    assert store.read(hourly, (2,), 4).periods == {20000, 20002, 20005}
+    assert store.read(key(window="1h", bucket=7200), (2,), 4).periods == {20000}
+    assert store.read(key(metric="never"), (2,), 4).periods == frozenset()
+    # versioned_read and settled_read carry them too (settled twice: a store may serve a copy).
+    (_, counts), *_ = store.versioned_read((), [(hourly, (2,), 4)])[1]
+    assert counts.periods == {20000, 20002, 20005}
+    for _ in range(2):
+        assert store.settled_read([(hourly, (2,), 4, None)])[0][1].periods == {20000, 20002, 20005}
+
+
+def test_a_batch_without_its_period_is_recorded_as_not_said(store, rng):
+    assert store.add(batch(random_counts((2,), 4, rng), key(), period=7))
+    assert store.add(batch(random_counts((2,), 4, rng), key()))
+    assert store.read(key(), (2,), 4).periods == {7, PERIOD_NOT_SAID}
+
+
+def test_batches_of_several_periods_added_together_record_each(store, rng):
+    writes = [batch(random_counts((2,), 4, rng), key(), period=100 + i % 3) for i in range(9)]
+    assert store.add_many(writes) == [True] * 9
+    assert store.read(key(), (2,), 4).periods == {100, 101, 102}

@@ -13,7 +13,7 @@ from redis.crc import key_slot
 from store_cases import AWKWARD_METRICS, batch, batches_added, doubled, key, random_counts
 from veil_testing.waiting import wait_until
 
-from veil.aggregator.counts import Counts
+from veil.aggregator.counts import PERIOD_NOT_SAID, Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import _counts_of, _integers, counts_key, dedupe_key
@@ -66,10 +66,10 @@ def test_every_key_of_a_metric_is_in_its_slot_and_names_never_collide(make_redis
 
 def test_layout_integer_fields_for_non_zero_counts_only(store, raw):
     counts = Counts((0, 2), [0, 5], [[0, 0, 0], [3, 0, 5]])
-    assert store.add(batch(counts, key("m:x"), batch_id=b"\xab" * 16, ttl=120))
+    assert store.add(batch(counts, key("m:x"), batch_id=b"\xab" * 16, ttl=120, period=20000))
     fields = raw.hgetall("veil:{m%3Ax}:c:fp1:total:0")
     version = fields.pop(b"version")
-    assert fields == {b"n:2": b"5", b"v:2:0": b"3", b"v:2:2": b"5", b"batches": b"1"}
+    assert fields == {b"n:2": b"5", b"v:2:0": b"3", b"v:2:2": b"5", b"batches": b"1", b"periods": b",20000,"}
     assert store.versions([key("m:x")]) == [int(version)] and int(version) > 0
     assert raw.get("veil:{m%3Ax}:b:" + "ab" * 16) == b"1"
     assert 118 <= raw.ttl("veil:{m%3Ax}:b:" + "ab" * 16) <= 120
@@ -307,21 +307,22 @@ def test_settled_read_keeps_a_packed_copy_in_the_slot_until_the_bucket_expires(s
     counts = Counts((2,), [7], [[1, 0, 6]])
     assert store.add(batch(counts, (hour, expires_at)))
     name = counts_key(hour)
-    copy = name.replace("}:c:", "}:p:")
+    copy = name.replace("}:c:", "}:q:")
     assert raw.exists(copy) == 0
     version = int(raw.hget(name, "version"))
     assert store.settled_read([(hour, (2,), 3, expires_at)]) == [(version, counts)]
     assert key_slot(copy.encode()) == key_slot(name.encode())
     assert raw.expiretime(copy) == expires_at
     packed = np.frombuffer(raw.get(copy), "<i8").tolist()
-    assert packed == [version, 3, 1, 2, 7, 1, 0, 6]  # version, k, rows, their weights, n, V
+    # version, k, rows, periods; the rows' weights, n, V; the periods
+    assert packed == [version, 3, 1, 1, 2, 7, 1, 0, 6, PERIOD_NOT_SAID]
     # Served from the copy while the hash is at its version: a counter changed behind the
     # store's back (never done by Veil) shows that, and a copy of another version is passed over.
     raw.hset(name, "v:2:1", 4)
     assert store.settled_read([(hour, (2,), 3, expires_at)]) == [(version, counts)]
-    raw.set(copy, np.array([version + 1, 3, 1, 2, 7, 1, 0, 6], "<i8").tobytes())
+    raw.set(copy, np.array([version + 1, 3, 1, 1, 2, 7, 1, 0, 6, -1], "<i8").tobytes())
     assert store.settled_read([(hour, (2,), 3, expires_at)]) == [(version, Counts((2,), [7], [[1, 4, 6]]))]
-    assert np.frombuffer(raw.get(copy), "<i8").tolist()[:3] == [version, 3, 1]  # written again
+    assert np.frombuffer(raw.get(copy), "<i8").tolist()[:4] == [version, 3, 1, 1]  # written again
 
 
 def test_a_settled_read_whose_copy_cannot_be_written_still_answers(store, raw):
@@ -333,4 +334,4 @@ def test_a_settled_read_whose_copy_cannot_be_written_still_answers(store, raw):
         assert store.settled_read([(hour, (2,), 3, None)])[0][1] == counts
     finally:
         raw.config_set("maxmemory", 0)
-    assert raw.exists(counts_key(hour).replace("}:c:", "}:p:")) == 0
+    assert raw.exists(counts_key(hour).replace("}:c:", "}:q:")) == 0

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from store_cases import batch, doubled, key, random_counts
 
-from veil.aggregator.counts import Counts
+from veil.aggregator.counts import PERIOD_NOT_SAID, Counts
 from veil.aggregator.errors import StoreError
 from veil.aggregator.store import SqliteStore
-from veil.aggregator.store._sqlite import _PURGE_CHUNK, APPLICATION_ID, SCHEMA_VERSION
+from veil.aggregator.store._sqlite import _MIGRATIONS, _PURGE_CHUNK, APPLICATION_ID, SCHEMA_VERSION
 
 
 class Clock:
@@ -290,3 +290,24 @@ def test_reads_from_short_lived_threads_leave_no_connections_behind(path, opened
         thread.start()
         thread.join()
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+def test_a_schema_1_file_is_migrated_in_place_its_buckets_periods_not_said(path, opened, rng):
+    """A file written before stores recorded periods (schema 1): its counts stay, its buckets
+    read as holding reports of periods not said, and new writes record theirs beside that."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(_MIGRATIONS[0])
+        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        db.execute("PRAGMA user_version = 1")
+        db.execute(
+            "INSERT INTO buckets (id, metric, fingerprint, window, start, k, weights, batches, version) "
+            "VALUES (1, 'm', 'fp1', 'total', 0, 2, '1', 1, 5)"
+        )
+        db.execute("INSERT INTO counters VALUES (1, 1, 3, ?)", (np.array([2, 1], "<i8").tobytes(),))
+        db.commit()
+    store = opened(SqliteStore(path))
+    assert sql(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 2
+    held = store.read(key(), (1,), 2)
+    assert held == Counts((1,), [3], [[2, 1]]) and held.periods == {PERIOD_NOT_SAID}
+    assert store.add(batch(Counts((1,), [1], [[1, 0]]), key(), period=20000))
+    assert store.read(key(), (1,), 2).periods == {PERIOD_NOT_SAID, 20000}

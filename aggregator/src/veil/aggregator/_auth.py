@@ -3,6 +3,7 @@
     Collector/GetMetricSpecs   an upload token (answered with the specs of its metrics only)
                                or a read token (every spec)
     Collector/Upload           an upload token whose metrics include the request's metric
+    Collector/UploadBatches    an upload token whose metrics include every batch's metric
     Estimates/Get, Watch, Series  a read token
     grpc.health.v1, reflection open (probes, grpcurl)
 
@@ -26,6 +27,9 @@ reservation of the budget, then the message is read and parsed; an
 undeclared metric goes on to the servicer (FAILED_PRECONDITION, as for every caller), a
 declared metric outside the token's scope is PERMISSION_DENIED; then the token's report rate,
 charged with the reports the payload holds (decode.reports_held), not the count it claims.
+UploadBatches passes the same checks as one upload, with its batches' reports together, one
+upload of the upload rate per batch (the rest taken once it is read), and one declared metric
+outside the token's scope refusing the whole call.
 Nothing of a refused call is written.
 
 Streams hold a thread while they last, so each kind runs on a pool of its own, with a bound
@@ -62,7 +66,7 @@ from veil.wire.v1 import veil_pb2
 from ._budget import ByteBudget
 from ._ratelimit import RateLimiter
 from .config import AuthConfig, TokenConfig, token_digest
-from .decode import UNPARSEABLE, parse_upload, reports_held
+from .decode import UNPARSEABLE, parse_batches, parse_upload, reports_held
 from .errors import ConfigError, quoted
 
 __all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "Limits", "RETRY_AFTER_KEY", "caller", "token_limits"]
@@ -81,6 +85,8 @@ _OPEN = (
 )
 _SPECS = "/veil.wire.v1.Collector/GetMetricSpecs"
 _UPLOAD = "/veil.wire.v1.Collector/Upload"
+_UPLOAD_BATCHES = "/veil.wire.v1.Collector/UploadBatches"
+_UPLOADS = {_UPLOAD: parse_upload, _UPLOAD_BATCHES: parse_batches}  # each upload method's deserializer
 _READ = frozenset({"/veil.wire.v1.Estimates/Get", "/veil.wire.v1.Estimates/Watch", "/veil.wire.v1.Estimates/Series"})
 _BEARER = "bearer "
 _END = object()  # the end of a stream's responses
@@ -314,11 +320,11 @@ class AccessInterceptor(grpc.ServerInterceptor):
         identity, code, problem = self._identify(method, values)
         if identity is None:
             return self._refuse(handler, method, code, problem)
-        if method == _UPLOAD:
+        if method in _UPLOADS:
             return _rebuild(
                 handler,
                 lambda behavior: self._upload(behavior, identity),
-                deserializer=parse_upload,
+                deserializer=_UPLOADS[method],
                 request_streaming=True,
             )
         if handler.response_streaming:
@@ -354,6 +360,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
         servicer's Upload). Refusals end in context.abort, as over gRPC."""
         return self.admit_read(behavior, _UPLOAD, self.admit_unread(_UPLOAD, authorization, context), request, context)
 
+    def admit_upload_batches(self, behavior, authorization: list[str], request, context):
+        """UploadBatches arriving outside grpcio's server (`request` parsed, or its bytes), as
+        admit_upload."""
+        method = _UPLOAD_BATCHES
+        return self.admit_read(behavior, method, self.admit_unread(method, authorization, context), request, context)
+
     def admit_specs(self, behavior, authorization: list[str], request, context):
         """GetMetricSpecs arriving outside grpcio's server: an upload token sees the specs of its
         metrics only."""
@@ -366,7 +378,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
         identity, code, problem = self._identify(method, authorization)
         if identity is None:
             self._deny(context, method, code, problem)
-        if method == _UPLOAD:
+        if method in _UPLOADS:
             self._take_upload(identity, context)
         return identity.name
 
@@ -376,7 +388,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
         identity = self._auth.named(name)
         if identity is None:
             self._deny(context, method, grpc.StatusCode.UNAUTHENTICATED, f"Token {name!r} was withdrawn by a reload.")
-        if method == _UPLOAD:
+        if method in _UPLOADS:
             return self._admit(behavior, request, context, identity)
         if identity.role == "upload":
             return self._scoped_specs(behavior, identity)(request, context)
@@ -400,7 +412,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
     @staticmethod
     def _needed(method: str) -> str | None:
-        if method == _UPLOAD:
+        if method in _UPLOADS:
             return "upload"
         if method == _SPECS:
             return "any"
@@ -458,10 +470,10 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
         return upload
 
-    def _take_upload(self, identity: TokenConfig, context) -> None:
-        """One upload of the token's upload rate, or the refusal with its retry hint."""
+    def _take_upload(self, identity: TokenConfig, context, n: int = 1) -> None:
+        """n uploads of the token's upload rate, or the refusal with its retry hint."""
         name = identity.name
-        wait = self._upload_limiter.take(name, 1)
+        wait = self._upload_limiter.take(name, n)
         if wait > 0:
             limit = self._upload_limiter.limit(name)
             assert limit is not None  # a wait comes from a limit
@@ -471,22 +483,27 @@ class AccessInterceptor(grpc.ServerInterceptor):
             )
 
     def _admit(self, behavior, request, context, identity: TokenConfig):
-        """The upload's checks once its message is read, then the servicer."""
+        """The upload's checks once its message is read (an UploadRequest, or an
+        UploadBatchesRequest whose batches are checked together), then the servicer."""
         if isinstance(request, bytes):
             self._deny(context, _UPLOAD, grpc.StatusCode.INVALID_ARGUMENT, UNPARSEABLE)
+        batches = request.batches if isinstance(request, veil_pb2.UploadBatchesRequest) else (request,)
+        if len(batches) > 1:
+            # Each batch leaves its id in the store: the call's first was taken before reading.
+            self._take_upload(identity, context, len(batches) - 1)
         name = identity.name
-        declared = request.metric in self._metrics
-        if identity.role == "upload" and declared and request.metric not in identity.metrics:
-            self._deny(
-                context,
-                _UPLOAD,
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"Token {name!r} may not report metric {quoted(request.metric)}.",
-            )
+        for batch in batches:
+            if identity.role == "upload" and batch.metric in self._metrics and batch.metric not in identity.metrics:
+                self._deny(
+                    context,
+                    _UPLOAD,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"Token {name!r} may not report metric {quoted(batch.metric)}.",
+                )
         if not context.is_active():
             # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
             self._deny(context, _UPLOAD, grpc.StatusCode.CANCELLED, "The call ended before the batch was counted.")
-        held = reports_held(request, self._metrics.get(request.metric))
+        held = sum(reports_held(batch, self._metrics.get(batch.metric)) for batch in batches)
         wait = self._report_limiter.take(name, held)
         if wait > 0:
             self._limited.labels(name).inc(held)
@@ -504,9 +521,11 @@ class AccessInterceptor(grpc.ServerInterceptor):
         def specs(request, context):
             with _calling_as(identity.name):
                 response = behavior(request, context)
-            return veil_pb2.GetMetricSpecsResponse(
-                specs=[s for s in response.specs if s.name in identity.metrics], max_batch=response.max_batch
-            )
+            scoped = veil_pb2.GetMetricSpecsResponse()
+            scoped.CopyFrom(response)  # the version, clock and limits as they are
+            del scoped.specs[:]
+            scoped.specs.extend(s for s in response.specs if s.name in identity.metrics)
+            return scoped
 
         return specs
 

@@ -1,10 +1,16 @@
-"""The Collector over HTTP (docs/protocol.md, section 5): POST /v1/upload and GET /v1/specs.
+"""The Collector over HTTP (docs/protocol.md, section 5): an adapter of the ingest core.
+
+    POST /v1/upload    one batch (Collector/Upload)
+    POST /v1/uploads   several batches (Collector/UploadBatches)
+    GET /v1/specs      the specs (Collector/GetMetricSpecs); ETag, If-None-Match -> 304
 
 The same calls as gRPC's, through the same parts: the AccessInterceptor's token, rate limits
-and upload checks (admit_upload, admit_specs), then the CollectorService itself. Those end a
-refused call with context.abort; here a CallContext turns that into the HTTP status of the
-documented table, with the retry-after-ms hint as a header (and Retry-After in seconds).
-Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping (the default).
+and upload checks (admit_upload, admit_upload_batches, admit_specs), then the ingest core
+(ingest.Ingest). The access checks end a refused call with context.abort; here a CallContext
+turns that into a Refused, answered with the HTTP status of ingest.STATUSES, the retry-after-ms
+hint as a header (and Retry-After in seconds). Bodies are binary protobuf
+(application/x-protobuf) or the proto3 JSON mapping (application/json, the default when no
+Content-Type is sent); any other Content-Type is 415. Refusals are JSON {"error", "code"}.
 """
 
 from __future__ import annotations
@@ -14,75 +20,136 @@ import math
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from veil.wire.v1 import veil_pb2
 
 from ._auth import RETRY_AFTER_KEY, AccessInterceptor
 from ._calls import CallContext, Refused
-from .decode import parse_upload
-from .service import CollectorService
+from .decode import parse_batches, parse_upload
+from .ingest import STATUSES, Ingest, Outcome, http_status
 
-__all__ = ["HttpCollector", "PROTOBUF", "STATUS"]
+__all__ = ["HttpCollector", "PROTOBUF", "UPLOAD_PATHS"]
 
 PROTOBUF = "application/x-protobuf"
-
-STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.FAILED_PRECONDITION: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 503,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.INTERNAL: 500,
-}
+_JSON = "application/json"
+UPLOAD_PATHS = ("/v1/upload", "/v1/uploads")
 
 Answer = tuple[int, str, bytes, dict]
 
 
-def _wants_protobuf(content_type: str) -> bool:
-    return content_type.split(";")[0].strip().lower() == PROTOBUF
+def _media_type(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
 
 
 class HttpCollector:
-    def __init__(self, access: AccessInterceptor, collector: CollectorService) -> None:
-        self._access, self._collector = access, collector
+    def __init__(self, access: AccessInterceptor, ingest: Ingest) -> None:
+        self._access, self._ingest = access, ingest
 
-    def upload(self, authorization: list[str], content_type: str, body: bytes) -> Answer:
-        binary = _wants_protobuf(content_type)
+    def upload(self, path: str, authorization: list[str], content_type: str, body: bytes) -> Answer:
+        """POST of one of UPLOAD_PATHS, its body read whole."""
+        media = _media_type(content_type)
+        if media not in ("", _JSON, PROTOBUF):
+            return _refused(
+                "unsupported_media_type",
+                f"Send the body as {PROTOBUF} or {_JSON} (proto3 JSON), not {content_type[:64]!r}.",
+            )
+        binary = media == PROTOBUF
+        batches = path == "/v1/uploads"
+        request: Message | bytes
         if binary:
-            request = parse_upload(body)
+            request = parse_batches(body) if batches else parse_upload(body)
         else:
+            message = veil_pb2.UploadBatchesRequest() if batches else veil_pb2.UploadRequest()
             try:
-                request = json_format.Parse(body, veil_pb2.UploadRequest())
+                request = json_format.Parse(body, message)
             except (json_format.ParseError, UnicodeDecodeError, ValueError, RecursionError):
-                request = body  # the interceptor answers it: not a valid UploadRequest
+                request = body  # the access checks answer it: not a valid message
         context = CallContext()  # read whole before the call: one that leaves retries the same id
         try:
-            response = self._access.admit_upload(self._collector.Upload, authorization, request, context)
+            if batches:
+                answer = self._access.admit_upload_batches(self._batches, authorization, request, context)
+            else:
+                answer = self._access.admit_upload(self._one, authorization, request, context)
         except Refused as refused:
             return _refusal(refused, context)
+        if isinstance(answer, Outcome):  # refused by the core
+            return _refused(answer)
         if binary:
-            return 200, PROTOBUF, response.SerializeToString(), {}
-        return _json(200, {"accepted": response.accepted, "duplicate": response.duplicate})
+            return 200, PROTOBUF, answer.SerializeToString(), {}
+        return _json(200, _as_dict(answer))
 
-    def specs(self, authorization: list[str], metrics: list[str], accept: str) -> Answer:
-        binary = _wants_protobuf(accept)
+    def _one(self, request: veil_pb2.UploadRequest, _context) -> veil_pb2.UploadResponse | Outcome:
+        outcome = self._ingest.upload(request)
+        return self._ingest.response(outcome) if outcome.counted else outcome
+
+    def _batches(self, request: veil_pb2.UploadBatchesRequest, _context) -> veil_pb2.UploadBatchesResponse | Outcome:
+        return self._ingest.upload_batches(request)
+
+    def specs(self, authorization: list[str], metrics: list[str], accept: str, if_none_match: str = "") -> Answer:
+        """GET /v1/specs: 304 when If-None-Match names the current version (its ETag)."""
+        etag = f'"{self._ingest.specs_version}"'
+        if _matches(if_none_match, etag):
+            # Still the token's to ask: a 304 tells no more than an unchanged answer would.
+            request = veil_pb2.GetMetricSpecsRequest(metrics=metrics, if_version=self._ingest.specs_version)
+        else:
+            request = veil_pb2.GetMetricSpecsRequest(metrics=metrics)
         context = CallContext()
         try:
             response = self._access.admit_specs(
-                self._collector.GetMetricSpecs, authorization, veil_pb2.GetMetricSpecsRequest(metrics=metrics), context
+                lambda r, _c: self._ingest.specs(r.metrics, r.if_version), authorization, request, context
             )
         except Refused as refused:
             return _refusal(refused, context)
-        if binary:
-            return 200, PROTOBUF, response.SerializeToString(), {}
-        return 200, "application/json", json_format.MessageToJson(response, indent=None).encode(), {}
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if response.unchanged:
+            return 304, _JSON, b"", headers
+        if _media_type(accept) == PROTOBUF:
+            return 200, PROTOBUF, response.SerializeToString(), headers
+        return 200, _JSON, json_format.MessageToJson(response, indent=None).encode(), headers
+
+    @staticmethod
+    def oversize(limit: int) -> Answer:
+        """The answer to a body above the upload size limit (413, final)."""
+        return _refused(
+            "oversize",
+            f"The body is larger than the largest valid upload ({limit} bytes: server.max_batch reports); "
+            "it is not counted, do not retry it: split the batch.",
+        )
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """Whether an If-None-Match header names this ETag (weak or strong), or is *."""
+    tags = [t.strip() for t in if_none_match.split(",")]
+    return any(t == "*" or t.removeprefix("W/") == etag for t in tags if t)
+
+
+def _as_dict(response: Message) -> dict:
+    """The proto3 JSON of a response, its zero-valued fields included (clients need not know
+    the mapping's defaults)."""
+    if isinstance(response, veil_pb2.UploadResponse):
+        return {"accepted": response.accepted, "duplicate": response.duplicate, "specsVersion": response.specs_version}
+    assert isinstance(response, veil_pb2.UploadBatchesResponse)
+    return {
+        "results": [
+            {"code": r.code, "message": r.message, "accepted": r.accepted, "duplicate": r.duplicate}
+            for r in response.results
+        ],
+        "specsVersion": response.specs_version,
+    }
 
 
 def _json(status: int, body: dict, headers: dict | None = None) -> Answer:
-    return status, "application/json", json.dumps(body).encode(), headers or {}
+    return status, _JSON, json.dumps(body).encode(), headers or {}
+
+
+def _refused(outcome: Outcome | str, message: str = "") -> Answer:
+    """The refusal of an ingest Outcome, or of a STATUSES row by name, as JSON."""
+    if isinstance(outcome, str):
+        outcome = Outcome(STATUSES[outcome], message)
+    status = outcome.status
+    assert status.http is not None
+    return _json(status.http, {"error": outcome.message, **({"code": status.grpc} if status.grpc else {})})
 
 
 def _refusal(refused: Refused, context: CallContext) -> Answer:
@@ -94,4 +161,4 @@ def _refusal(refused: Refused, context: CallContext) -> Answer:
             headers["Retry-After"] = str(math.ceil(int(value) / 1000))
     if refused.code == grpc.StatusCode.UNAUTHENTICATED:
         headers["WWW-Authenticate"] = 'Bearer realm="veil"'
-    return _json(STATUS.get(refused.code, 500), {"error": refused.message, "code": refused.code.name}, headers)
+    return _json(http_status(refused.code.name), {"error": refused.message, "code": refused.code.name}, headers)

@@ -156,11 +156,18 @@ def _dedupe_ttl(text: object) -> int:
     return seconds
 
 
-def _max_lateness(text: object) -> int:
+def _max_lateness(text: object, dedupe_ttl: int) -> int:
     """Reports made up to this long before now (after their slot ended) still count; a device's
     batch kept longer than this by its retries is refused as too late, so the SDKs' retry horizon
-    is the sensible least, and more than dedupe_ttl could count a late retry twice."""
-    return parse_duration(text, "server.max_lateness")
+    is the sensible least. No more than dedupe_ttl: a batch first counted as soon as it was made
+    and retried until it is too late would otherwise come back after its id is forgotten."""
+    seconds = parse_duration(text, "server.max_lateness")
+    if seconds > dedupe_ttl:
+        raise ConfigError(
+            f"server.max_lateness: expected at most server.dedupe_ttl ({dedupe_ttl} s), or a batch retried "
+            f"after its id is forgotten could count twice; got {text!r}."
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -365,6 +372,7 @@ def parse_config(
     base_dir = Path(base) if base is not None else Path.cwd()
     workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)
+    dedupe_ttl = _dedupe_ttl(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL))
     grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
     processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
     native_grpc_address = _address(server.get("native_grpc", ""), "server.native_grpc", allow_empty=True)
@@ -392,8 +400,8 @@ def parse_config(
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),
         metrics_top=_whole(server.get("metrics_top", _DEFAULT_METRICS_TOP), "server.metrics_top", low=0),
         max_batch=max_batch,
-        dedupe_ttl=_dedupe_ttl(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL)),
-        max_lateness=_max_lateness(server.get("max_lateness", _DEFAULT_MAX_LATENESS)),
+        dedupe_ttl=dedupe_ttl,
+        max_lateness=_max_lateness(server.get("max_lateness", _DEFAULT_MAX_LATENESS), dedupe_ttl),
         watch_interval=_seconds(server.get("watch_interval", _DEFAULT_WATCH_INTERVAL), "server.watch_interval"),
         grace_period=_seconds(server.get("grace_period", _DEFAULT_GRACE_PERIOD), "server.grace_period"),
         workers=workers,

@@ -15,16 +15,25 @@ import numpy as np
 
 from veil.mechanism import MechanismError, MechanismSpec
 
-__all__ = ["Counts"]
+__all__ = ["Counts", "PERIOD_NOT_SAID"]
+
+# A period index standing for "some period not said": a batch written without its period
+# (BatchWrite.period None), or a bucket kept from before stores recorded periods. A bucket
+# holding it may have reports of any period it spans.
+PERIOD_NOT_SAID = -1
 
 
 @dataclass(eq=False)
 class Counts:
-    """n[r] reports of weight weights[r]; v[r, j] of them contain category j."""
+    """n[r] reports of weight weights[r]; v[r, j] of them contain category j; as read from a
+    store, the reporting periods (period indexes) whose reports they hold."""
 
     weights: tuple[int, ...]
     n: np.ndarray  # int64, shape (len(weights),)
     v: np.ndarray  # int64, shape (len(weights), k)
+    # The periods with data (PERIOD_NOT_SAID among them where some went unsaid); empty for
+    # counts not read from a store (a batch's: its period is BatchWrite.period).
+    periods: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         self.n = np.asarray(self.n, dtype=np.int64)
@@ -64,6 +73,7 @@ class Counts:
             parts[0].weights,
             sum((p.n for p in parts[1:]), parts[0].n.copy()),
             sum((p.v for p in parts[1:]), parts[0].v.copy()),
+            frozenset().union(*(p.periods for p in parts)),
         )
 
     def add(self, other: Counts) -> None:
@@ -71,8 +81,10 @@ class Counts:
             raise MechanismError("Counts of different designs cannot be added.")
         self.n += other.n
         self.v += other.v
+        self.periods |= other.periods
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Counts):
             return NotImplemented
+        # Equal as counters: the periods say where the counts came from, and are compared apart.
         return self.weights == other.weights and np.array_equal(self.n, other.n) and np.array_equal(self.v, other.v)

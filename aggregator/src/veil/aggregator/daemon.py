@@ -66,6 +66,7 @@ from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from .errors import ConfigError, StoreError, StoreMisconfigured
 from .http import HttpListener, Page
+from .ingest import MAX_BATCHES, Ingest
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
 from .service import CollectorService, EstimatesService, add_estimates_to_server
@@ -99,16 +100,13 @@ _FIELDS_BYTES = 256  # an upload's batch id, count, and every tag and length pre
 
 
 def max_message_bytes(config: AggregatorConfig) -> int:
-    """The largest valid upload: max_batch reports of a metric in its widest encoding
-    (veil.mechanism.max_report_bytes), its name and fingerprint, and the request's other
-    fields; the largest over the metrics. gRPC refuses anything larger before it is read."""
-    return max(
-        config.max_batch * max_report_bytes(m.spec.mechanism)
-        + len(m.name.encode())
-        + len(m.spec.fingerprint.encode())
-        + _FIELDS_BYTES
-        for m in config.metrics
-    )
+    """The largest valid upload: max_batch reports in the widest encoding of any metric
+    (veil.mechanism.max_report_bytes), in as many as ingest.MAX_BATCHES batches (UploadBatches),
+    each with the longest metric name and fingerprint and a request's other fields. gRPC
+    refuses anything larger before it is read."""
+    reports = max(config.max_batch * max_report_bytes(m.spec.mechanism) for m in config.metrics)
+    fields = max(len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES for m in config.metrics)
+    return reports + MAX_BATCHES * fields
 
 
 def inflight_bytes(config: AggregatorConfig) -> int:
@@ -254,7 +252,9 @@ class Aggregator:
             ],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
-        collector = CollectorService(config, self.store, self.instruments, clock, lambda: self._store_ok is False)
+        collector = self.collector = CollectorService(
+            Ingest(config, self.store, self.instruments, clock, lambda: self._store_ok is False)
+        )
         veil_pb2_grpc.add_CollectorServicer_to_server(collector, self._grpc)
         self._estimates = EstimatesService(config, self.live, self._stopping)
         add_estimates_to_server(self._estimates, self._grpc)
@@ -293,7 +293,7 @@ class Aggregator:
                     authenticator=self.access.authenticator,
                     max_connections=config.http_max_connections,
                     request_timeout=config.http_request_timeout,
-                    collector=HttpCollector(self.access, collector),
+                    collector=HttpCollector(self.access, collector.ingest),
                     upload_bytes=limit,
                     cors_origins=config.cors_origins,
                 )

@@ -32,13 +32,14 @@ __all__ = [
     "decode_upload",
     "decode_index_sets",
     "decode_bitmaps",
+    "parse_batches",
     "parse_upload",
     "reports_held",
     "warm_up",
 ]
 
 BATCH_ID_BYTES = 16
-UNPARSEABLE = "The upload is not a valid UploadRequest message."
+UNPARSEABLE = "The upload is not a valid message (UploadRequest; UploadBatchesRequest for several batches)."
 
 
 def parse_upload(data: bytes) -> veil_pb2.UploadRequest | bytes:
@@ -48,6 +49,14 @@ def parse_upload(data: bytes) -> veil_pb2.UploadRequest | bytes:
     whoever receives the bytes answers."""
     try:
         return veil_pb2.UploadRequest.FromString(data)
+    except DecodeError:
+        return data
+
+
+def parse_batches(data: bytes) -> veil_pb2.UploadBatchesRequest | bytes:
+    """parse_upload of UploadBatches: the request in ``data``, or ``data`` when it does not parse."""
+    try:
+        return veil_pb2.UploadBatchesRequest.FromString(data)
     except DecodeError:
         return data
 

@@ -2,6 +2,7 @@
 
     GET /v1/specs[?metric=m]              the metric specs (Collector/GetMetricSpecs)
     POST /v1/upload                       a batch of reports (Collector/Upload; docs/protocol.md)
+    POST /v1/uploads                      several batches (Collector/UploadBatches)
     GET /v1/estimates                     every metric and window
     GET /v1/estimates/{metric}?window=1h  one metric (and window); &group=a,b or &top=10 (_queries)
     GET /v1/series/{metric}?window=1h     its retained buckets (&from, &to, &last, &merged, &group)
@@ -47,6 +48,7 @@ from urllib.parse import parse_qs, unquote
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ._http_collector import UPLOAD_PATHS
 from ._queries import estimates_answer, series_answer
 from .live import LiveEstimates
 
@@ -183,7 +185,7 @@ class HttpListener:
         return {
             "Access-Control-Allow-Origin": origin,
             "Vary": "Origin",
-            "Access-Control-Expose-Headers": "retry-after-ms, Retry-After",
+            "Access-Control-Expose-Headers": "retry-after-ms, Retry-After, ETag",
         }
 
     @web.middleware
@@ -201,7 +203,7 @@ class HttpListener:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         path = request.rel_url.raw_path.rstrip("/")
         authorization = request.headers.getall("Authorization", [])
-        collector_route = self._collector is not None and path in ("/v1/upload", "/v1/specs")
+        collector_route = self._collector is not None and path in (*UPLOAD_PATHS, "/v1/specs")
         cors = self._cors(request) if collector_route else {}
         if collector_route and request.method == "OPTIONS":  # a browser's CORS preflight
             status, content_type, body, headers = (
@@ -212,16 +214,25 @@ class HttpListener:
                     **cors,
                     "Access-Control-Allow-Methods": "GET, POST",
                     "Access-Control-Max-Age": "600",
-                    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept",
+                    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, If-None-Match",
                 }
                 if cors
                 else {},
             )
-        elif self._collector is not None and path == "/v1/upload" and request.method == "POST":
-            body = await request.read()  # at most client_max_size, else 413
-            status, content_type, body, headers = await self._loop.run_in_executor(
-                self._pool, self._collector.upload, authorization, request.headers.get("Content-Type", ""), body
-            )
+        elif self._collector is not None and path in UPLOAD_PATHS and request.method == "POST":
+            try:
+                body = await request.read()  # at most client_max_size
+            except web.HTTPRequestEntityTooLarge:
+                status, content_type, body, headers = self._collector.oversize(self._body_limit)
+            else:
+                status, content_type, body, headers = await self._loop.run_in_executor(
+                    self._pool,
+                    self._collector.upload,
+                    path,
+                    authorization,
+                    request.headers.get("Content-Type", ""),
+                    body,
+                )
         elif self._collector is not None and path == "/v1/specs" and request.method in ("GET", "HEAD"):
             status, content_type, body, headers = await self._loop.run_in_executor(
                 self._pool,
@@ -229,6 +240,7 @@ class HttpListener:
                 authorization,
                 request.query.getall("metric", []),
                 request.headers.get("Accept", ""),
+                request.headers.get("If-None-Match", ""),
             )
         elif request.method not in ("GET", "HEAD"):
             status, content_type, body, headers = _json(

@@ -1,9 +1,13 @@
 """Prometheus instruments: ingest counters and latencies, and the estimates as gauges.
 
 The estimates are bounded: per metric and window, the metrics_top categories with the largest
-estimates (a category keeps its series while it stays among them), and the rest as one group
-(veil_estimate_rest, with its own standard error): at k = 1024, 3 windows and the default 50,
-3 x (2 x 50 + 2) = 306 estimate series instead of 6,144.
+estimates (a category keeps its series while it stays among them), each with its standard
+error and 95% interval (lower, upper), and the rest as one group (veil_estimate_rest, with its
+standard error and its interval, which allows for the group being chosen by the same data:
+estimate.rest_estimate): at k = 1024, 3 windows and the default 50, 3 x (4 x 50 + 4) = 612
+estimate series instead of 12,288. Chart the interval, not estimate +- 1.96 stderr: the
+interval is a score interval clipped to [0, 1], not symmetric about the estimate, and an upper
+end below 0 means no evidence of presence (docs/math.md section 5).
 
 Everything lives on a registry passed in (a fresh CollectorRegistry by default), never on the
 process-global one, so two aggregators in one process, or a test, never share series.
@@ -18,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
 from .errors import StoreError
-from .estimate import group_estimate
+from .estimate import rest_estimate
 from .live import LiveEstimates
 
 __all__ = ["Instruments", "EstimatesCollector"]
@@ -93,6 +97,16 @@ class EstimatesCollector:
         stderr = GaugeMetricFamily(
             "veil_estimate_stderr", "Standard error of the estimate.", labels=["metric", "window", "category"]
         )
+        lower = GaugeMetricFamily(
+            "veil_estimate_lower",
+            "Lower end of the estimate's 95% interval (a score interval; not estimate - 1.96 stderr).",
+            labels=["metric", "window", "category"],
+        )
+        upper = GaugeMetricFamily(
+            "veil_estimate_upper",
+            "Upper end of the estimate's 95% interval; below 0: no evidence of presence.",
+            labels=["metric", "window", "category"],
+        )
         reports = GaugeMetricFamily(
             "veil_window_reports", "Reports counted in the window's current bucket.", labels=["metric", "window"]
         )
@@ -104,6 +118,14 @@ class EstimatesCollector:
         )
         rest_stderr = GaugeMetricFamily(
             "veil_estimate_rest_stderr", "Standard error of veil_estimate_rest.", labels=["metric", "window"]
+        )
+        rest_lower = GaugeMetricFamily(
+            "veil_estimate_rest_lower", "Lower end of veil_estimate_rest's 95% interval.", labels=["metric", "window"]
+        )
+        rest_upper = GaugeMetricFamily(
+            "veil_estimate_rest_upper",
+            "Upper end of veil_estimate_rest's 95% interval (allowing for the group being chosen by the same data).",
+            labels=["metric", "window"],
         )
         up = GaugeMetricFamily("veil_store_up", "1 when the counter store answered this scrape's reads, else 0.")
         info = InfoMetricFamily(
@@ -139,12 +161,14 @@ class EstimatesCollector:
             k = values.size
             shown = np.arange(k) if k <= self._top else np.sort(np.argsort(-values, kind="stable")[: self._top])
             labels = e.metric.spec.labels
-            for j, value, error in zip(shown.tolist(), values[shown].tolist(), e.estimate.stderr[shown].tolist()):
-                estimate.add_metric([*names, labels[j]], value)
-                stderr.add_metric([*names, labels[j]], error)
+            columns = (e.estimate.estimate, e.estimate.stderr, e.estimate.lower, e.estimate.upper)
+            for family, column in zip((estimate, stderr, lower, upper), columns):
+                for j, value in zip(shown.tolist(), column[shown].tolist()):
+                    family.add_metric([*names, labels[j]], value)
             if shown.size < k:
-                others = np.setdiff1d(np.arange(k), shown)
-                group = group_estimate(e.metric.spec.mechanism, e.estimate, others.tolist())
-                rest.add_metric(list(names), group.estimate)
-                rest_stderr.add_metric(list(names), group.stderr)
-        yield from (estimate, stderr, rest, rest_stderr, reports, up, info)
+                # The same categories left out: the top metrics_top by estimate, ties by index.
+                group = rest_estimate(e.metric.spec.mechanism, e.estimate, self._top)
+                values_of_rest = (group.estimate, group.stderr, group.lower, group.upper)
+                for family, value in zip((rest, rest_stderr, rest_lower, rest_upper), values_of_rest):
+                    family.add_metric(list(names), value)
+        yield from (estimate, stderr, lower, upper, rest, rest_stderr, rest_lower, rest_upper, reports, up, info)

@@ -34,7 +34,7 @@ import numpy as np
 from veil.mechanism import PROJECTION_NOTE
 
 from .config import AggregatorConfig, MetricConfig, Window
-from .counts import Counts
+from .counts import PERIOD_NOT_SAID, Counts
 from .errors import InvalidRange, UnknownCategory, UnknownMetric, UnknownWindow, quoted
 from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, rest_estimate
 from .store import CountsKey, Store, Version
@@ -66,6 +66,10 @@ class WindowEstimate:
     reports_per_device: int = 1  # the most reports one device can have in the bucket so far
     estimand: str = ""  # what the estimates are shares of, in words
     group: GroupEstimate | None = None  # the share of a group of categories, where one was asked for
+    periods: int = 1  # the reporting periods the estimate pools: those of its span with reports
+    spanned: int = 1  # the reporting periods its span covers so far (for total: since counting began)
+    provisional: bool = True  # the bucket is open, or ended less than max_lateness ago (total: always)
+    data_periods: frozenset[int] = frozenset()  # the counts' periods (Counts.periods) it was computed from
 
     @property
     def withheld(self) -> bool:
@@ -96,6 +100,8 @@ class WindowEstimate:
             "estimand": self.estimand,
             "period": spec.period,
             "reports_per_device": self.reports_per_device,
+            "periods": self.periods,
+            "provisional": self.provisional,
             **(
                 {}
                 if self.group is None
@@ -218,7 +224,8 @@ class LiveEstimates:
             following = _following(version, before, after)
             if held_key != key or following is None or known.weights != counts.weights or known.k != counts.k:
                 return
-            self._known[name] = (key, following, Counts(known.weights, known.n + counts.n, known.v + counts.v))
+            added = Counts(known.weights, known.n + counts.n, known.v + counts.v, known.periods | counts.periods)
+            self._known[name] = (key, following, added)
             self._changing.discard(name)  # followed: its counts need not be read along with the versions
 
     def select(self, metric: str | None = None, window: str | None = None) -> list[tuple[MetricConfig, Window]]:
@@ -264,15 +271,9 @@ class LiveEstimates:
         read: dict[int, tuple[Version, Counts]] = dict(zip(guess, guessed))
         results: list[WindowEstimate | None] = []
         stale = []
-        for i, ((m, w), (start, end), version) in enumerate(zip(pairs, buckets, versions)):
+        for i, ((start, _), version) in enumerate(zip(buckets, versions)):
             cached = self._cache.get(names[i])
-            if (
-                cached is None
-                or cached.start != start
-                or cached.version != version
-                or (cached.n and cached.reports_per_device != self._reports_per_device(m, w, start, end, now))
-            ):
-                # (the second line: a period began, so one device can have sent more reports)
+            if cached is None or cached.start != start or cached.version != version or self._aged(cached, now):
                 stale.append(i)
                 cached = None
             results.append(cached)
@@ -301,7 +302,7 @@ class LiveEstimates:
         for i in stale:
             (m, w), (start, end) = pairs[i], buckets[i]
             if i in failed:
-                fresh = self._failed(m, w, start, end, versions[i], 0, failed[i])
+                fresh = self._failed(m, w, start, end, versions[i], None, failed[i], (1, 1), now)
             else:
                 version, counts = source[i]
                 fresh = self._compute(m, w, start, end, version, counts, now)
@@ -335,15 +336,8 @@ class LiveEstimates:
         kept = [i for i, e in enumerate(held) if e is not None]  # only these need their versions compared
         versions = dict(zip(kept, self._store.versions([keys[i] for i in kept]))) if kept else {}
         found: list[WindowEstimate | None] = []
-        for i, (key, e) in enumerate(zip(keys, held)):
-            fresh = (
-                e is not None
-                and e.version == versions[i]
-                and (
-                    not e.n
-                    or e.reports_per_device == self._reports_per_device(m, w, key.bucket, key.bucket + span, now)
-                )
-            )
+        for i, e in enumerate(held):
+            fresh = e is not None and e.version == versions[i] and not self._aged(e, now)
             found.append(e if fresh else None)
         stale = [i for i, e in enumerate(found) if e is None]
         read = self._read_buckets(m, w, [keys[i] for i in stale], now)
@@ -416,16 +410,41 @@ class LiveEstimates:
         spec = metric.spec.mechanism
         return spec.weight_law().weights, spec.k
 
-    def _reports_per_device(self, metric: MetricConfig, window: Window, start: int, end: int, now: float) -> int:
-        """The most reports one device can have sent into a bucket so far: reports_per_period for
-        every reporting period that the bucket's data can span, from its start (or from when
-        counting began, if later; for the all-time window, from then) to its end or now."""
+    def _aged(self, e: WindowEstimate, now: float) -> bool:
+        """Whether a kept estimate no longer holds for its counts at `now`: it has left its
+        lateness (no longer provisional), or a period began within its span (its estimand
+        names the periods spanned; where its counts do not say which periods they came from,
+        one device can have sent more reports since)."""
+        if e.provisional != self._provisional(e.window, e.end, now):
+            return True
+        return bool(e.n) and (e.periods, e.spanned) != self._pooled(
+            e.metric, e.window, e.start, e.end, now, e.data_periods
+        )
+
+    def _provisional(self, window: Window, end: int, now: float) -> bool:
+        """A bucket that has not ended, or ended less than max_lateness ago (reports made in it
+        may still come); the all-time window never ends."""
+        return window.span is None or now < end + self._config.max_lateness
+
+    def _pooled(
+        self, metric: MetricConfig, window: Window, start: int, end: int, now: float, periods: frozenset[int]
+    ) -> tuple[int, int]:
+        """The reporting periods a bucket's estimate pools, and the periods it spans: those from
+        its start (or from when counting began, if later; for the all-time window, from then) to
+        its end or now. The pooled ones are the periods with data (the store records each batch's),
+        at least 1; where some batch did not say its period, every period it spans as well. A
+        device sends at most reports_per_period reports in each, so reports_per_period times the
+        pooled periods bounds one device's reports in the bucket (docs/math.md)."""
         spec = metric.spec
         since = self._since_of(metric, now)
         first = max(start, since) if window.span is not None else since
         last = min(end, now) if window.span is not None else now
-        periods = max(1, spec.period_index(max(last - 1, first)) - spec.period_index(first) + 1)
-        return spec.reports_per_period * periods
+        low, high = spec.period_index(first), spec.period_index(max(last - 1, first))
+        spanned = max(1, high - low + 1)
+        if PERIOD_NOT_SAID in periods or not periods:
+            said = {p for p in periods if p != PERIOD_NOT_SAID and not low <= p <= high}
+            return max(1, spanned + len(said)), spanned
+        return len(periods), spanned
 
     def _since_of(self, metric: MetricConfig, now: float) -> int:
         name = (metric.name, metric.spec.fingerprint)
@@ -457,11 +476,12 @@ class LiveEstimates:
         least = max(self._config.min_n, 2)
         found: list[WindowEstimate | None] = [None] * len(spans)
         shown = []
+        m = metric.spec.reports_per_period
+        pooled: list[tuple[int, int]] = []
         for i, ((start, end), (version, counts)) in enumerate(zip(spans, read)):
             n = counts.total
-            per_device = (
-                self._reports_per_device(metric, window, start, end, now) if n else metric.spec.reports_per_period
-            )
+            pooled.append(self._pooled(metric, window, start, end, now, counts.periods) if n else (1, 1))
+            per_device = m * pooled[i][0]
             if n >= least:
                 shown.append((i, per_device))
                 continue
@@ -469,35 +489,25 @@ class LiveEstimates:
                 f"{n} reports so far; estimates are shown from {least} reports on, so that "
                 "no small group is singled out and the error bars mean something."
             )
-            found[i] = WindowEstimate(
-                metric,
-                window,
-                start,
-                end,
-                version,
-                n,
-                None,
-                reason,
-                per_device,
-                estimand(metric, window, per_device, buckets),
-            )
+            what = estimand(metric, window, *pooled[i], buckets)
+            found[i] = self._made(metric, window, (start, end), version, counts, pooled[i], now, None, reason, what)
         if shown:
             try:
                 computed = estimate_many(
                     spec, [read[i][1] for i, _ in shown], project=True, reports_per_device=[c for _, c in shown]
                 )
             except Exception as err:  # noqa: BLE001 (any failure is this metric's alone)
-                for i, per_device in shown:
+                for i, _ in shown:
                     (start, end), (version, counts) = spans[i], read[i]
-                    found[i] = self._failed(metric, window, start, end, version, counts.total, err, per_device)
+                    found[i] = self._failed(metric, window, start, end, version, counts, err, pooled[i], now)
             else:
-                said: dict[int, str] = {}  # estimand() of each reports_per_device: most buckets share one
-                for (i, per_device), e in zip(shown, computed):
-                    (start, end), version = spans[i], read[i][0]
-                    what = said.get(per_device) or said.setdefault(
-                        per_device, estimand(metric, window, per_device, buckets)
+                said: dict[tuple[int, int], str] = {}  # estimand() of each (pooled, spanned): most buckets share one
+                for (i, _), e in zip(shown, computed):
+                    (start, end), (version, counts) = spans[i], read[i]
+                    what = said.get(pooled[i]) or said.setdefault(
+                        pooled[i], estimand(metric, window, *pooled[i], buckets)
                     )
-                    found[i] = WindowEstimate(metric, window, start, end, version, e.n, e, "", per_device, what)
+                    found[i] = self._made(metric, window, (start, end), version, counts, pooled[i], now, e, "", what)
         return found  # type: ignore[return-value]
 
     def _failed(
@@ -507,9 +517,10 @@ class LiveEstimates:
         start: int,
         end: int,
         version: Version,
-        n: int,
+        counts: Counts | None,
         err: Exception,
-        per_device: int | None = None,
+        pooled: tuple[int, int],
+        now: float,
     ) -> WindowEstimate:
         """The estimate withheld because computing it raised `err`; logged once per metric and
         kind of error (it is cached like any estimate, so tried again only when counts change)."""
@@ -524,35 +535,66 @@ class LiveEstimates:
                 extra={"metric": metric.name, "window": window.name},
             )
         reason = f"The estimate could not be computed ({type(err).__name__}: {err}); other metrics are unaffected."
-        per_device = metric.spec.reports_per_period if per_device is None else per_device
+        what = estimand(metric, window, *pooled)
+        return self._made(metric, window, (start, end), version, counts, pooled, now, None, reason, what)
+
+    def _made(
+        self,
+        metric: MetricConfig,
+        window: Window,
+        span: tuple[int, int],
+        version: Version,
+        counts: Counts | None,
+        pooled: tuple[int, int],
+        now: float,
+        estimate_: Estimate | None,
+        reason: str,
+        what: str,
+    ) -> WindowEstimate:
+        """The WindowEstimate of a bucket's span and counts (None: none read), its pooled and
+        spanned periods (_pooled), its estimate (None: withheld, for the reason) and estimand."""
         return WindowEstimate(
-            metric, window, start, end, version, n, None, reason, per_device, estimand(metric, window, per_device)
+            metric,
+            window,
+            *span,
+            version,
+            0 if counts is None else counts.total,
+            estimate_,
+            reason,
+            metric.spec.reports_per_period * pooled[0],
+            what,
+            periods=pooled[0],
+            spanned=pooled[1],
+            provisional=self._provisional(window, span[1], now),
+            data_periods=frozenset() if counts is None else counts.periods,
         )
 
 
-def estimand(metric: MetricConfig, window: Window, reports_per_device: int, buckets: int = 1) -> str:
+def estimand(metric: MetricConfig, window: Window, periods: int, spanned: int, buckets: int = 1) -> str:
     """What a bucket's (or a merged range of buckets') estimates are shares of, in words, under
     the SDK's reporting rule: a device sends the first reports_per_period report() calls of each
-    period, at once."""
+    period, at once; `periods` of the `spanned` periods (LiveEstimates._pooled) are pooled."""
     spec = metric.spec
     period, m = duration_text(spec.period), spec.reports_per_period
     if m == 1:
         text = f"share of devices by the value each reported first in its {period} period"
     else:
         text = f"share of reports, each device sending its first {m} values of each {period} period"
-    periods = reports_per_device // m
+    scope = (
+        "since counting began"
+        if window.span is None
+        else "in this bucket"
+        if buckets == 1
+        else f"in these {buckets} {window.name} buckets"
+    )
+    of = f" with reports of the {spanned} {scope}" if spanned > periods else f" {scope}"
     if periods > 1:
-        scope = (
-            "since counting began"
-            if window.span is None
-            else "in this bucket"
-            if buckets == 1
-            else f"in these {buckets} {window.name} buckets"
-        )
         text += (
-            f", pooled over the {periods} periods {scope} (a device counts once per period; the intervals "
-            f"allow for one device's {reports_per_device} reports being alike)"
+            f", pooled over the {periods} periods{of} (a device counts once per period; the "
+            f"intervals allow for one device's {m * periods} reports being alike)"
         )
+    elif spanned > 1:
+        text += f", from the one period{of}"
     return text
 
 

@@ -1,8 +1,8 @@
 """The gRPC servicers: thin translations between the wire and the aggregator's parts.
 
-Errors are translated here, at the boundary: an unknown metric or stale spec is
-FAILED_PRECONDITION (the SDK fetches specs again), a malformed batch INVALID_ARGUMENT naming the
-report, an unreachable store UNAVAILABLE (retry with the same batch id), anything else INTERNAL.
+The Collector's uploads and specs are the ingest core's (ingest.Ingest): its outcomes carry
+their gRPC status (ingest.STATUSES), which the servicer ends the call with. Estimates errors are
+translated here, at the boundary: an unknown metric NOT_FOUND, an unreachable store UNAVAILABLE.
 Logs carry metric names, counts and outcomes: never reports, addresses or tokens.
 """
 
@@ -12,26 +12,22 @@ import functools
 import logging
 import math
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import grpc
 import numpy as np
 
-from veil.client import spec_to_proto
 from veil.mechanism import wire_shape
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import _kernels
-from .config import AggregatorConfig, MetricConfig
-from .decode import decode_upload
-from .decode import warm_up as decode_warm_up
-from .errors import InvalidBatch, InvalidRange, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
-from .instruments import Instruments
+from .config import AggregatorConfig
+from .errors import InvalidRange, StoreUnavailable, UnknownMetric
+from .ingest import Ingest, Outcome
 from .live import LiveEstimates, WindowEstimate, with_group
-from .store import BatchWrite, CountsKey, Store, Version
+from .store import Version
 
 __all__ = [
     "MAX_WATCH_INTERVAL",
@@ -45,7 +41,6 @@ __all__ = [
 
 log = logging.getLogger("veil.aggregator")
 
-_UNAVAILABLE = "The counter store is unavailable; retry with the same batch id."
 MAX_WATCH_INTERVAL = 3600.0  # seconds: a longer WatchRequest.min_interval_seconds is taken as this
 
 
@@ -57,166 +52,35 @@ class Refusal:
     message: str
 
 
-class _Cancelled(Exception):
-    """The caller left before its batch was written."""
-
-
-# An upload's outcome (the veil_uploads label) and status by what refused it (the nearest class
-# of the error's); an empty message is the error's own.
-_REFUSED: dict[type[Exception], tuple[str, grpc.StatusCode, str]] = {
-    UnknownMetric: ("unknown_metric", grpc.StatusCode.FAILED_PRECONDITION, ""),
-    StaleSpec: ("stale_spec", grpc.StatusCode.FAILED_PRECONDITION, ""),
-    InvalidBatch: ("invalid", grpc.StatusCode.INVALID_ARGUMENT, ""),
-    _Cancelled: ("cancelled", grpc.StatusCode.CANCELLED, "The call ended before the batch was counted."),
-    StoreUnavailable: ("unavailable", grpc.StatusCode.UNAVAILABLE, _UNAVAILABLE),
-    StoreError: ("error", grpc.StatusCode.INTERNAL, "The batch could not be counted; nothing of it was counted."),
-}
-_REFUSABLE: tuple[type[Exception], ...] = tuple(_REFUSED)  # what an upload's checks and write may raise to refuse it
-
-
 class CollectorService(veil_pb2_grpc.CollectorServicer):
-    def __init__(
-        self,
-        config: AggregatorConfig,
-        store: Store,
-        instruments: Instruments,
-        clock: Callable[[], float] = time.time,
-        store_down: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self._config = config
-        self._store = store
-        # True while the daemon's last ping of the store failed: uploads are then refused without
-        # a store call, which would only time out (and keep the request alive in its traceback).
-        self._store_down = store_down
-        self._instruments = instruments
-        self._clock = clock
-        self._specs = veil_pb2.GetMetricSpecsResponse(
-            specs=[spec_to_proto(m.spec) for m in config.metrics], max_batch=config.max_batch
-        )
-        self._metrics = {m.name: m for m in config.metrics}
-        self._targets: dict[str, tuple[float, float, tuple[tuple[CountsKey, int | None], ...]]] = {}
-        self._since_recorded: set[str] = set()
-        self._children: dict[tuple[str, ...], tuple] = {}  # Prometheus children per (metric, outcome)
-        decode_warm_up()  # the first upload must not wait for numba
+    """The Collector over gRPC: an adapter of the ingest core (ingest.Ingest), which checks,
+    targets, writes and answers; this translates its outcomes to gRPC statuses."""
+
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
 
     def GetMetricSpecs(self, request, context):
-        if not request.metrics:
-            return self._specs
-        wanted = set(request.metrics)
-        return veil_pb2.GetMetricSpecsResponse(
-            specs=[s for s in self._specs.specs if s.name in wanted], max_batch=self._specs.max_batch
-        )
+        return self.ingest.specs(request.metrics, request.if_version)
 
     def Upload(self, request, context):
-        started = time.perf_counter()
-        try:
-            write = self._batch(request, self._clock(), context.is_active)
-            result: bool | Exception = self._store.add(write)
-        except _REFUSABLE as err:
-            result = err
-        answer = self._answer(request, result, started)
-        # A refusal's error holds this frame in its traceback, and the frame the request: let
-        # go of it, so the request is freed when answered, not by the cyclic collector.
-        del result
-        if isinstance(answer, Refusal):
-            context.abort(answer.code, answer.message)
+        outcome = self.ingest.upload(request, context.is_active)
+        if not outcome.counted:
+            context.abort(grpc.StatusCode[outcome.grpc], outcome.message)
+        return self.ingest.response(outcome)
+
+    def UploadBatches(self, request, context):
+        answer = self.ingest.upload_batches(request, context.is_active)
+        if isinstance(answer, Outcome):
+            context.abort(grpc.StatusCode[answer.grpc], answer.message)
         return answer
 
     def upload_many(self, requests: Sequence[veil_pb2.UploadRequest]) -> list[veil_pb2.UploadResponse | Refusal]:
-        """Upload of each request, as if each had come alone, with the batches that pass their
-        checks written in as few store calls as the store can make (Store.add_many): the
-        native collector's entry, one call per set of uploads it has gathered."""
-        started = time.perf_counter()
-        now = self._clock()
-        results: list[bool | Exception] = [False] * len(requests)
-        writes, positions = [], []
-        for i, request in enumerate(requests):
-            try:
-                writes.append(self._batch(request, now))
-                positions.append(i)
-            except _REFUSABLE as err:
-                results[i] = err
-        for i, result in zip(positions, self._store.add_many(writes) if writes else ()):
-            results[i] = result
-        answers = [self._answer(request, result, started) for request, result in zip(requests, results)]
-        results.clear()  # the errors' tracebacks hold this frame (see Upload)
-        return answers
-
-    def _batch(
-        self, request: veil_pb2.UploadRequest, now: float, active: Callable[[], bool] = lambda: True
-    ) -> BatchWrite:
-        """The checked batch of an upload, with the buckets it goes to at `now`; UnknownMetric,
-        StaleSpec, StoreUnavailable (known down: no store call, which would only time out),
-        InvalidBatch, or _Cancelled (its caller no longer `active`) when it is not to be written."""
-        metric = self._metrics.get(request.metric)
-        if metric is None:
-            raise UnknownMetric(
-                f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs again."
-            )
-        if request.spec_fingerprint != metric.spec.fingerprint:
-            raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
-        if self._store_down():
-            raise StoreUnavailable(_UNAVAILABLE)
-        counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
-        if not active():
-            # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
-            raise _Cancelled
-        if metric.name not in self._since_recorded:
-            # Before the first write of this process: the all-time window's intervals count
-            # the periods since counting began (Store.since), never from after a report.
-            self._store.since(metric.name, metric.spec.fingerprint, int(now))
-            self._since_recorded.add(metric.name)
-        return BatchWrite(metric.name, request.batch_id, counts, self._targets_at(metric, now), self._config.dedupe_ttl)
-
-    def _answer(
-        self, request: veil_pb2.UploadRequest, result: bool | Exception, started: float
-    ) -> veil_pb2.UploadResponse | Refusal:
-        """The upload's response (result: whether the store applied it) or its refusal (result:
-        why not), counted in the instruments and logged as Upload's outcome."""
-        metric = self._metrics.get(request.metric)
-        name = metric.name if metric else "(undeclared)"  # bounded label values only
-        answer: veil_pb2.UploadResponse | Refusal
-        if isinstance(result, bool):
-            outcome = "accepted" if result else "duplicate"
-            answer = veil_pb2.UploadResponse(accepted=request.count, duplicate=not result)
-            if result:
-                self._counters(name, outcome)[2].inc(request.count)
-        else:
-            outcome, code, message = next(_REFUSED[t] for t in type(result).__mro__ if t in _REFUSED)
-            answer = Refusal(code, message or str(result))
-            if outcome == "error":
-                log.error("upload failed in the store", extra={"metric": name}, exc_info=result)
-        uploads, seconds, _ = self._counters(name, outcome)
-        uploads.inc()
-        seconds.observe(time.perf_counter() - started)
-        if outcome not in ("accepted", "duplicate"):
-            log.info("upload refused", extra={"metric": name, "outcome": outcome, "reports": request.count})
-        return answer
-
-    def _counters(self, name: str, outcome: str) -> tuple:
-        """The Prometheus children of (metric, outcome): uploads, upload seconds, reports."""
-        children = self._children.get((name, outcome))
-        if children is None:
-            i = self._instruments
-            children = (i.uploads.labels(name, outcome), i.upload_seconds.labels(name), i.reports.labels(name))
-            self._children[name, outcome] = children
-        return children
-
-    def _targets_at(self, metric: MetricConfig, now: float) -> tuple[tuple[CountsKey, int | None], ...]:
-        """Every window's current bucket of the metric, with its expiry: the same tuple until
-        one of the buckets ends (or the clock goes back past one's start)."""
-        held = self._targets.get(metric.name)
-        if held is not None and held[0] <= now < held[1]:
-            return held[2]
-        targets = tuple(
-            (CountsKey(metric.name, metric.spec.fingerprint, w.name, w.bucket(now)[0]), w.expiry(now))
-            for w in metric.windows
-        )
-        spans = [w.bucket(now) for w in metric.windows if w.span is not None]
-        since = max((start for start, _ in spans), default=-math.inf)
-        until = min((end for _, end in spans), default=math.inf)
-        self._targets[metric.name] = (since, until, targets)
-        return targets
+        """Upload of each request, as if each had come alone, written in one store call
+        (Ingest.upload_many): the native collector's entry, one call per set of uploads."""
+        return [
+            self.ingest.response(o) if o.counted else Refusal(grpc.StatusCode[o.grpc], o.message)
+            for o in self.ingest.upload_many(requests)
+        ]
 
 
 class EstimatesService(veil_pb2_grpc.EstimatesServicer):
@@ -424,13 +288,18 @@ def encode_window(e: WindowEstimate) -> bytes:
         )
     )
     tail = veil_pb2.WindowEstimate(
-        estimand=e.estimand, reports_per_device=e.reports_per_device, period_seconds=spec.period, group=group
+        estimand=e.estimand,
+        reports_per_device=e.reports_per_device,
+        period_seconds=spec.period,
+        group=group,
+        provisional=e.provisional,
+        periods=e.periods,
     ).SerializeToString()
     if e.estimate is None:
         return head + tail
     est = e.estimate
     assert est.projection is not None  # live estimates are always projected
-    # Fields go in number order: 1..10, then 11 (the categories), then 12.. .
+    # Fields go in number order: 1..10, then 11 (the categories), then 12..17.
     return (
         head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) + tail
     )
@@ -444,11 +313,11 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[int, Version, int, bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[tuple[int, Version, int, int, bool], bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
-        marker = tuple((e.metric.name, e.window.name, e.start, e.version, e.reports_per_device) for e in estimates)
+        marker = tuple((e.metric.name, e.window.name, *self._state(e)) for e in estimates)
         held = self._responses.get(shape)
         if held is not None and held[0] == marker:
             return held[1]
@@ -459,8 +328,15 @@ class ResponseCache:
     def _window(self, e: WindowEstimate) -> bytes:
         key = (e.metric.name, e.window.name)
         held = self._windows.get(key)
-        if held is not None and held[:3] == (e.start, e.version, e.reports_per_device):
-            return held[3]
+        state = self._state(e)
+        if held is not None and held[0] == state:
+            return held[1]
         encoded = _field(_ESTIMATES_TAG, encode_window(e))
-        self._windows[key] = (e.start, e.version, e.reports_per_device, encoded)
+        self._windows[key] = (state, encoded)
         return encoded
+
+    @staticmethod
+    def _state(e: WindowEstimate) -> tuple[int, Version, int, int, bool]:
+        """What a window's bytes depend on besides its metric and window: its bucket and version,
+        and what time alone changes (a period begun: c and the estimand; its lateness ended)."""
+        return (e.start, e.version, e.reports_per_device, e.spanned, e.provisional)

@@ -4,6 +4,10 @@ The current ones by default; with --last (or --from/--to) the window's past buck
 retained (--merged: one estimate of them all, their counts added). --group adds the share of
 a group of categories. The JSON has the shape of the HTTP listener's GET /v1/estimates (and
 /v1/series), read here over gRPC.
+
+Intervals are shown as what they are, [lower, upper] (a score interval clipped to [0, 1], not
+symmetric about the estimate); one that lies entirely below 0 as "no evidence of presence"
+(docs/math.md section 5). A bucket still open to late reports is marked provisional.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
         "estimand": window.estimand,
         "period": window.period_seconds,
         "reports_per_device": window.reports_per_device,
+        "periods": window.periods,
+        "provisional": window.provisional,
         **(
             {
                 "group": {
@@ -149,7 +155,10 @@ def run(args: argparse.Namespace) -> int:
         _series_table(windows, args.top)
         return 0
     for w in windows:
-        print(f"{w['metric']} / {w['window']}  ({w['mechanism']}, epsilon = {w['epsilon']:g})  n = {w['n']:,}")
+        print(
+            f"{w['metric']} / {w['window']}  ({w['mechanism']}, epsilon = {w['epsilon']:g})  n = {w['n']:,}"
+            + (f"  {PROVISIONAL}" if w["provisional"] else "")
+        )
         if w["estimand"]:
             print(f"  estimates the {w['estimand']}")
         if w["withheld"]:
@@ -158,21 +167,28 @@ def run(args: argparse.Namespace) -> int:
         head = f"  {'category':<24}{'estimate':>10}{'stderr':>10}{'95% interval':>24}"
         print(head + (f"{'projected*':>12}" if args.projection else ""))
         for c in w["categories"]:
-            line = (
-                f"  {c['label'][:23]:<24}{c['estimate']:>10.4f}{_f(c['stderr']):>10}"
-                f"   [{c['lower']:>8.4f}, {c['upper']:>8.4f}]"
-            )
-            print(line + (f"{c['projected']:>12.4f}" if args.projection else ""))
+            line = f"  {c['label'][:23]:<24}{_f(c['estimate']):>10}{_f(c['stderr']):>10}{interval_text(c):>24}"
+            print(line + (f"{_f(c['projected']):>12}" if args.projection else ""))
         if "group" in w:
             g = w["group"]
-            print(
-                f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}"
-                f"   [{_f(g['lower']):>8}, {_f(g['upper']):>8}]"
-            )
+            print(f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}{interval_text(g):>24}")
         print()
     if args.projection:
         print(f"* {PROJECTION_NOTE}")
     return 0
+
+
+PROVISIONAL = "provisional (reports made in this bucket may still arrive)"
+ABSENT = "no evidence of presence"
+
+
+def interval_text(c: dict) -> str:
+    """A category's (or group's) 95% interval as the table shows it: "[lower, upper]", or, for
+    one that lies entirely below 0 (every share is further from the estimate than the noise
+    reaches), ABSENT."""
+    if c["upper"] is not None and c["upper"] < 0:
+        return ABSENT
+    return f"[{_f(c['lower']):>8}, {_f(c['upper']):>8}]"
 
 
 def _f(x: float | None) -> str:
@@ -188,6 +204,8 @@ def _when(unix: int) -> str:
 
 
 def _cell(c: dict) -> str:
+    if c["upper"] is not None and c["upper"] < 0:
+        return ABSENT
     return f"{_f(c['estimate'])} [{_f(c['lower'])}, {_f(c['upper'])}]"
 
 
@@ -208,7 +226,7 @@ def _series_table(windows: list[dict], top: int) -> None:
     columns = labels + ([_group_name(w0["group"])] if any("group" in w for w in windows) else [])
     print(f"{'bucket start':<18}{'n':>10}{'c':>4}" + "".join(f"  {label[:25]:<25}" for label in columns))
     for w in windows:
-        row = f"{_when(w['start']):<18}{w['n']:>10,}{w['reports_per_device']:>4}"
+        row = f"{_when(w['start']) + ('*' if w['provisional'] else ''):<18}{w['n']:>10,}{w['reports_per_device']:>4}"
         if w["withheld"]:
             print(row + "  withheld")
             continue
@@ -216,6 +234,8 @@ def _series_table(windows: list[dict], top: int) -> None:
         cells = [by_label[label] for label in labels] + ([w["group"]] if "group" in w else [])
         print(row + "".join(f"  {_cell(c):<25}" for c in cells))
     print(f"estimates the {windows[-1]['estimand']} (each bucket its own)")
+    if any(w["provisional"] for w in windows):
+        print(f"* {PROVISIONAL}")
 
 
 def _csv(windows: list[dict]) -> None:
@@ -229,6 +249,8 @@ def _csv(windows: list[dict]) -> None:
             "end",
             "n",
             "reports_per_device",
+            "periods",
+            "provisional",
             "withheld",
             "label",
             "estimate",
@@ -239,7 +261,8 @@ def _csv(windows: list[dict]) -> None:
         ]
     )
     for w in windows:
-        head = [w["metric"], w["window"], w["start"], w["end"], w["n"], w["reports_per_device"], w["withheld"]]
+        head = [w["metric"], w["window"], w["start"], w["end"], w["n"], w["reports_per_device"], w["periods"]]
+        head += [w["provisional"], w["withheld"]]
         rows = list(w["categories"]) + ([{**w["group"], "label": _group_name(w["group"])}] if "group" in w else [])
         if not rows:
             out.writerow(head + ["", "", "", "", "", w["estimand"]])

@@ -34,6 +34,9 @@ from ._transport import Transport
 
 __all__ = ["BatchProcessor", "FlushRequest"]
 
+# A weak reference to a Reporter's report() of a call made at a given time (metric, value, time).
+_ReportAt = Callable[[], Callable[[str, object, float], None] | None]
+
 _DROP_MESSAGES = {
     "full": "The Veil report queue is full; dropping new reports until it drains.",
     "closed": "The Veil Reporter is shut down; dropping new reports.",
@@ -81,8 +84,6 @@ class BatchProcessor:
                 )
         self.outbox = Outbox(spool, log)
         self.stopped = False
-        # The Reporter's report() of a call made at a given time, for the calls held before specs.
-        self.report_early: Callable[[], Callable[[str, object, float], None] | None] = lambda: None
         self._new_state()
         self._start(load=True)
         if hasattr(os, "register_at_fork"):  # POSIX
@@ -93,7 +94,9 @@ class BatchProcessor:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.pending: deque[tuple[MetricSpec, tuple[int, ...], float]] = deque()  # (spec, report, made at)
-        self.early: list[tuple[str, object, float]] = []  # report() calls made before any spec was known
+        # report() calls made before any spec was known: (the report() of the device that made it,
+        # metric, value, made at); a simulated device shares this queue with its Reporter.
+        self.early: list[tuple[_ReportAt, str, object, float]] = []
         self.held = 0  # reports in memory: early, pending and batches not spooled
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
@@ -113,7 +116,7 @@ class BatchProcessor:
         """A racy early check, so a report that would be dropped is not randomized first."""
         return not self.stopped and self.held < self.config.max_queue_size
 
-    def hold(self, metric: str, value: object, made_at: float) -> bool:
+    def hold(self, report: _ReportAt, metric: str, value: object, made_at: float) -> bool:
         """Keep a report() call made before any spec is known, until specs arrive (or drop and
         count it when the queue is full); False when specs are known by now (report it)."""
         with self.lock:
@@ -123,7 +126,7 @@ class BatchProcessor:
                 reason = "closed" if self.stopped else "full"
                 self.dropped += 1
             else:
-                self.early.append((metric, value, made_at))
+                self.early.append((report, metric, value, made_at))
                 self.held += 1
                 return True
         self.drop_logged(reason, count=False)
@@ -134,9 +137,9 @@ class BatchProcessor:
         with self.lock:
             early, self.early = self.early, []
             self.held -= len(early)
-        report = self.report_early()
-        for metric, value, made_at in early:
+        for reference, metric, value, made_at in early:
             try:
+                report = reference()
                 if report is None:
                     raise RuntimeError("the Reporter is gone")
                 report(metric, value, made_at)
@@ -234,7 +237,7 @@ class BatchProcessor:
                 counters.failed,
                 counters.too_late,
                 counters.queued,
-                " (kept under the queue directory)" if counters.queued else "",
+                " (kept under the queue directory)" if counters.queued and self.outbox.spool is not None else "",
             )
         return ok
 

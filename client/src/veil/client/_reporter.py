@@ -125,7 +125,6 @@ class Reporter:
         self._processor = BatchProcessor(
             replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log
         )
-        self._processor.report_early = weakref.WeakMethod(self._report)
         ref = weakref.ref(self)
         self._exit_hook = lambda: (reporter := ref()) is not None and reporter.shutdown(_DEFAULT_SHUTDOWN_TIMEOUT_S)
         atexit.register(self._exit_hook)
@@ -160,7 +159,7 @@ class Reporter:
         if entry is None and not self._specs.ready.is_set():
             if not isinstance(value, str):
                 _index(None, value)  # misuse raises whatever the specs say
-            if self._processor.hold(metric, value, now):
+            if self._processor.hold(weakref.WeakMethod(self._report), metric, value, now):
                 return
             entry = self._specs.entries.get(metric)  # the specs arrived meanwhile
         if entry is None:
@@ -251,6 +250,21 @@ class Reporter:
     def metrics(self) -> Mapping[str, MetricSpec]:
         """The metric specs in use, by name (empty until specs are known)."""
         return self._specs.specs
+
+    # --- simulation -----------------------------------------------------------------------
+
+    def simulated_device(self) -> Reporter:
+        """Another device, for simulations and demos of many devices in one process: a Reporter
+        with its own device secret, memo and privacy ledger (in memory), whose report() applies
+        the same rules, sending through this Reporter's specs, queue and connection. What leaves
+        it is what would leave a device of its own: its reports within its own ledger's bounds,
+        randomized with its own memo. counters(), force_flush() and shutdown() are the shared
+        queue's (shutting any of them down shuts it down for all)."""
+        device = Reporter.__new__(Reporter)
+        vars(device).update(vars(self))  # the settings, specs, queue and connection
+        log = self._processor.log
+        device._memo, device._ledger = MemoStore(None, log), Ledger(None, log)
+        return device
 
 
 def _index(spec: MetricSpec | None, value: object) -> int | None:

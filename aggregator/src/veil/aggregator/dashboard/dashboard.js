@@ -1,5 +1,8 @@
 // Veil dashboard: polls v1/estimates and draws one panel per metric and window, with bars of
-// the unbiased estimates and their 95% intervals as error bars: the top categories by estimate
+// the unbiased estimates and their 95% intervals as error bars, each interval written as it is,
+// [lower, upper] (a score interval clipped to [0, 1]: it need not surround the estimate, so no
+// "estimate +- half-width"; one entirely below 0 reads "no evidence of presence", docs/math.md
+// section 5). A bucket still open to late reports is marked provisional. The top categories by estimate
 // (top-N selector), the rest folded into "other" with its own (group) interval, or the
 // categories matching a search. Above them, per metric, a trend chart of one window's past
 // buckets (v1/series, window and range selectors): lines and 95% bands of the top categories,
@@ -16,10 +19,11 @@
 //
 // Hooks for tests and scripts: body[data-state] ("loading" | "ok" | "error" | "token") and
 // body[data-updates] (successful polls so far); each panel section[data-metric][data-window]
-// [data-n][data-withheld]; each bar g.bar[data-label][data-estimate][data-lower][data-upper]
-// [data-projected] (the folded rest: g.bar.rest[data-label="other"][data-count]); each trend
-// section.trend[data-metric][data-window][data-buckets][data-withheld] with g.series[data-label]
-// (path.line, path.band) and rect.withheld-bucket. Query parameter ?refresh=SECONDS sets the
+// [data-n][data-withheld][data-provisional][data-periods]; each bar g.bar[data-label][data-estimate]
+// [data-lower][data-upper][data-projected] (g.bar.absent: no evidence of presence; the folded
+// rest: g.bar.rest[data-label="other"][data-count]) and its text.value; each trend
+// section.trend[data-metric][data-window][data-buckets][data-withheld][data-provisional] with
+// g.series[data-label] (path.line, path.band), rect.withheld-bucket and rect.provisional-bucket. Query parameter ?refresh=SECONDS sets the
 // polling period (default 2).
 "use strict";
 
@@ -118,6 +122,11 @@
     }
     const title = el("h2", {}, el("span", {class: "name"}, entry.metric), chip);
     if (entry.withheld) title.append(el("span", {class: "badge"}, "withheld"));
+    if (entry.provisional) {
+      title.append(el("span", {class: "badge provisional", title: entry.end
+        ? "Reports made in this bucket may still arrive (up to the aggregator's max_lateness after it ends)."
+        : "The all-time window never closes: reports keep arriving."}, "provisional"));
+    }
     const mechanism = el("b", {title: `spec ${entry.spec_fingerprint}`}, entry.mechanism);
     const meta = el("p", {class: "meta"},
       "n = ", el("b", {}, integer.format(entry.n)),
@@ -133,6 +142,7 @@
       class: entry.withheld ? "panel withheld" : "panel",
       "data-metric": entry.metric, "data-window": entry.window,
       "data-n": String(entry.n), "data-withheld": String(entry.withheld),
+      "data-provisional": String(Boolean(entry.provisional)), "data-periods": String(entry.periods ?? ""),
     }, ...header(entry));
     if (entry.withheld) section.append(el("p", {class: "reason"}, entry.reason));
     else section.append(chart(entry, shownRows(entry), showProjection));
@@ -160,7 +170,7 @@
   }
 
   // Horizontal bars: label | bar with error bar | value. SVG units; the chart scales to its panel.
-  const W = 520, LABEL_W = 124, VALUE_W = 100, ROW = 22, BAR = 12, TOP = 4, AXIS = 20;
+  const W = 580, LABEL_W = 124, VALUE_W = 160, ROW = 22, BAR = 12, TOP = 4, AXIS = 20;
   const X0 = LABEL_W + 8, X1 = W - VALUE_W;
 
   function niceStep(span) {
@@ -169,8 +179,18 @@
     return [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((step) => step >= raw);
   }
 
+  // An interval lying entirely below 0: no share is within reach of the noise of the estimate,
+  // which fell further below 0 than it reaches: no evidence of the category at all.
+  function absent(c) { return Number.isFinite(c.upper) && c.upper < 0; }
+
+  function intervalText(c) {
+    if (absent(c)) return "no evidence of presence";
+    return `[${percent(c.lower)}, ${percent(c.upper)}]`;
+  }
+
   function chart(entry, rows, showProjection) {
-    const values = rows.flatMap((c) => [c.estimate, c.lower, c.upper, c.projected]).filter(Number.isFinite);
+    const values = rows.flatMap((c) => (absent(c) ? [c.estimate, c.projected] : [c.estimate, c.lower, c.upper, c.projected]))
+      .filter(Number.isFinite);
     // Unbiased estimates can be negative: the axis starts at min(0, lowest value) and 0 is marked.
     let lo = Math.min(0, ...values), hi = Math.max(0, ...values);
     if (hi - lo < 0.01) hi = lo + 0.01;
@@ -197,12 +217,15 @@
         return;
       }
       const estimate = c.estimate ?? 0;
-      const g = svg("g", {class: (estimate < 0 ? "bar negative" : "bar") + (c.rest ? " rest" : ""), "data-label": c.label,
+      const g = svg("g", {class: (estimate < 0 ? "bar negative" : "bar") + (c.rest ? " rest" : "") + (absent(c) ? " absent" : ""),
+        "data-label": c.label,
         "data-estimate": c.estimate ?? "", "data-lower": c.lower ?? "", "data-upper": c.upper ?? "",
         "data-projected": c.projected ?? ""});
-      const interval = Number.isFinite(c.lower) && Number.isFinite(c.upper)
-        ? `95% interval ${percent(c.lower)} to ${percent(c.upper)}` : "no interval (too few reports)";
-      let tip = `${c.label}: ${percent(c.estimate)} (${interval})`;
+      const interval = absent(c)
+        ? `no evidence of presence: its 95% interval, ${percent(c.lower)} to ${percent(c.upper)}, lies below 0`
+        : Number.isFinite(c.lower) && Number.isFinite(c.upper)
+          ? `95% interval ${percent(c.lower)} to ${percent(c.upper)}` : "no interval (too few reports)";
+      let tip = `${c.label}: unbiased estimate ${percent(c.estimate)} (${interval})`;
       if (c.rest) {
         g.setAttribute("data-count", String(c.rest));
         tip = `other (the ${c.rest} categories not shown, together): ${percent(c.estimate)} (${interval})`;
@@ -213,13 +236,14 @@
       g.append(svg("text", {class: "label", x: LABEL_W, y: mid + 4}, c.rest ? `other (${c.rest})` : shorten(c.label)));
       g.append(svg("rect", {class: "estimate", x: Math.min(x(0), x(estimate)), y: mid - BAR / 2,
         width: Math.max(1, Math.abs(x(estimate) - x(0))), height: BAR}));
-      let value = percent(c.estimate);
+      let value = "n/a";
       if (Number.isFinite(c.lower) && Number.isFinite(c.upper)) {
-        const a = x(c.lower), b = x(c.upper), cap = 4;
-        g.append(svg("path", {class: "interval",
-          d: `M${a} ${mid}H${b}M${a} ${mid - cap}V${mid + cap}M${b} ${mid - cap}V${mid + cap}`}));
-        const half = 50 * (c.upper - c.lower);
-        value += ` \u00b1${number(half, Math.abs(half) >= 10 ? 1 : 2)}`;
+        value = intervalText(c);
+        if (!absent(c)) {
+          const a = x(c.lower), b = x(c.upper), cap = 4;
+          g.append(svg("path", {class: "interval",
+            d: `M${a} ${mid}H${b}M${a} ${mid - cap}V${mid + cap}M${b} ${mid - cap}V${mid + cap}`}));
+        }
       }
       if (showProjection && Number.isFinite(c.projected)) {
         const p = x(c.projected);
@@ -287,8 +311,10 @@
   function trendChart(entry, buckets) {
     const labels = trendLabels(buckets);
     const withheld = buckets.filter((b) => b.withheld).length;
+    const provisional = buckets.filter((b) => b.provisional).length;
     const section = el("section", {class: "trend", "data-metric": entry.metric, "data-window": entry.window,
-      "data-buckets": String(buckets.length), "data-withheld": String(withheld)},
+      "data-buckets": String(buckets.length), "data-withheld": String(withheld),
+      "data-provisional": String(provisional)},
       el("h2", {}, el("span", {class: "name"}, entry.metric),
         el("span", {class: "window"}, `${entry.window} buckets, last ${buckets.length}`)));
     if (!buckets.length) { section.append(el("p", {class: "reason"}, "No retained bucket.")); return section; }
@@ -311,10 +337,12 @@
       root.append(svg("text", {class: "tick", x: TL - 20, y: y(v) + 4}, percent(v, tickDigits)));
     }
     buckets.forEach((b, i) => {
-      if (!b.withheld) return;
-      const r = svg("rect", {class: "withheld-bucket", x: TL + slot * i, y: TT, width: Math.max(1, slot),
-        height: TH - TT - TB});
-      r.append(svg("title", {}, `${new Date(b.start * 1000).toISOString()}: withheld (${b.reason})`));
+      if (!b.withheld && !b.provisional) return;
+      const r = svg("rect", {class: b.withheld ? "withheld-bucket" : "provisional-bucket", x: TL + slot * i, y: TT,
+        width: Math.max(1, slot), height: TH - TT - TB});
+      const when = new Date(b.start * 1000).toISOString();
+      r.append(svg("title", {}, b.withheld ? `${when}: withheld (${b.reason})`
+        : `${when}: provisional (reports made in it may still arrive)`));
       root.append(r);
     });
     const format = new Intl.DateTimeFormat(undefined, bucketSpan(entry) >= 86400
@@ -346,6 +374,7 @@
     section.append(root);
     const keys = el("ul", {class: "keys"}, ...labels.map((l, s) => el("li", {class: `s${s}`}, shorten(l, 28))));
     if (withheld) keys.append(el("li", {class: "gap"}, `withheld (${withheld})`));
+    if (provisional) keys.append(el("li", {class: "open"}, `provisional (${provisional})`));
     section.append(keys);
     const what = [...buckets].reverse().find((b) => b.estimand)?.estimand;
     if (what) section.append(el("p", {class: "estimand"}, `Each bucket estimates the ${what}. Bands: 95% intervals.`));

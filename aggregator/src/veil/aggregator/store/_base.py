@@ -41,7 +41,9 @@ class BatchWrite:
     targets: tuple[tuple[CountsKey, int | None], ...]
     dedupe_ttl: int  # seconds to remember the batch id; at least the SDK's retry horizon
     # The reporting period its reports were made in (Unix seconds // period_seconds): the stores
-    # record, per bucket, the periods that received reports. None: the period current when it arrived.
+    # record, per bucket, the periods that received reports (Counts.periods), in the same atomic
+    # step as its counts. None: not said (the store knows no period length); it is recorded as
+    # PERIOD_NOT_SAID, and the bucket's intervals then allow for every period it spans.
     period: int | None = None
 
 
@@ -119,8 +121,8 @@ class Store(abc.ABC):
     def versioned_read(
         self, keys: Sequence[CountsKey], requests: Sequence[tuple[CountsKey, Sequence[int], int]]
     ) -> tuple[Sequence[Version], Sequence[tuple[Version, Counts]]]:
-        """versions(keys), and for each (key, weights, k) request its counts with the version
-        they are at, read in one atomic step: LiveEstimates may carry such
+        """versions(keys), and for each (key, weights, k) request its counts (with their
+        periods, Counts.periods) with the version they are at, read in one atomic step: LiveEstimates may carry such
         counts forward by the writes it observes, so they must be exactly those of that version."""
 
     def settled_read(

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..counts import Counts
+from ..counts import PERIOD_NOT_SAID, Counts
 from ..errors import StoreError
 from ._base import BatchWrite, CountsKey, Store
 from ._checks import check_write
@@ -30,7 +30,8 @@ T = TypeVar("T", bound=Hashable)
 
 @dataclass(eq=False)
 class _Bucket:
-    """One bucket: its counts, how many batches made them, when it may go (None: never)."""
+    """One bucket: its counts (with the periods they came from), how many batches made them,
+    when it may go (None: never)."""
 
     counts: Counts
     batches: int = 0
@@ -83,8 +84,9 @@ class MemoryStore(Store):
                     self._check_bucket(key, bucket, counts.weights, counts.k)
             self._seen[batch] = now + write.dedupe_ttl
             self._seen_expiries.push(self._seen[batch], batch)
+            period = PERIOD_NOT_SAID if write.period is None else write.period
             for (key, expires_at), bucket in zip(write.targets, buckets):
-                self._add_to(key, bucket, expires_at, counts)
+                self._add_to(key, bucket, expires_at, counts, period)
             self._purge(now)  # a target whose expiry has already passed goes at once, as in Redis
             return True
 
@@ -98,7 +100,7 @@ class MemoryStore(Store):
         bucket = self._buckets.get(key)
         if bucket is None:
             return Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
-        return Counts(weights, bucket.counts.n.copy(), bucket.counts.v.copy())
+        return Counts(weights, bucket.counts.n.copy(), bucket.counts.v.copy(), bucket.counts.periods)
 
     def read_many(self, requests: Sequence[tuple[CountsKey, Sequence[int], int]]) -> list[Counts]:
         """read(key, weights, k) of each request, all at one moment."""
@@ -130,10 +132,12 @@ class MemoryStore(Store):
     def ping(self) -> None:
         """Always reachable."""
 
-    def _add_to(self, key: CountsKey, bucket: _Bucket | None, expires_at: int | None, counts: Counts) -> None:
-        """Add counts to the bucket at key (None: there is none yet), whose design was checked."""
+    def _add_to(
+        self, key: CountsKey, bucket: _Bucket | None, expires_at: int | None, counts: Counts, period: int
+    ) -> None:
+        """Add counts of a period to the bucket at key (None: there is none yet), whose design was checked."""
         if bucket is None:
-            own = Counts(counts.weights, counts.n.copy(), counts.v.copy())
+            own = Counts(counts.weights, counts.n.copy(), counts.v.copy(), frozenset((period,)))
             self._buckets[key] = _Bucket(own, 1, expires_at)
             if expires_at is not None:
                 self._bucket_expiries.push(expires_at, key)
@@ -141,6 +145,7 @@ class MemoryStore(Store):
         held = bucket.counts
         np.add(held.n, counts.n, out=held.n)
         np.add(held.v, counts.v, out=held.v)
+        held.periods |= {period}
         bucket.batches += 1
         # Only ever the later expiry; a bucket without one (a total window) keeps none.
         if expires_at is not None and bucket.expires_at is not None and expires_at > bucket.expires_at:

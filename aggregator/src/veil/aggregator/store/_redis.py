@@ -6,10 +6,13 @@ the tag or collide with another):
 
     veil:{<tag>}:c:<fingerprint>:<window>:<bucket>  hash of integers: n:<t> and v:<t>:<j>
                                                     (non-zero only), batches (batches added),
-                                                    version (drawn at random by each write)
-    veil:{<tag>}:p:<fingerprint>:<window>:<bucket>  the packed copy of an ended bucket's hash, made by
-                                                    settled_read: int64s (version, k, then the
-                                                    rows held: weights, n, V); expires with it
+                                                    version (drawn at random by each write);
+                                                    and periods, the reporting periods with
+                                                    data (",p1,p2,", see _periods)
+    veil:{<tag>}:q:<fingerprint>:<window>:<bucket>  the packed copy of an ended bucket's hash, made by
+                                                    settled_read: int64s (version, k, the number
+                                                    of rows held and of periods, the rows held:
+                                                    weights, n, V, then the periods); expires with it
     veil:{<tag>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
     veil:{<metric>}:s:<fingerprint>                 when counting of the spec began (Store.since)
 
@@ -105,11 +108,12 @@ from redis.exceptions import (
 from redis.retry import Retry
 from redis.typing import EncodableT
 
-from ..counts import Counts
+from ..counts import PERIOD_NOT_SAID, Counts
 from ..errors import StoreError, StoreMisconfigured, StoreUnavailable
 from ._base import AppliedObserver, BatchWrite, CountsKey, FlushObserver, Store, Version
 from ._checks import check_write
 from ._coalesce import Coalescer
+from ._periods import periods_of
 
 __all__ = ["MAX_SHARDS", "RedisStore", "counts_key", "dedupe_key", "shard_of", "shard_tags"]
 
@@ -185,20 +189,21 @@ def since_key(metric: str, fingerprint: str) -> str:
 
 def _packed_key(counts_hash: str) -> str:
     """The Redis string holding the packed copy of a counts hash (Store.settled_read): its key
-    with "c" made "p", so in the same slot."""
+    with "c" made "q", so in the same slot ("p" held copies without the periods)."""
     head, _, rest = counts_hash.partition("}:c:")
-    return f"{head}}}:p:{rest}"
+    return f"{head}}}:q:{rest}"
 
 
 def _pack(version: int, counts: Counts) -> bytes:
-    """A packed copy: int64 little-endian version, k, the number R of rows held, their weights,
-    their n, their V rows (R x k); the rows of weights with no reports are left out (RAPPOR
-    has k + 1 weights, most of them never reported)."""
+    """A packed copy: int64 little-endian version, k, the number R of rows held, the number P
+    of periods, their weights, their n, their V rows (R x k), the P periods; the rows of
+    weights with no reports are left out (RAPPOR has k + 1 weights, most of them never reported)."""
     rows = np.flatnonzero((counts.n != 0) | counts.v.any(axis=1))
     weights = np.asarray(counts.weights, np.int64)[rows]
-    head = np.array([version, counts.k, rows.size], np.int64)
+    periods = np.array(sorted(counts.periods), np.int64)
+    head = np.array([version, counts.k, rows.size, periods.size], np.int64)
     return b"".join(
-        part.astype("<i8", copy=False).tobytes() for part in (head, weights, counts.n[rows], counts.v[rows])
+        part.astype("<i8", copy=False).tobytes() for part in (head, weights, counts.n[rows], counts.v[rows], periods)
     )
 
 
@@ -206,21 +211,23 @@ def _unpack(packed: bytes, version: int, weights: tuple[int, ...], k: int) -> tu
     """(version, counts) from a packed copy of a hash at `version`, the design (weights, k); None
     when it is of another version or does not fit the design (then the hash is read: it says
     what is wrong, if anything)."""
-    if len(packed) < 24 or len(packed) % 8:
+    if len(packed) < 32 or len(packed) % 8:
         return None
     flat = np.frombuffer(packed, "<i8")
-    held, held_k, rows = flat[:3].tolist()
-    if held != version or held_k != k or rows < 0 or flat.size != 3 + rows * (k + 2):
+    held, held_k, rows, count = flat[:4].tolist()
+    if held != version or held_k != k or rows < 0 or count < 0 or flat.size != 4 + rows * (k + 2) + count:
         return None
     row_of = {t: r for r, t in enumerate(weights)}
-    at = [row_of.get(t, -1) for t in flat[3 : 3 + rows].tolist()]
+    at = [row_of.get(t, -1) for t in flat[4 : 4 + rows].tolist()]
     if -1 in at:
         return None
+    n, v = flat[4 + rows : 4 + 2 * rows], flat[4 + 2 * rows : flat.size - count].reshape(rows, k)
+    periods = frozenset(flat[flat.size - count :].tolist())
     if at == list(range(len(weights))):  # every row, in order: n and V read-only views of the copy, not copied
-        return version, Counts(weights, flat[3 + rows : 3 + 2 * rows], flat[3 + 2 * rows :].reshape(rows, k))
-    counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
-    counts.n[at] = flat[3 + rows : 3 + 2 * rows]
-    counts.v[at] = flat[3 + 2 * rows :].reshape(rows, k)
+        return version, Counts(weights, n, v, periods)
+    counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64), periods)
+    counts.n[at] = n
+    counts.v[at] = v
     return version, counts
 
 
@@ -461,9 +468,10 @@ class RedisStore(Store):
 
     def _group_of(self, write: BatchWrite) -> tuple:
         """What a group written in one script call shares: add_batch.lua takes one set of targets,
-        TTL and design, on one shard (whose slot its dedupe keys and counter hashes share)."""
+        TTL, design and period, on one shard (whose slot its dedupe keys and counter hashes share)."""
         shard = shard_of(write.batch_id, len(self._shard_tags(write.metric)))
-        return (write.metric, shard, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k)
+        period = PERIOD_NOT_SAID if write.period is None else write.period
+        return (write.metric, shard, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k, period)
 
     def _observed_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
         started = time.perf_counter()
@@ -477,7 +485,7 @@ class RedisStore(Store):
                 observer(len(writes), time.perf_counter() - started, failed)
 
     def _write_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
-        """Apply batches of the same metric, shard, targets, dedupe TTL and design; for each, True
+        """Apply batches of the same metric, shard, targets, dedupe TTL, design and period; for each, True
         when this call applied it, False when its id had been applied before (or earlier in writes)."""
         first = writes[0]
         tags = self._shard_tags(first.metric)
@@ -485,6 +493,7 @@ class RedisStore(Store):
         tag = tags[shard]
         targets = [self._counts_key(key, tag) for key, _ in first.targets]
         expiries = ["" if at is None else int(at) for _, at in first.targets]
+        period = PERIOD_NOT_SAID if first.period is None else first.period
         pending: dict[bytes, BatchWrite] = {}
         for write in writes:
             pending.setdefault(write.batch_id, write)  # a repeated id goes once; its copies are duplicates
@@ -497,7 +506,7 @@ class RedisStore(Store):
                 counts = Counts.summed([pending[i].counts for i in ids])
             keys = [*(dedupe_key(first.metric, i, tag) for i in ids), *targets]
             version = 1 + secrets.randbelow(_VERSIONS)  # never 0, which stands for "no version"
-            args: list[int | str | _Resp] = [len(ids), int(first.dedupe_ttl), version, *expiries]
+            args: list[int | str | _Resp] = [len(ids), int(first.dedupe_ttl), version, period, *expiries]
             if self._packed:
                 args.append(_increments_resp(counts))
             else:
@@ -511,7 +520,8 @@ class RedisStore(Store):
             if not seen:
                 applied.update(ids)
                 if self._applied_observers:
-                    self._notify([key for key, _ in first.targets], shard, before, version, counts)
+                    added = Counts(counts.weights, counts.n, counts.v, frozenset((period,)))
+                    self._notify([key for key, _ in first.targets], shard, before, version, added)
                 break
             for position in seen:
                 del pending[ids[int(position) - 1]]
@@ -732,17 +742,18 @@ class RedisStore(Store):
                 continue
             size, values = next(found), next(found)
             try:
-                flat, present = _integers(values[:-1])
-                version = _version(values[-1])
+                flat, present = _integers(values[:-2])
+                version = _version(values[-2])
+                periods = periods_of(values[-1]) if size else frozenset()
             except (ValueError, OverflowError) as error:
                 raise _not_counts(name, weights, k, error) from None
-            if size != (present + 2 if present else 0):  # "batches" and "version" besides the counts, or nothing
+            # "batches", "version" and (but in a hash kept from before) "periods" besides the counts, or nothing
+            if size != (present + 2 + (values[-1] is not None) if present else 0):
                 counts.append(None)
                 again.append(i)
                 continue
-            counts.append(
-                (version, Counts(weights, flat[: len(weights)], flat[len(weights) :].reshape(len(weights), k)))
-            )
+            n, v = flat[: len(weights)], flat[len(weights) :].reshape(len(weights), k)
+            counts.append((version, Counts(weights, n, v, periods)))
         if again:
             with self._boundary("read"):
                 pipe = self._pipeline()
@@ -1010,14 +1021,14 @@ _FIELD_RESPS: dict[tuple[tuple[int, ...], int, bool], _Resp] = {}
 
 
 def _field_resp(weights: tuple[int, ...], k: int, version: bool = False) -> _Resp | None:
-    """Every field name of the design, RESP-encoded (HMGET's arguments), then "version" when
-    asked; None as for _field_names."""
+    """Every field name of the design, RESP-encoded (HMGET's arguments), then "version" and
+    "periods" when asked; None as for _field_names."""
     resp = _FIELD_RESPS.get((weights, k, version))
     if resp is None:
         names = _field_names(weights, k)
         if names is None:
             return None
-        listed = names.tolist() + ([b"version"] if version else [])
+        listed = names.tolist() + ([b"version", b"periods"] if version else [])
         resp = _Resp(len(listed), b"".join(_bulk(name) for name in listed))
         if len(_FIELD_RESPS) >= 64:
             _FIELD_RESPS.clear()
@@ -1057,9 +1068,12 @@ def _checked_versioned(name: str, found: dict[bytes, bytes], weights: tuple[int,
     """The version and the counts in HGETALL's fields; StoreError as _checked_counts."""
     try:
         version = _version(found.get(b"version"))
+        periods = periods_of(found.pop(b"periods", None)) if found else frozenset()
     except (ValueError, OverflowError) as error:
         raise _not_counts(name, weights, k, error) from None
-    return version, _checked_counts(name, found, weights, k)
+    counts = _checked_counts(name, found, weights, k)
+    counts.periods = periods
+    return version, counts
 
 
 def _version(value: bytes | None) -> int:
@@ -1114,6 +1128,7 @@ def _counts_of(fields: dict[bytes, bytes], weights: tuple[int, ...], k: int) -> 
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
     fields.pop(b"batches", None)
     fields.pop(b"version", None)
+    fields.pop(b"periods", None)  # not counts: _checked_versioned reads them
     if not fields:
         return counts
     positions = _field_positions(weights, k)

@@ -12,7 +12,9 @@ Layout (schema version ``SCHEMA_VERSION`` in ``PRAGMA user_version``; ``PRAGMA a
 is ``APPLICATION_ID``, "Veil"):
 
     buckets   one row per window bucket: metric, fingerprint, window, start, the design (k,
-              weights), batches added, version (drawn at random by each write), expires_at
+              weights), batches added, version (drawn at random by each write), expires_at,
+              periods (the reporting periods with data, as _periods.periods_text writes them;
+              schema version 2: buckets already there read as PERIOD_NOT_SAID)
     counters  one row per bucket and report weight: n, and V_j as a BLOB of k little-endian int64
     batches   one row per batch id counted (metric, id), until expires_ms
     since     when counting of each metric's spec began (Store.since)
@@ -57,11 +59,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..counts import Counts
+from ..counts import PERIOD_NOT_SAID, Counts
 from ..errors import StoreError, StoreUnavailable
 from ._base import AppliedObserver, BatchWrite, CountsKey, FlushObserver, Store
 from ._checks import check_write
 from ._coalesce import Coalescer
+from ._periods import NONE_RECORDED, periods_of, periods_text
 
 __all__ = ["SqliteStore", "APPLICATION_ID", "SCHEMA_VERSION", "check_database", "describe_database"]
 
@@ -101,6 +104,9 @@ _MIGRATIONS = (
         PRIMARY KEY (metric, fingerprint)
     ) WITHOUT ROWID;
     """,
+    f"""
+    ALTER TABLE buckets ADD COLUMN periods TEXT NOT NULL DEFAULT '{NONE_RECORDED}';
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -116,7 +122,7 @@ _TRANSIENT_CODES = {
 }
 
 _T = TypeVar("_T")
-_Group = tuple[str, tuple[tuple[CountsKey, "int | None"], ...], tuple[int, ...], int]
+_Group = tuple[str, tuple[tuple[CountsKey, "int | None"], ...], tuple[int, ...], int, int]
 
 
 class SqliteStore(Store):
@@ -217,13 +223,14 @@ class SqliteStore(Store):
             db = self._writer
             db.execute("BEGIN IMMEDIATE")
             try:
-                # Each group: the writes with the same targets and design whose ids are new.
+                # Each group: the writes with the same targets, design and period whose ids are new.
                 groups: dict[_Group, list[int]] = {}
                 for i in _unseen(db, writes, now_ms):
                     write = writes[i]
-                    group = (write.metric, write.targets, write.counts.weights, write.counts.k)
+                    period = PERIOD_NOT_SAID if write.period is None else write.period
+                    group = (write.metric, write.targets, write.counts.weights, write.counts.k, period)
                     groups.setdefault(group, []).append(i)
-                for (metric, targets, weights, k), members in groups.items():
+                for (metric, targets, weights, k, period), members in groups.items():
                     held = [_held_bucket(db, target) for target, _ in targets]
                     other = _other_designs(targets, held, weights, k, now)
                     if other is not None:
@@ -244,7 +251,7 @@ class SqliteStore(Store):
                         [value for row in rows for value in row],
                     )
                     for (target, expires_at), row in zip(targets, held):
-                        applied.append(_add_to_bucket(db, target, row, expires_at, counts, len(members), now))
+                        applied.append(_add_to_bucket(db, target, row, expires_at, counts, period, len(members), now))
                     for i in members:
                         results[i] = True
                 db.execute("COMMIT")
@@ -496,9 +503,9 @@ def _padded(items: list[_T]) -> list[_T]:
 
 
 def _held_bucket(db: sqlite3.Connection, target: CountsKey) -> tuple | None:
-    """A bucket's row as the write path needs it, expired or not: id, k, weights, version, expires_at."""
+    """A bucket's row as the write path needs it, expired or not: id, k, weights, version, expires_at, periods."""
     return db.execute(
-        "SELECT id, k, weights, version, expires_at FROM buckets WHERE metric = ? AND fingerprint = ? "
+        "SELECT id, k, weights, version, expires_at, periods FROM buckets WHERE metric = ? AND fingerprint = ? "
         "AND window = ? AND start = ?",
         _where(target),
     ).fetchone()
@@ -521,10 +528,11 @@ def _add_to_bucket(
     row: tuple | None,
     expires_at: int | None,
     counts: Counts,
+    period: int,
     batches: int,
     now: float,
 ) -> tuple[CountsKey, int | None, int | None, Counts | None]:
-    """Add counts (of `batches` batches) to a bucket whose design was checked (its row as
+    """Add counts (of `batches` batches made in `period`) to a bucket whose design was checked (its row as
     _held_bucket read it, or None); what observers hear of it: (target, version before, version
     after, counts), or Nones when it is gone."""
     if row is not None and row[4] is not None and row[4] <= now:  # expired, not yet purged: gone
@@ -544,15 +552,16 @@ def _add_to_bucket(
     if row is None:
         bucket = db.execute(
             "INSERT INTO buckets (metric, fingerprint, window, start, k, weights, batches, version, "
-            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry),
+            "expires_at, periods) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry, f",{period},"),
         ).lastrowid
         before = 0
     else:
         bucket, before = row[0], row[3]
+        periods = periods_of(row[5])
         db.execute(
-            "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ? WHERE id = ?",
-            (batches, version, expiry, bucket),
+            "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ?, periods = ? WHERE id = ?",
+            (batches, version, expiry, row[5] if period in periods else periods_text(periods | {period}), bucket),
         )
     rows = [
         (bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
@@ -564,7 +573,7 @@ def _add_to_bucket(
         "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)",
         rows,
     )
-    return target, before, version, counts
+    return target, before, version, Counts(counts.weights, counts.n, counts.v, frozenset((period,)))
 
 
 def _add_blobs(held: bytes, added: bytes) -> bytes:
@@ -592,7 +601,7 @@ _CHUNK = 500  # values per IN (...) list, well below SQLite's limit on a stateme
 
 
 def _live_buckets(db: sqlite3.Connection, keys: Sequence[CountsKey], now: float) -> dict[CountsKey, tuple]:
-    """(id, k, weights, version) of each of the keys' buckets that exists and has not expired:
+    """(id, k, weights, version, periods) of each of the keys' buckets that exists and has not expired:
     one query per metric, spec and window (per _CHUNK buckets), not one per bucket, as a series
     of hundreds of buckets reads them."""
     starts: dict[tuple[str, str, str], set[int]] = {}
@@ -604,7 +613,7 @@ def _live_buckets(db: sqlite3.Connection, keys: Sequence[CountsKey], now: float)
         for at in range(0, len(wanted), _CHUNK):
             chunk = wanted[at : at + _CHUNK]
             for start, *row in db.execute(
-                f"SELECT start, id, k, weights, version FROM buckets WHERE metric = ? AND fingerprint = ? AND "
+                f"SELECT start, id, k, weights, version, periods FROM buckets WHERE metric = ? AND fingerprint = ? AND "
                 f"window = ? AND start IN ({', '.join('?' * len(chunk))}) "
                 f"AND (expires_at IS NULL OR expires_at > ?)",
                 (metric, fingerprint, window, *chunk, now),
@@ -641,10 +650,12 @@ def _read_bucket(
         # A q-subset bucket: V is a read-only view of the blob read, not a copy (720 buckets at
         # k = 1024 would copy 5.9 MB); counts read from a store are never added to in place.
         _, n, v = held[0]
-        return row[3], Counts(weights, np.array([n], np.int64), np.frombuffer(v, "<i8").reshape(1, k))  # type: ignore[index]
+        periods = periods_of(row[4])  # type: ignore[index]
+        return row[3], Counts(weights, np.array([n], np.int64), np.frombuffer(v, "<i8").reshape(1, k), periods)  # type: ignore[index]
     counts = Counts(weights, np.zeros(len(weights), np.int64), np.zeros((len(weights), k), np.int64))
     if row is None:
         return 0, counts
+    counts.periods = periods_of(row[4])
     rows = {t: r for r, t in enumerate(weights)}
     for t, n, v in held:
         r = rows[t]

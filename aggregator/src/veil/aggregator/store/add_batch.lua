@@ -8,12 +8,14 @@
 -- ARGV[2]     seconds to remember a batch id.
 -- ARGV[3]     the targets' new version: a random number the caller drew for this call, so a
 --             version is never seen twice, even after Redis lost writes and counts grew back.
--- ARGV[4..]   for each target hash, in order: the Unix time after which it may go, or "" to
+-- ARGV[4]     the reporting period the batches' reports were made in (-1: not said), added to
+--             each target's "periods" field (",p1,p2,": the periods with data) unless there.
+-- ARGV[5..]   for each target hash, in order: the Unix time after which it may go, or "" to
 --             keep it.
 -- then        field, increment pairs: the sum of the g batches' counts, the same for every
 --             target.
 -- Returns {0, v1, v2, ...} when the group was applied now: every target's "batches" grew by g,
--- its "version" became ARGV[3], and vt is target t's version before (0: none; -1 when the hash
+-- its "version" became ARGV[3], its "periods" holds ARGV[4], and vt is target t's version before (0: none; -1 when the hash
 -- is gone: an expiry already past). Versions stay strings: Lua numbers are doubles.
 -- Otherwise the (1-based, so >= 1) positions of the ids that had already been applied, and
 -- nothing was added: the caller leaves those out and sends the rest again, summed again.
@@ -42,12 +44,19 @@ for i = 1, g do
   redis.call('SET', KEYS[i], '1', 'EX', ARGV[2])
 end
 local targets = #KEYS - g
-local first = 4 + targets
+local first = 5 + targets
+local period = ',' .. ARGV[4] .. ','
+
 local before = {0}
 for t = 1, targets do
-  local key, expires_at = KEYS[g + t], ARGV[3 + t]
+  local key, expires_at = KEYS[g + t], ARGV[4 + t]
   local fresh = redis.call('EXISTS', key) == 0
   local was = redis.call('HGET', key, 'version') or 0
+  -- A hash kept from before periods were recorded may hold reports of any period: -1.
+  local periods = redis.call('HGET', key, 'periods') or (fresh and ',' or ',-1,')
+  if not string.find(periods, period, 1, true) then
+    redis.call('HSET', key, 'periods', periods .. ARGV[4] .. ',')
+  end
   for a = first, #ARGV, 2 do
     redis.call('HINCRBY', key, ARGV[a], ARGV[a + 1])
   end
