@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo native grpc-dev lint test test-all bench bench-quick profile proto-check redis-server chromium node promtool clean help
+.PHONY: demo native grpc-dev lint test test-oldest test-all dist bench bench-quick profile proto-check redis-server chromium node promtool clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
@@ -16,6 +16,8 @@ help:
 	@echo "make native    build the native collector (server.native_grpc) from Debian's libgrpc++-dev"
 	@echo "make lint      ruff (lint and format check) and mypy, as configured in pyproject.toml"
 	@echo "make test-all  the test suite with the slow statistical tests"
+	@echo "make test-oldest  the SDK's tests on the oldest grpcio and protobuf it supports (make test runs it)"
+	@echo "make dist      the sdist, the wheel and the npm tarball, into dist/"
 	@echo "make bench     run the benchmarks against the peer libraries (bench/results/)"
 	@echo "make bench-quick  a minute-long smoke run of the benchmarks (numbers mean nothing)"
 	@echo "make profile   py-spy profiles of the aggregator under ingest load (bench/results/profiles/)"
@@ -28,9 +30,29 @@ $(VENV)/.aggregator: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e '.[aggregator]'
 	touch $@
 
+# The development tools are PEP 735 dependency groups (pyproject.toml), not a published extra:
+# `pip install --group` needs pip 25.1 or newer, whatever the venv came with.
 $(VENV)/.dev: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[dev]'
+	$(PIP) install 'pip>=25.1'
+	$(PIP) install -e '.[aggregator]' --group dev
 	touch $@ $(VENV)/.aggregator
+
+# The SDK's tests (tests/client, tests/wire) on the oldest grpcio and protobuf pyproject.toml
+# allows, pinned in client/oldest-constraints.txt, in a virtualenv of their own: the SDK and the
+# test group, no aggregator extra (its grpcio floor is the newest), so test_toy_mechanism.py,
+# which serves through the daemon, runs in `make test` only.
+OLDEST := .venv-oldest
+$(OLDEST)/.installed: pyproject.toml client/oldest-constraints.txt
+	rm -rf $(OLDEST)
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip --disable-pip-version-check -q install 'pip>=25.1'
+	$(OLDEST)/bin/python -m pip --disable-pip-version-check -q install \
+	  --constraint client/oldest-constraints.txt -e . --group test
+	touch $@
+
+test-oldest: $(OLDEST)/.installed redis-server client/js/dist/.built
+	$(OLDEST)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/client tests/wire \
+	  --ignore tests/wire/test_toy_mechanism.py
 
 # The tests start their own redis-server on free ports; install Debian's where it is missing.
 redis-server:
@@ -72,8 +94,9 @@ $(NATIVE): aggregator/native/collector.cc | grpc-dev $(VENV)/bin/python
 native: $(NATIVE)
 
 # client/js: its packages from the lockfile, then built (the Python tests run the built SDK; the
-# build copies the wire contract's veil.proto beside it for gRPC).
-client/js/dist/.built: client/js/package.json client/js/package-lock.json proto/veil/wire/v1/veil.proto \
+# build puts client/js/proto/veil.proto, the package's copy of the wire contract, beside it for
+# gRPC, so it builds outside this repository too; tests/test_package.py fails when the copy drifts).
+client/js/dist/.built: client/js/package.json client/js/package-lock.json client/js/proto/veil.proto \
 		$(wildcard client/js/src/*.ts client/js/test/*.ts) | node
 	cd client/js && npm ci --no-audit --no-fund && npm run build
 	touch $@
@@ -89,6 +112,7 @@ lint: $(VENV)/.dev
 
 test: lint $(VENV)/.dev $(NATIVE) redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -m "not slow" -q
+	$(MAKE) test-oldest
 
 test-all: $(VENV)/.dev $(NATIVE) redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -q
@@ -106,9 +130,20 @@ bench-quick: $(VENV)/.dev $(NATIVE) redis-server
 profile: $(VENV)/.dev $(NATIVE) redis-server
 	$(PY) bench/profile_ingest.py
 
-proto-check: $(VENV)/.dev
-	$(PY) proto/generate.py --check
+# proto/generate.py installs its own pinned protoc (grpcio-tools) under .venv/.
+proto-check:
+	$(PYTHON) proto/generate.py --check
+
+# What a user installs: the sdist, the wheel built from it, and the npm tarball (with the
+# package's veil.proto). tests/test_package.py installs each of them (DIST=elsewhere: it builds
+# them into a temporary directory). npm pack without scripts: client/js/dist/.built has built
+# the package already (its prepack builds it for an `npm pack` or `npm publish` run by hand).
+DIST ?= dist
+dist: $(VENV)/.dev client/js/dist/.built
+	rm -rf $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) .
+	cd client/js && npm pack --ignore-scripts --pack-destination $(abspath $(DIST))
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist $(NATIVE)
+	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist $(NATIVE)
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -97,9 +97,10 @@ def test_the_cli_knows_each_extra_by_the_packages_pyproject_gives_it():
 
     from veil.cli import EXTRA_MODULES
 
-    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    # A base dependency an extra names again (with a higher floor) is installed with the SDK.
+    base = {Requirement(spec).name for spec in project["dependencies"]}
     # A distribution's name -> the module it installs, where the two differ.
     module_of = {
         "grpcio-health-checking": "grpc_health",
@@ -113,6 +114,8 @@ def test_the_cli_knows_each_extra_by_the_packages_pyproject_gives_it():
             requirement = Requirement(spec)
             if requirement.name == "veil":
                 found |= {m for e in requirement.extras for m in modules(e)}
+                continue
+            if requirement.name in base:
                 continue
             found.add(module_of.get(requirement.name, requirement.name.replace("-", "_")))
             found |= set(requirement.extras)  # redis[hiredis]

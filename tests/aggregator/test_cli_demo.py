@@ -1,50 +1,138 @@
-"""`veil demo` (the README's main command) runs the whole system and its estimates hold."""
+"""`veil demo` (the README's main command) runs the whole system, its estimates hold, its screen
+fits an 80x24 terminal and, on Redis, it leaves nothing behind."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+
+import pytest
+
+from veil.cli._demo import DEMO_METRICS, HEIGHT, WIDTH, frame
+from veil.wire.v1 import veil_pb2
+
+DEMO = [sys.executable, "-m", "veil.cli", "demo", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+TITLE = re.compile(r"\d\d:\d\d:\d\d  Veil demo: dashboard (http://127\.0\.0\.1:\d+/)  gRPC 127\.0\.0\.1:\d+$")
+
+
+def demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DEMO, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def frames(stdout: str) -> list[list[str]]:
+    """The screens of a non-interactive run (each starts with its title line), the final line left out."""
+    found: list[list[str]] = []
+    for line in stdout.splitlines():
+        if TITLE.match(line):
+            found.append([])
+        if found and not line.startswith("final: "):
+            found[-1].append(line)
+    return found
 
 
 def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_intervals():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "veil.cli",
-            "demo",
-            "--duration",
-            "20",
-            "--interval",
-            "2",
-            "--seed",
-            "3",
-            "--grpc",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    out = demo("--duration", "20", "--interval", "2", "--seed", "3")
     assert out.returncode == 0, out.stderr
     assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/", out.stdout)
     directory = re.search(r"aggregator on SQLite \((.+)/veil\.db, removed at exit\)", out.stdout).group(1)
     assert not Path(directory).exists()  # the temporary data directory is gone
     dashboard = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+/)", out.stdout).group(1)
-    # Every redrawn screen (a terminal clears the one before) still says where the dashboard is.
-    frames = re.findall(r"Veil demo: dashboard (\S+)  gRPC 127\.0\.0\.1:\d+", out.stdout)
-    assert len(frames) >= 5 and set(frames) == {dashboard}, frames
-    last = out.stdout.rsplit("estimates over all reports so far", 1)[1]
+    screens = frames(out.stdout)
+    # Every screen fits an 80x24 terminal and starts with where the dashboard and gRPC are.
+    assert len(screens) >= 5 and {TITLE.match(s[0]).group(1) for s in screens} == {dashboard}
+    assert all(len(s) <= HEIGHT and max(map(len, s)) <= WIDTH for s in screens), screens
+    last = "\n".join(screens[-1])
     for name in ("browser", "country", "crash_screen"):
-        n = int(re.search(rf"{name} .*n = ([\d,]+)", last).group(1).replace(",", ""))
-        assert n >= 500, (name, n)  # each of the 500 devices reported at least once
+        n = int(re.search(rf"^{name}: .*n = ([\d,]+)", last, re.M).group(1).replace(",", ""))
+        assert n >= 20_000, (name, n)  # the 20,000 devices, one report per period each, over two periods
+    # The largest categories' intervals are a few points wide, not the 500 devices' +-15.
+    rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", last, re.M)
+    assert len(rows) == 12 and all(float(upper) - float(lower) < 8 for lower, upper in rows), last
     inside, total = map(int, re.search(r"final: (\d+) of (\d+) categories", out.stdout).groups())
     assert total == 126 and inside >= 0.85 * total
+
+
+def estimates(estimand: str, withheld: str = "") -> dict[str, veil_pb2.WindowEstimate]:
+    made = {}
+    for m in DEMO_METRICS:
+        window = veil_pb2.WindowEstimate(metric=m.name, n=123_456_789, estimand=estimand)
+        if withheld:
+            window.withheld, window.reason = True, withheld
+        else:
+            for label, t in zip(m.labels, m.truth):
+                window.categories.add(label=label, estimate=t - 0.0123, lower=t - 0.1234, upper=t + 0.1234)
+        made[m.name] = window
+    return made
+
+
+def test_every_screen_fits_an_80x24_terminal_and_keeps_the_addresses_on_its_first_line():
+    long = "share of devices by the value each reported first in its 10-second period, pooled " * 4
+    where = ("http://127.0.0.1:65535/", "127.0.0.1:65535")
+    cases = [
+        frame("12:00:00", *where, 200_000, "Ctrl-C stops.", estimates(long)),
+        frame("12:00:00", *where, 200_000, "Ctrl-C stops.", estimates(long, withheld="not enough reports " * 20)),
+        frame("12:00:00", *where, 200_000, "", {}, "estimates unavailable: UNAVAILABLE (" + "x " * 300 + ")"),
+    ]
+    for lines, _, _ in cases:
+        assert len(lines) <= HEIGHT and max(map(len, lines)) <= WIDTH, lines
+        assert lines[0] == "12:00:00  Veil demo: dashboard http://127.0.0.1:65535/  gRPC 127.0.0.1:65535"
+    lines, inside, total = cases[0]
+    assert (inside, total) == (126, 126)  # every category counted, not only the rows shown
+    assert "every category on the dashboard" in lines[-1]
+    assert "  chrome" in "\n".join(lines) and "country-004" not in "\n".join(lines)  # the largest truths only
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_in_an_80x24_terminal_the_screen_shows_its_addresses_and_every_metric_and_closing_it_cleans_up(tmp_path):
+    server = f"veil-demo-{uuid.uuid4().hex[:8]}"  # a tmux server of this test's own
+    # The demo's temporary directory (tempfile's) goes under tmp_path, to see it removed.
+    command = " ".join([f"TMPDIR={tmp_path}", *DEMO, "--devices", "2000"])
+    tmux = ["tmux", "-L", server, "-f", "/dev/null"]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", command], check=True)
+    try:
+        screen: list[str] = []
+        deadline = time.monotonic() + 60  # generous bounds on start-up and exit, not measurements
+        while time.monotonic() < deadline:
+            shown = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True)
+            screen = shown.stdout.splitlines()
+            if shown.returncode == 0 and screen and "truths inside their 95% intervals" in shown.stdout:
+                break
+            time.sleep(0.5)
+        assert screen and TITLE.match(screen[0]), screen
+        assert all(any(line.startswith(f"{m.name}: ") for line in screen) for m in DEMO_METRICS), screen
+        assert [p.name for p in tmp_path.iterdir()][0].startswith("veil-demo-")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)  # the terminal closes: SIGHUP
+    deadline = time.monotonic() + 60
+    while any(tmp_path.iterdir()):
+        assert time.monotonic() < deadline, list(tmp_path.iterdir())
+        time.sleep(0.5)
+
+
+def test_demo_on_redis_starts_from_nothing_and_leaves_no_key_behind_nor_touches_another(redis_server):
+    import redis
+
+    raw = redis.Redis.from_url(redis_server.url)
+    # Another app's key, and another aggregator's counts of a metric named as the demo's.
+    raw.set("someone:else", "1")
+    raw.hset("veil:{browser}:c:fp:total:0", mapping={"n:1": 5, "v:1:0": 5})
+    before = {key: raw.dump(key) for key in raw.scan_iter()}
+    for _ in range(2):  # the second run starts from no counts, as the first did
+        # One period for the whole run (a day: each device calls report() every second or so).
+        out = demo(
+            "--redis", redis_server.url, "--duration", "6", "--devices", "2000", "--period", "1d", "--calls", "86400"
+        )
+        assert out.returncode == 0, out.stderr
+        assert re.search(r"aggregator on Redis \(keys veil:\{demo-[0-9a-f]{8}:\.\.\.\}, removed at exit\)", out.stdout)
+        last = "\n".join(frames(out.stdout)[-1])
+        n = int(re.search(r"^browser: .*n = ([\d,]+)", last, re.M).group(1).replace(",", ""))
+        assert 0 < n <= 2_000, last  # counted in Redis, one report per device, none from the run before
+        assert {key: raw.dump(key) for key in raw.scan_iter()} == before
 
 
 def test_demo_refuses_bad_arguments(capsys):

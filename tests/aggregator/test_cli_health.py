@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,14 @@ def test_a_running_aggregator_is_serving_for_the_server_and_each_veil_service(ca
     address = f"127.0.0.1:{start_aggregator().grpc_port}"
     for service in ("", "veil.wire.v1.Collector", "veil.wire.v1.Estimates"):
         assert health(capsys, "--address", address, "--service", service) == (0, "SERVING", "")
+
+
+def test_without_address_it_asks_veil_endpoint_as_every_command_does(capsys, start_aggregator, monkeypatch):
+    monkeypatch.setenv("VEIL_ENDPOINT", f"127.0.0.1:{start_aggregator().grpc_port}")
+    assert health(capsys) == (0, "SERVING", "")
+    monkeypatch.setenv("VEIL_ENDPOINT", f"127.0.0.1:{free_port()}")
+    code, out, err = health(capsys, "--timeout", "2")
+    assert (code, out) == (1, "UNREACHABLE") and err.startswith(f"veil health: {os.environ['VEIL_ENDPOINT']}: ")
 
 
 def test_a_service_the_aggregator_does_not_have_is_service_unknown(capsys, start_aggregator):

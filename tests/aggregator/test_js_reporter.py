@@ -59,6 +59,7 @@ def test_every_mechanism_counted_exactly(start_aggregator, node_reporter, wire):
         "limited": 0,
         "overBudget": 0,
         "tooLate": 0,
+        "ledgerUnavailable": 0,
     }
     assert answer["ok"] is False  # one report was dropped since the start
     assert {m: counted(aggregator, m) for m in WANTED} == WANTED | {"browser": 260}
@@ -165,6 +166,7 @@ def test_batches_wait_out_an_aggregator_that_is_down_and_count_once(start_aggreg
         "limited": 0,
         "overBudget": 0,
         "tooLate": 0,
+        "ledgerUnavailable": 0,
     }
     assert counted(aggregator, "browser") == 500
 

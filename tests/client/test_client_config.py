@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from loopback_collector import FAST
 
 from veil.client import ConfigError, Reporter, ReporterError
 from veil.client import environment_variables as env
@@ -116,3 +117,23 @@ def test_loopback_detection():
     assert resolve_config({}, endpoint="127.0.0.2:1").loopback
     assert resolve_config({}, endpoint="[::1]:1").loopback
     assert not resolve_config({}, endpoint="example.com:1").loopback
+
+
+def test_tls_is_the_default_except_to_this_machine_when_nothing_asks_for_it(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----")
+    for endpoint in ("127.0.0.1:50051", "localhost:50051", "[::1]:50051"):
+        assert not resolve_config({}, endpoint=endpoint).tls
+        assert resolve_config({}, endpoint=endpoint, ca_file=str(ca)).tls
+        assert resolve_config({}, endpoint=endpoint, tls=True).tls
+        assert resolve_config({env.VEIL_TLS: "true"}, endpoint=endpoint).tls
+    assert resolve_config({}, endpoint="aggregator.example:50051").tls
+    assert resolve_config({}, endpoint="10.0.0.1:50051").tls
+
+
+def test_a_reporter_given_only_a_loopback_address_reaches_a_plaintext_aggregator(collector):
+    reporter = Reporter(collector.endpoint, **{k: v for k, v in FAST.items() if k != "tls"})
+    try:
+        assert reporter.wait_for_specs(10)
+    finally:
+        reporter.shutdown(timeout=2)

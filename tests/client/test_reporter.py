@@ -123,7 +123,16 @@ def test_counters_snapshot_is_read_only_and_a_dict(ready_reporter):
     with pytest.raises(AttributeError):
         counters.sent = 3  # type: ignore[misc]
     assert counters.as_dict() == dict(
-        accepted=0, dropped=0, sent=0, retried=0, failed=0, queued=0, limited=0, over_budget=0, too_late=0
+        accepted=0,
+        dropped=0,
+        sent=0,
+        retried=0,
+        failed=0,
+        queued=0,
+        limited=0,
+        over_budget=0,
+        too_late=0,
+        ledger_unavailable=0,
     )
 
 

@@ -45,13 +45,14 @@ def test_a_batch_says_the_start_of_the_slot_its_reports_were_made_in(ready_repor
 
 
 def test_reports_of_two_slots_travel_in_two_batches(ready_reporter, state):
-    state.clock = clock = Clock()
+    state.resolutions["browser"] = 3600
+    state.clock = clock = Clock(1_700_002_700.0)  # 100 s before an hour's end
     reporter = ready_reporter(clock=clock, schedule_delay_ms=60_000)
     reporter.report("browser", "edge")
-    clock.now += DAY
+    clock.now += 200  # the next hour (within the aggregator's time and its allowance)
     reporter.report("browser", "edge")
     assert reporter.force_flush(10)
-    assert made(state) == [int(T // DAY * DAY), int(T // DAY * DAY) + DAY]
+    assert made(state) == [1_699_999_200, 1_700_002_800]
     assert state.total("browser") == 2
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import grpc
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
+TOOLS_VERSION = re.search(r'^TOOLS_VERSION = "(.+)"$', (ROOT / "proto" / "generate.py").read_text(), re.M)[1]
 
 
 def test_generated_code_has_not_drifted_from_the_proto():
@@ -28,7 +30,11 @@ def test_the_drift_check_can_fail(tmp_path):
     shutil.copytree(ROOT / "proto", copy, ignore=shutil.ignore_patterns("__pycache__"))
     proto = copy / "veil" / "wire" / "v1" / "veil.proto"
     proto.write_text(proto.read_text().replace("uint32 count = 4;", "uint64 count = 4;"))
-    out = subprocess.run([sys.executable, str(copy / "generate.py"), "--check"], capture_output=True, text=True)
+    # The copy uses the checkout's pinned protoc rather than installing one beside itself.
+    toolchain = ["--toolchain", str(ROOT / ".venv" / f"grpcio-tools-{TOOLS_VERSION}")]
+    out = subprocess.run(
+        [sys.executable, str(copy / "generate.py"), "--check", *toolchain], capture_output=True, text=True
+    )
     assert out.returncode == 1 and "veil_pb2.py" in out.stderr
 
 

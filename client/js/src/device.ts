@@ -1,7 +1,9 @@
 // One device's state in its DeviceStore: the secret (created once), the memo, the ledger and the
 // last specs. Changes are made in memory at once (report() never waits) and written behind, in
-// order; the uploader waits for persisted() before a batch leaves, so no report leaves the device
-// before the spending and the response it used are stored.
+// order. A report is queued only once the ledger that admitted it is stored (ledgerStored()); when
+// that write fails the ledger goes back to what the store holds, so no spending it could not
+// record stays. The uploader waits for persisted() before a batch leaves, so no report leaves the
+// device before the response it used is stored either.
 
 import { Ledger } from "./ledger.js";
 import { Memo, SECRET_BYTES } from "./memo.js";
@@ -25,10 +27,14 @@ export class DeviceState {
   private readonly dirty = new Set<Name>();
   private writing: Promise<void> = Promise.resolve();
   private scheduled = false;
-  private failed = false;
+  /** What the last write of each failed (until one succeeds). */
+  private readonly failing = new Set<Name>();
+  /** Admissions waiting for the ledger to be stored: true once it is, false when it cannot be. */
+  private ledgerWaiters: ((stored: boolean) => void)[] = [];
 
   private constructor(private readonly store: DeviceStore, readonly memo: Memo, readonly ledger: Ledger,
-                      public specs: string | null, private readonly warn: (key: string, message: string) => void) {}
+                      private storedLedger: string | null, public specs: string | null,
+                      private readonly warn: (key: string, message: string) => void) {}
 
   /** The state kept in `store`; a store that cannot be read or written is replaced by memory. */
   static async open(store: DeviceStore, warn: (key: string, message: string) => void): Promise<DeviceState> {
@@ -41,12 +47,13 @@ export class DeviceState {
       }
       // A new secret makes the old memo's keys meaningless: start it (not the ledger) afresh.
       const memo = new Memo(secret, fresh ? null : await store.read("memo"));
-      return new DeviceState(store, memo, new Ledger(await store.read("ledger")), await store.read("specs"), warn);
+      const ledger = await store.read("ledger");
+      return new DeviceState(store, memo, new Ledger(ledger), ledger, await store.read("specs"), warn);
     } catch {
       warn("store:open", `The Veil device store (${store.kind}) cannot be used; the memo and the ledger live in ` +
         "memory, and a restart starts new ones.");
       const secret = globalThis.crypto.getRandomValues(new Uint8Array(SECRET_BYTES));
-      return new DeviceState(new MemoryStore(), new Memo(secret), new Ledger(), null, warn);
+      return new DeviceState(new MemoryStore(), new Memo(secret), new Ledger(), null, null, warn);
     }
   }
 
@@ -58,15 +65,17 @@ export class DeviceState {
     this.writing = this.writing.then(() => this.writeDirty());
   }
 
-  /** True once everything changed so far is stored; false when a write failed (then and since). */
-  async persisted(): Promise<boolean> {
-    await this.writing;
-    return !this.failed;
+  /** Write the ledger as it is now: true once it is stored, false when it cannot be (its changes
+   * since the last write that succeeded are then undone). */
+  ledgerStored(): Promise<boolean> {
+    this.changed("ledger");
+    return new Promise((resolve) => this.ledgerWaiters.push(resolve));
   }
 
-  /** Whether the state can still be written: a ledger that cannot record a spending admits nothing. */
-  get writable(): boolean {
-    return !this.failed;
+  /** True once everything changed so far is stored; false while the last write of something failed. */
+  async persisted(): Promise<boolean> {
+    await this.writing;
+    return this.failing.size === 0;
   }
 
   private async writeDirty(): Promise<void> {
@@ -75,13 +84,25 @@ export class DeviceState {
     this.dirty.clear();
     for (const name of names) {
       const text = name === "memo" ? this.memo.toJson() : name === "ledger" ? this.ledger.toJson() : this.specs;
+      const waiting = name === "ledger" ? this.ledgerWaiters.splice(0) : [];
       try {
         if (text !== null) await this.store.write(name, text);
+        this.failing.delete(name);
+        if (name === "ledger") this.storedLedger = text;
+        for (const admitted of waiting) admitted(true);
       } catch {
         if (name === "specs") continue;  // only a copy for the next start
-        this.failed = true;
-        this.warn("store:write", `The Veil device store (${this.store.kind}) cannot be written; reports whose ` +
-          "spending it cannot record are dropped.");
+        this.failing.add(name);
+        if (name === "ledger") {
+          // Undo what the store does not hold, the admissions made during the write included.
+          this.ledger.restore(this.storedLedger);
+          for (const refused of [...waiting, ...this.ledgerWaiters.splice(0)]) refused(false);
+          this.warn("store:ledger", `The Veil privacy ledger cannot be written to the device store (${this.store.kind}); ` +
+            "reports are refused until it can record their spending.");
+        } else {
+          this.warn("store:write", `The Veil device store (${this.store.kind}) cannot be written; reports whose ` +
+            "responses it cannot record are dropped.");
+        }
       }
     }
   }

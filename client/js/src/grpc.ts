@@ -5,10 +5,11 @@
 // transport then sends one Upload per batch for as long as it lives.
 
 import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 
-import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
+import type * as Grpc from "@grpc/grpc-js";
+import type * as ProtoLoader from "@grpc/proto-loader";
 
 import { encodeUpload, encodeUploads } from "./encode.js";
 import {
@@ -16,6 +17,26 @@ import {
 } from "./transport.js";
 
 const PROTO = fileURLToPath(new URL("../proto/veil.proto", import.meta.url));
+
+// Optional peer dependencies, loaded when first used (the first GrpcTransport), not at import:
+// an app that reports over HTTP, or takes only nodeFileStore from "@veil/client/node", installs
+// neither. Both are CommonJS, so require() loads them synchronously.
+const load = createRequire(import.meta.url);
+function optional<T extends object>(name: string): T {
+  let loaded: T | undefined;
+  return new Proxy({} as T, {
+    get(_, key) {
+      try {
+        loaded ??= load(name) as T;
+      } catch (error) {
+        throw new Error(`GrpcTransport needs ${name}: npm install @grpc/grpc-js @grpc/proto-loader`, { cause: error });
+      }
+      return Reflect.get(loaded, key);
+    },
+  });
+}
+const grpc = optional<typeof Grpc>("@grpc/grpc-js");
+const protoLoader = optional<typeof ProtoLoader>("@grpc/proto-loader");
 const UPLOAD = "/veil.wire.v1.Collector/Upload";
 const UPLOAD_BATCHES = "/veil.wire.v1.Collector/UploadBatches";
 
@@ -24,7 +45,8 @@ const bytesOf = (b: Batch) =>
 
 export interface GrpcOptions {
   token?: string;
-  /** TLS with the system roots (default true); caFile, and clientCert with clientKey for mutual TLS. */
+  /** TLS with the system roots (default true, but false to a loopback address given no caFile or
+   * clientCert); caFile, and clientCert with clientKey for mutual TLS. */
   tls?: boolean;
   caFile?: string;
   clientCert?: string;
@@ -32,14 +54,22 @@ export interface GrpcOptions {
 }
 
 /** What a failed call means for its batches (transport.ts: outcomeOfCode). */
-function outcomeOfError(error: grpc.ServiceError): Outcome {
+function outcomeOfError(error: Grpc.ServiceError): Outcome {
   const hint = error.metadata?.get("retry-after-ms")[0];
   return outcomeOfCode(error.code, grpc.status[error.code] ?? String(error.code),
     hintOf(hint === undefined ? null : String(hint)));
 }
 
-function credentials(options: GrpcOptions): grpc.ChannelCredentials {
-  if (options.tls === false) return grpc.credentials.createInsecure();
+// As the Python SDK: TLS unless the address is this machine and nothing asks for TLS (the local
+// demo serves plaintext on loopback, where TLS fails with nothing but an SSL error).
+function isLoopback(address: string): boolean {
+  const host = address.slice(0, Math.max(address.lastIndexOf(":"), 0)).replace(/^\[|\]$/g, "") || address;
+  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+function credentials(address: string, options: GrpcOptions): Grpc.ChannelCredentials {
+  const tls = options.tls ?? !(isLoopback(address) && !options.caFile && !options.clientCert);
+  if (!tls) return grpc.credentials.createInsecure();
   const read = (path?: string) => (path ? readFileSync(path) : null);
   return grpc.credentials.createSsl(read(options.caFile), read(options.clientKey), read(options.clientCert));
 }
@@ -47,8 +77,8 @@ function credentials(options: GrpcOptions): grpc.ChannelCredentials {
 export class GrpcTransport implements Transport {
   readonly kind = "grpc";
   batches = true;
-  private readonly client: grpc.Client;
-  private readonly service: grpc.ServiceDefinition;
+  private readonly client: Grpc.Client;
+  private readonly service: Grpc.ServiceDefinition;
 
   /** address: "host:port" of the aggregator's gRPC listener. */
   constructor(address: string, private readonly options: GrpcOptions = {}) {
@@ -56,12 +86,12 @@ export class GrpcTransport implements Transport {
       keepCase: false, longs: Number, enums: String, defaults: false, oneofs: true,
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
     })) as any;
-    const Collector = loaded.veil.wire.v1.Collector as grpc.ServiceClientConstructor;
+    const Collector = loaded.veil.wire.v1.Collector as Grpc.ServiceClientConstructor;
     this.service = Collector.service;
-    this.client = new Collector(address, credentials(options));
+    this.client = new Collector(address, credentials(address, options));
   }
 
-  private metadata(): grpc.Metadata {
+  private metadata(): Grpc.Metadata {
     const metadata = new grpc.Metadata();
     if (this.options.token) metadata.set("authorization", `Bearer ${this.options.token}`);
     return metadata;
@@ -77,7 +107,7 @@ export class GrpcTransport implements Transport {
   }
 
   private call<T>(path: string, bytes: Uint8Array, answer: (b: Buffer) => unknown, timeoutMs: number
-  ): Promise<{ error: grpc.ServiceError | null; reply: T }> {
+  ): Promise<{ error: Grpc.ServiceError | null; reply: T }> {
     return new Promise((resolve) => {
       this.client.makeUnaryRequest(path, (b: Buffer) => b, answer, Buffer.from(bytes), this.metadata(),
         { deadline: Date.now() + timeoutMs }, (error, reply) => resolve({ error, reply: reply as T }));

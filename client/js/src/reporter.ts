@@ -7,6 +7,7 @@
 // again when an upload answer names another specs version, and otherwise checked every specTtlMs
 // with the version held (the aggregator answers "unchanged" at almost no cost).
 
+import { boundedClock } from "./clock.js";
 import { DeviceState } from "./device.js";
 import { HttpTransport } from "./http.js";
 import type { PrivacySpent, Refusal } from "./ledger.js";
@@ -76,10 +77,14 @@ export interface Counters {
   queued: number;
   /** Reports in batches refused for good as made longer ago than the aggregator accepts. */
   tooLate: number;
-  /** Calls not sent because this period's reports of the metric were sent already. */
+  /** Calls not sent because this period's reports of the metric were sent already, or because the
+   * period is before one the device reported in (its clock was set back). */
   limited: number;
   /** Calls not sent because they would exceed the metric's period or lifetime budget. */
   overBudget: number;
+  /** Calls not sent because the ledger could not be written to the device store (their spending
+   * could not be recorded). */
+  ledgerUnavailable: number;
 }
 
 interface Open { batch: Batch; due: number }
@@ -126,6 +131,10 @@ export class Reporter {
   private stopping = false;
   /** Calls made before the store is open and specs are known: metric, value, the time of the call. */
   private readonly held: [string, string | number, number][] = [];
+  /** Reports admitted whose spending is being stored, and the memo keys whose new response is drawn
+   * once it is. */
+  private admitting = 0;
+  private readonly drawing = new Set<string>();
   private readonly open = new Map<string, Open>();
   private readonly batches: Batch[] = [];
   private pumping = false;
@@ -134,8 +143,8 @@ export class Reporter {
   private wake: (() => void) | null = null;
   private waiters: (() => void)[] = [];
   private readonly counts: Counters = { accepted: 0, dropped: 0, sent: 0, retried: 0, failed: 0, queued: 0, limited: 0,
-    overBudget: 0, tooLate: 0 };
-  private lastFlush = { dropped: 0, failed: 0, tooLate: 0 };
+    overBudget: 0, tooLate: 0, ledgerUnavailable: 0 };
+  private lastFlush = { dropped: 0, failed: 0, tooLate: 0, ledgerUnavailable: 0 };
   private readonly onExit = () => void this.shutdown(this.settings.exportTimeoutMs);
   private readonly onHide = () => {
     if (globalThis.document?.visibilityState !== "visible") this.cut(true);
@@ -150,7 +159,8 @@ export class Reporter {
     this.settings = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, positive(options, k as keyof typeof DEFAULTS)])
     ) as Reporter["settings"];
     this.words = options.words ?? new SystemWords();
-    this.clock = options.clock ?? Date.now;
+    // Periods and made times: the device's clock, bounded by the aggregator's (clock.ts).
+    this.clock = boundedClock(options.clock ?? Date.now, () => this.serverClock.nowMs());
     this.log = options.log ?? ((message) => console.warn(message));
     // A page going away sends what is batched at once (fetch keepalive outlives the page); a Node
     // process about to exit shuts the Reporter down first.
@@ -187,11 +197,14 @@ export class Reporter {
   async flush(timeoutMs = 30_000): Promise<boolean> {
     const deadline = Date.now() + timeoutMs;
     await this.until(() => this.ready || this.closed, deadline);
+    // Reports admitted a moment ago are batched once their spending is stored.
+    await this.until(() => this.admitting === 0, deadline);
     this.cut(true);
     const done = await this.until(() => this.counts.queued === 0, deadline);
-    const clean = this.counts.dropped === this.lastFlush.dropped && this.counts.failed === this.lastFlush.failed &&
-      this.counts.tooLate === this.lastFlush.tooLate;
-    this.lastFlush = { dropped: this.counts.dropped, failed: this.counts.failed, tooLate: this.counts.tooLate };
+    const { dropped, failed, tooLate, ledgerUnavailable } = this.counts;
+    const clean = dropped === this.lastFlush.dropped && failed === this.lastFlush.failed
+      && tooLate === this.lastFlush.tooLate && ledgerUnavailable === this.lastFlush.ledgerUnavailable;
+    this.lastFlush = { dropped, failed, tooLate, ledgerUnavailable };
     return done && clean;
   }
 
@@ -233,7 +246,7 @@ export class Reporter {
   privacySpent(metric: string): PrivacySpent | undefined {
     const m = this.metrics.get(metric);
     if (!m || !this.device) return undefined;
-    return this.device.ledger.spent(m, this.period(m, this.clock()), ...this.budgets(m));
+    return this.device.ledger.spent(m, this.period(m, this.clock()), ...this.budgets(m), m.design.epsilon);
   }
 
   // --- report() once ready ---------------------------------------------------------------------
@@ -251,19 +264,41 @@ export class Reporter {
       const period = this.period(metric, now);
       if (device.ledger.full(metric, period)) return void (this.counts.limited += 1);
       if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
-      if (!device.writable) return void (this.counts.overBudget += 1);  // no spending it cannot record
       const memoizes = perMetric(this.options.memoize, name, true);
       const key = memoizes ? device.memo.key(name, metric.fingerprint, index) : null;
-      const fresh = key === null || !device.memo.known(key);
+      // A response drawn for an admission whose spending is being stored is this key's response too.
+      const fresh = key === null || !(device.memo.known(key) || this.drawing.has(key));
       const refused: Refusal | null = device.ledger.admit(metric, period, fresh ? metric.design.epsilon : 0,
         ...this.budgets(metric));
-      if (refused === "period") return void (this.counts.limited += 1);
+      if (refused === "behind") {
+        this.warnOnce("behind", "Veil: the device's clock is behind a reporting period already reported in; " +
+          "reports of earlier periods are not sent.");
+      }
+      if (refused === "period" || refused === "behind") return void (this.counts.limited += 1);
+      const stored = device.ledgerStored();  // the period's slot a refusal takes is stored too
       if (refused === "budget") return void (this.counts.overBudget += 1);
-      device.changed("ledger");
-      const draw = () => randomize(metric.design, index, this.words);
-      const report = key === null ? draw() : device.memo.response(key, draw);
-      if (key !== null && fresh) device.changed("memo");
-      this.enqueue(metric, report, now);
+      // Randomized and queued once the spending is stored: a response is never drawn (and memoized)
+      // for a report the ledger could not record.
+      this.counts.queued += 1;
+      this.admitting += 1;
+      if (key !== null && fresh) this.drawing.add(key);
+      void stored.then((admitted) => {
+        // The admissions that counted on this draw were made before this answer: they share its fate.
+        if (key !== null && fresh) this.drawing.delete(key);
+        this.admitting -= 1;
+        if (this.closed) return;  // shutdown counted it as dropped
+        this.counts.queued -= 1;
+        if (admitted) {
+          const draw = () => randomize(metric.design, index, this.words);
+          const memoized = key !== null && device.memo.known(key);
+          const report = key === null ? draw() : device.memo.response(key, draw);
+          if (key !== null && !memoized) device.changed("memo");
+          this.enqueue(metric, report, now);
+        } else {
+          this.counts.ledgerUnavailable += 1;
+        }
+        this.notify();
+      }).catch(() => this.drop("error", "Veil: a report could not be randomized and was dropped."));
     } catch {
       this.drop("error", "Veil: a report could not be randomized and was dropped.");
     }
@@ -273,8 +308,11 @@ export class Reporter {
     return Math.floor(now / 1000 / metric.periodSeconds);
   }
 
-  private budgets(metric: Metric): [number, number] {
-    return [Math.min(metric.periodBudget, perMetric(this.options.periodBudget, metric.name, Infinity)),
+  /** The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower; a period
+   * budget of null: neither set one, and the period's reports are its only bound. */
+  private budgets(metric: Metric): [number | null, number] {
+    const period = Math.min(metric.periodBudget ?? Infinity, perMetric(this.options.periodBudget, metric.name, Infinity));
+    return [period === Infinity ? null : period,
       Math.min(metric.lifetimeBudget, perMetric(this.options.lifetimeBudget, metric.name, Infinity))];
   }
 

@@ -16,8 +16,9 @@ export interface Metric {
    * time_resolution_seconds, or its period when not said (a revision-1 aggregator). */
   timeResolutionSeconds: number;
   reportsPerPeriod: number;
-  /** epsilon per period and per lifetime the operator allows (Infinity: no lifetime cap). */
-  periodBudget: number;
+  /** epsilon per period and per lifetime the operator allows (periodBudget null: the period's reports
+   * are its only bound; lifetimeBudget Infinity: no lifetime cap). */
+  periodBudget: number | null;
   lifetimeBudget: number;
   design: Design;
 }
@@ -44,7 +45,7 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
       if ((Number(s.q) || 0) !== d.q) continue;  // a q this SDK does not compute: its reports would be wrong
       metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
         timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
-        periodBudget: Number(s.periodBudget) || reportsPerPeriod * epsilon,
+        periodBudget: Number(s.periodBudget) || null,
         lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out

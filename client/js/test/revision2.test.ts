@@ -39,17 +39,19 @@ async function until(condition: () => boolean): Promise<void> {
 
 test("each batch says the start of the time slot its reports were made in", () => withCollector(async (c) => {
   c.metrics[0] = metric("browser", "subset", 4, 3600);  // a 1h window: finer than the day's period
-  let now = T;
+  const start = 1_700_002_700_000;  // 100 s before an hour's end
+  let now = start;
   c.clock = () => now / 1000;
   const r = reporter(c, { clock: () => now });
   assert.ok(await r.whenReady());
   r.report("browser", 1);
   r.report("country", 2);
-  now += DAY * 1000;
+  now += 200_000;  // the next hour (within the aggregator's time and its allowance)
   r.report("browser", 1);
   assert.ok(await r.flush(5000));
   const made = c.arrivals.map((a) => [a.metric, a.madeUnix]).sort();
-  assert.deepEqual(made, [["browser", slot(T, 3600)], ["browser", slot(T, 3600) + DAY], ["country", slot(T, DAY)]]);
+  assert.deepEqual(made, [["browser", slot(start, 3600)], ["browser", slot(start, 3600) + 3600],
+    ["country", slot(start, DAY)]]);
   await r.shutdown(1000);
 }));
 

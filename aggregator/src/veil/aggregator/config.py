@@ -78,6 +78,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from veil.mechanism import DEFAULT_MECHANISM, EPSILON_RANGE, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
 from veil.mechanism import parse_duration as mechanism_duration
@@ -101,6 +102,7 @@ __all__ = [
     "ENV_CONFIG",
     "ENV_STORE_URL",
     "ENV_DATA_DIR",
+    "PLACEHOLDER_PASSWORD",
     "default_data_dir",
     "default_store_url",
 ]
@@ -108,6 +110,9 @@ __all__ = [
 ENV_CONFIG = "VEIL_CONFIG"
 ENV_STORE_URL = "VEIL_STORE_URL"
 ENV_DATA_DIR = "VEIL_DATA_DIR"
+# The Redis password in deploy/kubernetes*/secret.env.example and deploy/systemd/veil.env.example:
+# a store URL still carrying it is an example deployed unedited, so the aggregator will not start.
+PLACEHOLDER_PASSWORD = "change-me"
 
 _DEFAULT_GRPC = "127.0.0.1:50051"
 _DEFAULT_HTTP = "127.0.0.1:8080"
@@ -310,6 +315,19 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "veil"
 
 
+def _refuse_placeholder_password(url: str) -> None:
+    """ConfigError when the store's password is the one deploy/'s example secrets hold until edited."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:  # not a URL the stores take: they say why
+        return
+    if password == PLACEHOLDER_PASSWORD:
+        raise ConfigError(
+            f"store url: the password is {PLACEHOLDER_PASSWORD!r}, the placeholder of deploy/'s example secrets; "
+            "set one of your own (e.g. `openssl rand -hex 32`) in Redis and in the URL (secret.env or veil.env)."
+        )
+
+
 def default_store_url(data_dir: str | os.PathLike[str] | None = None) -> str:
     """The store of a config without a store URL: SQLite, veil.db in the data directory (data_dir,
     else $VEIL_DATA_DIR, else default_data_dir())."""
@@ -369,6 +387,7 @@ def parse_config(
         or os.environ.get(ENV_STORE_URL)
         or (_text(store["url"], "store.url") if "url" in store else default_store_url(data_dir))
     )
+    _refuse_placeholder_password(url)
     base_dir = Path(base) if base is not None else Path.cwd()
     workers = _whole(server.get("workers", _DEFAULT_WORKERS), "server.workers", low=1)
     max_batch = _whole(server.get("max_batch", _DEFAULT_MAX_BATCH), "server.max_batch", low=1)

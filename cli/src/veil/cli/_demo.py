@@ -1,34 +1,39 @@
 """`veil demo`: the whole system on one machine.
 
 An aggregator on the embedded SQLite store (in a temporary directory removed at exit, or
---data-dir to keep the counts; Redis with --redis), simulated devices that
-report through the real SDK over gRPC, the dashboard on the HTTP listener, and a terminal table
-of live estimates (read over gRPC) with their 95% intervals beside the truth. Ctrl-C stops
-everything cleanly.
+--data-dir to keep the counts; Redis with --redis, under a key namespace drawn for the run and
+removed at exit), simulated devices that report through the real SDK over gRPC, the dashboard on
+the HTTP listener, and a terminal table of live estimates (read over gRPC) with their 95%
+intervals beside the truth, made to fit an 80x24 terminal. Ctrl-C stops everything cleanly.
 
-Each simulated device is a Reporter with the SDK's defaults (memoization on, the privacy
-ledger, the metric's reporting period) and holds its own true value of each metric, drawn from a
-hidden distribution; at every period's turn a few devices draw a new value. The app calls
-report() again and again; what leaves the device is the metric's rule: the first report of each
-period. So the estimates are of the share of devices, as the README's "What the numbers mean"
-describes, and the all-time window's intervals allow for each device reporting in every period.
-"""
+Each simulated device is a device of the SDK's own (Reporter.simulated_device: its own device
+secret, memo and privacy ledger, the SDK's defaults: memoization on, the metric's reporting
+period), and holds its own true value of each metric, drawn from a hidden distribution; at every
+period's turn a few devices draw a new value. The devices share one Reporter's queue and gRPC
+connection, as behind one gateway, so tens of thousands cost little more than their ledgers and
+memos. The app calls report() again and again; what leaves each device is the metric's rule: one
+randomized report per period. So the estimates are of the share of devices, as the README's
+"What the numbers mean" describes, and the all-time window's intervals allow for each device
+reporting in every period."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
+import math
 import random
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-_ROWS_SHOWN = 6
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop after this long and exit 0 (default 0: run until Ctrl-C)",
     )
     parser.add_argument(
-        "--devices", type=int, default=500, help="simulated devices, each a Reporter with its own values (default 500)"
+        "--devices",
+        type=int,
+        default=20_000,
+        help="simulated devices, each with its own values, device secret, memo and privacy ledger (default 20000)",
     )
     parser.add_argument(
         "--period",
@@ -119,7 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_address: str):
     from veil.aggregator.config import parse_config
+    from veil.mechanism import parse_duration
 
+    # The period's window, and the 1h and 1d ones the README's tour reads: by span, the
+    # README's names winning (a --period of 1h or 24h is one of them).
+    windows = {parse_duration(span): span for span in (args.period, "1h", "1d")}
     return parse_config(
         {
             "server": {
@@ -137,7 +149,7 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
                     "mechanism": m.mechanism,
                     "epsilon": m.epsilon,
                     "period": args.period,
-                    "windows": ["total", args.period, "1h"],
+                    "windows": ["total", *windows.values()],
                 }
                 for m in DEMO_METRICS
             ],
@@ -145,14 +157,17 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
     )
 
 
-def _start_aggregator(args: argparse.Namespace, store_url: str):
-    """The aggregator on the asked-for ports, or free ones where those are taken."""
+def _start_aggregator(args: argparse.Namespace, store_url: str, store=None):
+    """The aggregator on the asked-for ports, or free ones where those are taken; on the store
+    store() opens, if given, else on the one the URL names."""
     from veil.aggregator.daemon import Aggregator
     from veil.aggregator.errors import ConfigError
 
     for grpc_address, http_address in ((args.grpc, args.http), ("127.0.0.1:0", "127.0.0.1:0")):
         try:
-            aggregator = Aggregator(_config(args, store_url, grpc_address, http_address))
+            aggregator = Aggregator(
+                _config(args, store_url, grpc_address, http_address), store=None if store is None else store()
+            )
         except ConfigError as err:
             if "cannot listen" not in str(err):
                 raise
@@ -163,73 +178,133 @@ def _start_aggregator(args: argparse.Namespace, store_url: str):
     raise ConfigError("Cannot find free ports for the demo.")
 
 
-def _devices(endpoint: str, args: argparse.Namespace, period: int, stop: threading.Event) -> threading.Thread:
-    """The simulated devices, driven by one thread: every tick each device calls report() for
-    each metric with the chance that makes --calls calls a period, with the value it holds."""
-    from veil.client import Reporter
+class _Population:
+    """The simulated devices: each a device of the SDK's own (Reporter.simulated_device: its
+    own device secret, memo and privacy ledger, the SDK's report()), all sending through one
+    Reporter's queue and connection, as if behind one gateway; so twenty thousand cost about
+    what one Reporter and their ledgers and memos do, not twenty thousand threads and channels.
+    Each device holds its own true value of each metric, drawn from the hidden distribution."""
 
-    rng = random.Random(args.seed)
-    # The simulated devices live in one process, so gRPC gives them one HTTP/2 connection, and the
-    # aggregator allows 100 streams on a connection: at a period's turn the rest are refused and
-    # retried (with the same batch ids), as the SDK should. That is no news in a demo: its log
-    # lines would only bury the table.
-    logging.getLogger("veil.client").setLevel(logging.ERROR)
-    reporters = [Reporter(endpoint, tls=False, schedule_delay_ms=250) for _ in range(args.devices)]
-    values = [[_draw(rng, m) for m in DEMO_METRICS] for _ in reporters]
+    def __init__(self, endpoint: str, args: argparse.Namespace) -> None:
+        from veil.client import Reporter
+
+        self.rng = random.Random(args.seed)
+        # At exit the shared queue may still hold a period's reports: shutting down without
+        # them is no news in a demo, and its warning would only follow the final line.
+        logging.getLogger("veil.client").setLevel(logging.ERROR)
+        self.uplink = Reporter(
+            endpoint,
+            tls=False,
+            schedule_delay_ms=250,
+            max_batch_size=10_000,  # the aggregator's max_batch caps it
+            max_queue_size=len(DEMO_METRICS) * args.devices,  # every device's reports of one period
+        )
+        self.devices = [self.uplink] + [self.uplink.simulated_device() for _ in range(args.devices - 1)]
+        self.cumulative = [list(itertools.accumulate(m.truth)) for m in DEMO_METRICS]
+        # values[m][d]: the value device d holds of metric m
+        self.values = [self._draw(m, args.devices) for m in range(len(DEMO_METRICS))]
+
+    def _draw(self, m: int, count: int) -> list[int]:
+        return self.rng.choices(range(len(DEMO_METRICS[m].labels)), cum_weights=self.cumulative[m], k=count)
+
+    def churn(self, share: float) -> None:
+        """A period's turn: each device draws new values with chance `share`."""
+        for d in _chosen(self.rng, len(self.devices), share):
+            for m, held in enumerate(self.values):
+                held[d] = self._draw(m, 1)[0]
+
+    def calls(self, chance: float) -> None:
+        """One tick of the apps: each device calls report() for each metric with this chance."""
+        for metric, held in zip(DEMO_METRICS, self.values):
+            for d in _chosen(self.rng, len(self.devices), chance):
+                self.devices[d].report(metric.name, held[d])
+
+
+def _chosen(rng: random.Random, count: int, chance: float) -> Iterator[int]:
+    """The indices below `count` that each come up with `chance`, in order: geometric gaps
+    between them, so the cost is the number chosen rather than `count`."""
+    if chance >= 1:
+        yield from range(count)
+        return
+    if chance <= 0:
+        return
+    miss = math.log1p(-chance)
+    i = -1
+    while (i := i + 1 + int(math.log(1.0 - rng.random()) / miss)) < count:
+        yield i
+
+
+def _devices(endpoint: str, args: argparse.Namespace, period: int, stop: threading.Event) -> threading.Thread:
+    """The simulated devices, made and driven by one thread: every tick each device calls
+    report() for each metric with the chance that makes --calls calls a period, with the value
+    it holds; at every period's turn --churn of them draw new values."""
     tick = 0.1
     chance = min(1.0, args.calls * tick / period)
 
     def drive() -> None:
+        population = _Population(endpoint, args)
         try:
-            for reporter in reporters:
-                reporter.wait_for_specs(10)
+            population.uplink.wait_for_specs(10)
             turn = int(time.time() // period)
             while not stop.wait(tick):
-                if int(time.time() // period) != turn:  # a period's turn: some devices change
+                if int(time.time() // period) != turn:
                     turn = int(time.time() // period)
-                    for held in values:
-                        if rng.random() < args.churn:
-                            held[:] = [_draw(rng, m) for m in DEMO_METRICS]
-                for reporter, held in zip(reporters, values):
-                    for metric, value in zip(DEMO_METRICS, held):
-                        if rng.random() < chance:
-                            reporter.report(metric.name, value)
+                    population.churn(args.churn)
+                population.calls(chance)
         finally:
-            for reporter in reporters:
-                reporter.shutdown(0.5)
+            population.uplink.shutdown(0.5)
 
     thread = threading.Thread(target=drive, name="veil-demo-devices", daemon=True)
     thread.start()
     return thread
 
 
-def _draw(rng: random.Random, metric: DemoMetric) -> int:
-    return rng.choices(range(len(metric.labels)), metric.truth)[0]
+WIDTH, HEIGHT = 80, 23  # an 80x24 terminal, its last line left for the cursor
+_ROWS_SHOWN = 4  # each metric's categories with the largest truths
+
+
+def frame(
+    clock: str, dashboard: str, endpoint: str, devices: int, hint: str, windows, error: str = ""
+) -> tuple[list[str], int, int]:
+    """One screen of the demo, at most WIDTH x HEIGHT: where everything is (and `hint`), then
+    each metric's largest categories, from `windows` (WindowEstimate messages by metric name)
+    or, when they could not be read, `error`; and how many categories' truths lie inside their
+    95% intervals (all categories, not only those shown), out of how many."""
+    lines = [
+        f"{clock}  Veil demo: dashboard {dashboard}  gRPC {endpoint}",
+        f"{devices:,} simulated devices, each with its own ledger and memo. {hint}".rstrip(),
+    ]
+    if error:
+        return [line[:WIDTH] for line in lines + [""] + textwrap.wrap(error, WIDTH, max_lines=3)], 0, 0
+    said = f"Estimates of the {windows[DEMO_METRICS[0].name].estimand}."
+    lines += textwrap.wrap(said, WIDTH, max_lines=4, placeholder=" ... (the dashboard says it all)")
+    lines.append(f"{'in % (largest truths first)':<30}{'truth':>8}{'estimate':>10}   95% interval")
+    inside = total = 0
+    for metric in DEMO_METRICS:
+        table, hits, count = render(metric, windows[metric.name])
+        lines += table
+        inside, total = inside + hits, total + count
+    lines.append(f"{inside} of {total} truths inside their 95% intervals; every category on the dashboard.")
+    return [line[:WIDTH] for line in lines], inside, total
 
 
 def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
-    """The table of one metric (a WindowEstimate message), and how many categories' truths
-    lie inside their 95% intervals, out of how many."""
+    """The lines of one metric (a WindowEstimate message): its head and its largest categories,
+    and how many categories' truths lie inside their 95% intervals, out of how many."""
     head = (
-        f"{metric.name}  ({metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g})  n = {window.n:,}"
+        f"{metric.name}: {metric.mechanism}, k = {len(metric.labels)}, epsilon = {metric.epsilon:g}, n = {window.n:,}"
     )
     if window.withheld:
-        return [head, f"  withheld: {window.reason}"], 0, 0
+        reason = textwrap.wrap(f"withheld: {window.reason}", WIDTH, initial_indent="  ", subsequent_indent="  ")
+        return [head, *reason[:_ROWS_SHOWN]], 0, 0
     inside = [c.lower <= t <= c.upper for c, t in zip(window.categories, metric.truth)]
-    lines = [
-        f"{head}  truth inside its 95% interval: {sum(inside)}/{len(inside)}",
-        f"  estimates the {window.estimand}",
-        f"  {'category':<14}{'truth':>8}{'estimate':>10}{'95% interval':>22}",
-    ]
-    order = sorted(range(len(metric.labels)), key=lambda j: -metric.truth[j])
-    for j in order[:_ROWS_SHOWN]:
+    lines = [f"{head} ({sum(inside)}/{len(inside)} inside)"]
+    for j in sorted(range(len(metric.labels)), key=lambda j: -metric.truth[j])[:_ROWS_SHOWN]:
         c = window.categories[j]
         lines.append(
-            f"  {c.label:<14}{metric.truth[j]:>8.4f}{c.estimate:>10.4f}   [{c.lower:>8.4f}, {c.upper:>8.4f}]"
-            + ("" if inside[j] else "  outside")
+            f"  {c.label:<28}{100 * metric.truth[j]:>8.1f}{100 * c.estimate:>10.1f}"
+            f"   [{100 * c.lower:>5.1f}, {100 * c.upper:>5.1f}]" + ("" if inside[j] else "  outside")
         )
-    if len(order) > _ROWS_SHOWN:
-        lines.append(f"  ... and {len(order) - _ROWS_SHOWN} more categories")
     return lines, sum(inside), len(inside)
 
 
@@ -246,22 +321,53 @@ def run(args: argparse.Namespace) -> int:
         period = parse_duration(args.period)
     except MechanismError as err:
         raise CliError(f"--period: {err}") from None
-    temporary = None
     if args.redis:
-        store_url, where = args.redis, "Redis"
-    else:
-        directory = Path(args.data_dir or tempfile.mkdtemp(prefix="veil-demo-")).absolute()
-        temporary = None if args.data_dir else directory
-        store_url, where = f"sqlite://{directory.as_posix()}/veil.db", f"SQLite ({directory}/veil.db"
-        where += ", removed at exit)" if temporary else ")"
+        return _run_on_redis(args, period)
+    directory = Path(args.data_dir or tempfile.mkdtemp(prefix="veil-demo-")).absolute()
+    temporary = None if args.data_dir else directory
+    where = f"SQLite ({directory}/veil.db" + (", removed at exit)" if temporary else ")")
     try:
-        return _run(args, store_url, where, period)
+        return _run(args, f"sqlite://{directory.as_posix()}/veil.db", where, period)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> int:
+def _run_on_redis(args: argparse.Namespace, period: int) -> int:
+    """The demo counting in Redis under a namespace of its own, drawn for this run: it starts
+    from no counts, and at exit deletes its keys and no other (a shared Redis may hold others)."""
+    from veil.aggregator.errors import StoreError
+    from veil.aggregator.store import RedisStore
+
+    from . import CliError
+
+    namespace = f"demo-{secrets.token_hex(4)}"
+    keys = f"veil:{{{namespace}:...}}"
+
+    def store() -> RedisStore:
+        try:
+            return RedisStore(args.redis, namespace=namespace)
+        except ValueError as err:
+            raise CliError(f"--redis: {err}") from None
+
+    store().close()  # a bad URL is one sentence now, before anything starts
+    done = False
+    try:
+        code = _run(args, args.redis, f"Redis (keys {keys}, removed at exit)", period, store)
+        done = True
+        return code
+    finally:
+        leftover = store()
+        try:
+            leftover.remove_namespace()
+        except StoreError as err:
+            if done:  # a demo that never started (Redis unreachable) has said why already
+                print(f"The demo's Redis keys ({keys}) stay: {err}.", file=sys.stderr)
+        finally:
+            leftover.close()
+
+
+def _run(args: argparse.Namespace, store_url: str, where: str, period: int, store=None) -> int:
     import grpc
 
     from veil.aggregator.errors import StoreError
@@ -269,7 +375,7 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
 
     from . import CliError
 
-    aggregator = _start_aggregator(args, store_url)
+    aggregator = _start_aggregator(args, store_url, store)
     endpoint = f"127.0.0.1:{aggregator.grpc_port}"
     if args.redis:
         try:  # at once, in one line: not an UNAVAILABLE from the first estimates read 10 s later
@@ -278,42 +384,43 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int) -> i
             aggregator.stop(grace=0)
             raise CliError(f"--redis: {err}.") from None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # A kill, or the terminal closed, stops the demo as Ctrl-C does: its temporary store or
+    # Redis keys are removed all the same.
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, lambda *_: stop.set())
     devices = [_devices(endpoint, args, period, stop)]
     live = sys.stdout.isatty()
     dashboard = f"http://127.0.0.1:{aggregator.http_port}/"
     print(f"Veil demo: aggregator on {where}, gRPC {endpoint}.")
     print(f"Dashboard: {dashboard}   (JSON: /v1/estimates, Prometheus: /metrics)")
     print(
-        f"{args.devices} simulated devices, each a Reporter with the SDK's defaults, call report() about "
-        f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per period. "
-        + ("Ctrl-C stops." if not args.duration else "")
+        textwrap.fill(
+            f"{args.devices:,} simulated devices, each with its own privacy ledger and memo, call report() about "
+            f"{args.calls:g} times per metric and {args.period} period; each sends one randomized report per "
+            "period. " + ("Ctrl-C stops." if not args.duration else ""),
+            WIDTH,
+        )
     )
     deadline = time.monotonic() + args.duration if args.duration else None
+    hint = "" if args.duration else "Ctrl-C stops."
     inside = total = 0
     try:
         with grpc.insecure_channel(endpoint) as channel:
             stub = veil_pb2_grpc.EstimatesStub(channel)
             while not stop.wait(args.interval):
-                # The redrawn screen keeps where everything is (the ports may not be the defaults).
-                lines = [
-                    f"{time.strftime('%H:%M:%S')}  Veil demo: dashboard {dashboard}  gRPC {endpoint}"
-                    + ("  (Ctrl-C stops)" if not args.duration else ""),
-                    "",
-                ]
                 try:
                     response = stub.Get(veil_pb2.EstimatesRequest(window="total"), timeout=10)
                 except grpc.RpcError as err:  # e.g. Redis went away: say so and keep going
-                    lines.append(f"estimates unavailable: {err.code().name} ({err.details()})")
-                    response = None
-                if response is not None:
-                    by_name = {w.metric: w for w in response.estimates}
-                    lines.append("estimates over all reports so far")
-                    inside, total = 0, 0
-                    for metric in DEMO_METRICS:
-                        table, hits, count = render(metric, by_name[metric.name])
-                        lines += table + [""]
-                        inside, total = inside + hits, total + count
+                    windows, error = {}, f"estimates unavailable: {err.code().name} ({err.details()})"
+                else:
+                    windows, error = {w.metric: w for w in response.estimates}, ""
+                # The redrawn screen keeps where everything is (the ports may not be the defaults).
+                lines, hits, count = frame(
+                    time.strftime("%H:%M:%S"), dashboard, endpoint, args.devices, hint, windows, error
+                )
+                if not error:
+                    inside, total = hits, count
                 if live:
                     print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal
                 print("\n".join(lines), flush=True)

@@ -12,9 +12,8 @@ import argparse
 import math
 import sys
 
-from ._remote import add_tls_arguments, address, channel
+from ._remote import ENV_ENDPOINT, add_tls_arguments, address, channel
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 3.0
 
 
@@ -22,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address",
         metavar="HOST:PORT",
-        default=DEFAULT_ADDRESS,
-        help=f"the aggregator's gRPC listener (default {DEFAULT_ADDRESS})",
+        help=f"the aggregator's gRPC listener (default: ${ENV_ENDPOINT}, then 127.0.0.1:50051, as every command)",
     )
     parser.add_argument(
         "--service",
@@ -48,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from . import CliError
 
-    address(args)  # checked: HOST:PORT
+    target = address(args)  # --address, else $VEIL_ENDPOINT, else the default; checked: HOST:PORT
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise CliError(f"--timeout: expected a number of seconds above 0, got {args.timeout:g}.")
 
@@ -59,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     # A health check asks the aggregator itself: an http_proxy in the environment (common in
     # containers) must not route it elsewhere.
     options = [("grpc.enable_http_proxy", 0)]
-    with channel(args, target=args.address, options=options) as health_channel:
+    with channel(args, target=target, options=options) as health_channel:
         stub = health_pb2_grpc.HealthStub(health_channel)
         try:
             # (types-grpcio-health-checking declares no methods on the stub)
@@ -69,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
         except grpc.RpcError as err:
             code = err.code()
             if code == grpc.StatusCode.NOT_FOUND:
-                return _say("SERVICE_UNKNOWN", f"{args.address} has no health status for service {args.service!r}.")
+                return _say("SERVICE_UNKNOWN", f"{target} has no health status for service {args.service!r}.")
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                return _say("UNREACHABLE", f"{args.address}: {code.name} ({err.details()}).")
-            return _say("UNKNOWN", f"{args.address} answered {code.name} ({err.details()}).")
+                return _say("UNREACHABLE", f"{target}: {code.name} ({err.details()}).")
+            return _say("UNKNOWN", f"{target} answered {code.name} ({err.details()}).")
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     print(status)
     return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1

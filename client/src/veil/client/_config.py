@@ -24,7 +24,6 @@ RETRY_HORIZON_SECONDS = 24 * 3600
 failed. The aggregator must remember batch ids (its dedupe TTL) for at least this long, so a
 late retry is never counted twice."""
 
-_DEFAULT_TLS = True
 _DEFAULT_MAX_QUEUE_SIZE = 2048
 _DEFAULT_MAX_BATCH_SIZE = 512
 _DEFAULT_SCHEDULE_DELAY_MS = 5000
@@ -144,7 +143,10 @@ def resolve_config(environ: Mapping[str, str] | None = None, **explicit: object)
     key_file = _text("client_key", explicit.get("client_key"), environ, env.VEIL_CLIENT_KEY)
     if (cert_file is None) != (key_file is None):
         raise ConfigError("A client certificate and its key must be given together.")
-    tls = _flag("tls", explicit.get("tls"), environ, env.VEIL_TLS, _DEFAULT_TLS)
+    # TLS unless the endpoint is this machine and nothing asks for TLS: the local demo serves
+    # plaintext on loopback, where TLS would fail with nothing but an SSL version error.
+    default_tls = not is_loopback(endpoint) or ca_file is not None or cert_file is not None
+    tls = _flag("tls", explicit.get("tls"), environ, env.VEIL_TLS, default_tls)
     if not tls and (ca_file or cert_file):
         raise ConfigError("A CA file or client certificate needs tls=True.")
     queue_dir = _text("queue_dir", explicit.get("queue_dir"), environ, env.VEIL_QUEUE_DIR)

@@ -25,12 +25,15 @@ class Counters:
               (batches left by an earlier process included), and report() calls waiting for the
               first specs.
     limited:  report() calls not sent because this period's reports of the metric were sent
-              already (the metric's reports_per_period): the device-level bound at work, not a
+              already (the metric's reports_per_period), or because the period is before one the
+              device reported in (its clock was set back): the device-level bound at work, not a
               failure, and not counted as dropped.
     over_budget: report() calls not sent because they would have spent more epsilon than the
               metric's period or lifetime budget allows (see Reporter.privacy_spent()).
     too_late: reports in batches the aggregator refused for good because they were made longer
               ago than it accepts (its max_lateness after their time slot ended): not counted.
+    ledger_unavailable: report() calls not sent because the privacy ledger under the queue
+              directory could not record their spending (a full disk, an unwritable directory).
     """
 
     accepted: int = 0
@@ -42,6 +45,7 @@ class Counters:
     limited: int = 0
     over_budget: int = 0
     too_late: int = 0
+    ledger_unavailable: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

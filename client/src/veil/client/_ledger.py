@@ -5,17 +5,28 @@ report() asks the ledger before anything is randomized: a report beyond the peri
 (``reports_per_period``) or one that would take the period's or the lifetime's spending past its
 budget is refused, and the caller drops and counts it. A report that needs a new randomized
 response costs epsilon; a memoized response sent again costs nothing new (the observer learns
-nothing it had not seen), but still takes one of the period's reports.
+nothing it had not seen), but still takes one of the period's reports. A report refused for its
+budget takes its place among the period's reports too, so a period never sends a later value in
+place of one it could not pay for (docs/protocol.md, section 6).
+
+Epsilon is counted exactly, in whole nano-epsilon (``units``): spending is a sum of integers,
+compared with a budget in the same units (protocol.md section 6 states the rule both SDKs follow).
+
+A period once closed never reopens: the period a metric's state belongs to is the latest one the
+ledger admitted in (its high-water mark), and a report of an earlier period (a clock set back) is
+refused. Clocks set ahead are bounded by the aggregator's (``_clock``).
 
 With a queue directory the ledger lives in ``ledger.log`` (owner-only), an append-only file of
 JSON lines, each the whole state of one metric after a report it admitted; the last line of a
-metric wins. Processes sharing the directory are one device: each admits under an exclusive
-file lock after reading what the others appended, so together they stay within the bounds.
-Lines are synced to disk before any report they admitted leaves the device (the worker calls
-``sync`` before it batches), so a crash can forget a spending only together with its report.
-A torn last line is cut off at load. The file grows by about 100 bytes per admitted report (one
-report per day of ten metrics: about 0.4 MB a year); it is never rewritten, so no crash can
-lose what it holds. Without a queue directory the ledger lives in memory and a
+metric wins, and the latest period of all its lines is its mark. Processes sharing the directory
+are one device: each admits under an exclusive file lock after reading what the others appended,
+so together they stay within the bounds. A report is admitted only once its line is written: a
+ledger that cannot be written (a full disk) refuses reports (``UNWRITABLE``) and keeps no spending
+it could not record. Lines are synced to disk before any report they admitted leaves the device
+(the worker calls ``sync`` before it batches), so a crash can forget a spending only together
+with its report. A torn last line is cut off at load. The file grows by about 100 bytes per
+admitted report (one report per day of ten metrics: about 0.4 MB a year); it is never rewritten,
+so no crash can lose what it holds. Without a queue directory the ledger lives in memory and a
 new process starts a new one.
 """
 
@@ -32,13 +43,29 @@ from veil.mechanism import MetricSpec
 from ._fs import DeviceFileOwner, DeviceLog
 from ._log import LogOnce
 
-__all__ = ["Ledger", "PrivacySpent", "PERIOD", "BUDGET"]
+__all__ = ["Ledger", "PrivacySpent", "PERIOD", "BUDGET", "UNWRITABLE", "units"]
 
 PERIOD = "period"  # refusal reasons
 BUDGET = "budget"
-# Spending compares with a little slack: ten reports of epsilon 0.1 must fit a budget of 1.0
-# although their float sum is 0.9999999999999999 + 0.1.
-_SLACK = 1e-9
+UNWRITABLE = "unwritable"
+
+UNIT = 1e9  # units per epsilon
+# Units are exact as doubles and survive the file's decimal epsilon (n / UNIT, read back by
+# units()) below 2**51; a budget of that many units or more (2,251,799.8 epsilon) is no cap.
+NO_CAP = 2**51
+
+
+def units(epsilon: float) -> int:
+    """Epsilon in whole nano-epsilon, rounded half up: floor(epsilon * 1e9 + 0.5), computed in
+    doubles as written (the TypeScript SDK computes the very same)."""
+    return math.floor(epsilon * UNIT + 0.5)
+
+
+def _cap(budget: float | None) -> int | None:
+    """A budget in units; None: no cap."""
+    if budget is None or not budget * UNIT < NO_CAP:
+        return None
+    return units(budget)
 
 
 @dataclass(frozen=True)
@@ -48,7 +75,7 @@ class PrivacySpent:
     metric: str
     period_start: int  # Unix seconds: the current reporting period is [period_start, period_end)
     period_end: int
-    reports: int  # reports of the metric admitted in this period
+    reports: int  # reports of the metric admitted in this period, and those refused for their budget
     reports_per_period: int
     period_epsilon: float  # spent in this period
     period_budget: float  # the most this period may spend (the operator's, or the app's if lower)
@@ -56,23 +83,24 @@ class PrivacySpent:
     lifetime_budget: float  # inf: no lifetime cap
 
 
-@dataclass
+@dataclass(frozen=True)
 class _State:
-    period: int
+    period: int  # the latest period admitted in: the mark
     reports: int = 0
-    period_epsilon: float = 0.0
-    lifetime_epsilon: float = 0.0
+    period_units: int = 0
+    lifetime_units: int = 0
 
     def line(self, metric: str) -> bytes:
         # Formatted by hand, as json.dumps would write it (floats by repr), at a third of its cost:
         # this runs in report() for every admitted report.
         return (
             f'{{"metric":{_json_string(metric)},"period":{self.period},"reports":{self.reports},'
-            f'"period_epsilon":{self.period_epsilon!r},"lifetime_epsilon":{self.lifetime_epsilon!r}}}\n'
+            f'"period_epsilon":{self.period_units / UNIT!r},"lifetime_epsilon":{self.lifetime_units / UNIT!r}}}\n'
         ).encode()
 
-    def moved_to(self, period: int) -> _State:
-        return self if period == self.period else _State(period, lifetime_epsilon=self.lifetime_epsilon)
+    def at(self, period: int) -> _State:
+        """The state in ``period``, not earlier than the mark: a new period starts afresh."""
+        return self if period <= self.period else _State(period, lifetime_units=self.lifetime_units)
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,46 +137,62 @@ class Ledger(DeviceFileOwner):
         return state is not None and state.period == period and state.reports >= reports_per_period
 
     def admit(
-        self, spec: MetricSpec, period: int, cost: float, period_budget: float, lifetime_budget: float
+        self, spec: MetricSpec, period: int, cost: float, period_budget: float | None, lifetime_budget: float
     ) -> str | None:
-        """Record one report of ``spec`` in ``period`` spending ``cost``, or refuse it: PERIOD when
-        the period's reports were sent, BUDGET when a budget would be exceeded; None: admitted."""
+        """Record one report of ``spec`` in ``period`` spending ``cost`` epsilon, or refuse it:
+        PERIOD when the period's reports were sent or the period is before the mark, BUDGET when
+        a budget would be exceeded (``period_budget`` None: the period's reports are its only
+        bound), UNWRITABLE when the ledger cannot record it; None: admitted."""
         with self._lock:
             if self._file is None:
-                return self._admit(spec, period, cost, period_budget, lifetime_budget)
+                refused, state = self._next(spec, period, cost, period_budget, lifetime_budget)
+                self._states[spec.name] = state
+                return refused
             try:
                 with self._file.lock():
                     self._read_new()  # another process of this device may have spent meanwhile
-                    refused = self._admit(spec, period, cost, period_budget, lifetime_budget)
-                    if refused is None:
-                        self._file.append(self._states[spec.name].line(spec.name))
+                    refused, state = self._next(spec, period, cost, period_budget, lifetime_budget)
+                    if state is not self._states.get(spec.name):
+                        self._file.append(state.line(spec.name))
+                        self._states[spec.name] = state  # only what the file holds
                     return refused
             except OSError:
                 self._log.warning(
                     "ledger:write",
-                    "The Veil privacy ledger cannot be written; refusing reports whose spending it cannot record.",
+                    "The Veil privacy ledger cannot be written (is the queue directory's disk full?); "
+                    "reports are refused until it can record their spending.",
                 )
-                return BUDGET
+                return UNWRITABLE
 
-    def _admit(
-        self, spec: MetricSpec, period: int, cost: float, period_budget: float, lifetime_budget: float
-    ) -> str | None:
-        state = self._states.get(spec.name, _State(period)).moved_to(period)
-        if period < state.period:  # the clock went back: count against the later period
-            state = self._states[spec.name]
+    def _next(
+        self, spec: MetricSpec, period: int, cost: float, period_budget: float | None, lifetime_budget: float
+    ) -> tuple[str | None, _State]:
+        """Why a report is refused (None: it is admitted), and the metric's state after it."""
+        known = self._states.get(spec.name)
+        if known is not None and period < known.period:
+            self._log.warning(
+                "ledger:behind",
+                "The device's clock is behind a reporting period Veil already reported in; "
+                "reports of earlier periods are not sent.",
+            )
+            return PERIOD, known
+        state = _State(period) if known is None else known.at(period)
         if state.reports >= spec.reports_per_period:
-            return PERIOD
-        if cost > 0 and (
-            state.period_epsilon + cost > period_budget * (1 + _SLACK)
-            or state.lifetime_epsilon + cost > lifetime_budget * (1 + _SLACK)
+            return PERIOD, state
+        cost_units = units(cost)
+        period_cap = _cap(period_budget)
+        lifetime_cap = _cap(lifetime_budget)
+        if (period_cap is not None and state.period_units + cost_units > period_cap) or (
+            lifetime_cap is not None and state.lifetime_units + cost_units > lifetime_cap
         ):
-            return BUDGET
-        self._states[spec.name] = _State(
-            state.period, state.reports + 1, state.period_epsilon + cost, state.lifetime_epsilon + cost
+            # The refused report takes its place among the period's reports: a later one of the
+            # period is not sent in its stead (the estimand: the period's first values).
+            return BUDGET, _State(state.period, state.reports + 1, state.period_units, state.lifetime_units)
+        return None, _State(
+            state.period, state.reports + 1, state.period_units + cost_units, state.lifetime_units + cost_units
         )
-        return None
 
-    def spent(self, spec: MetricSpec, now: float, period_budget: float, lifetime_budget: float) -> PrivacySpent:
+    def spent(self, spec: MetricSpec, now: float, period_budget: float | None, lifetime_budget: float) -> PrivacySpent:
         period = spec.period_index(now)
         with self._lock:
             if self._file is not None:
@@ -157,16 +201,18 @@ class Ledger(DeviceFileOwner):
                         self._read_new()  # what other processes of this device spent
                 except OSError:
                     pass
-        state = self._states.get(spec.name, _State(period)).moved_to(period)
+        known = self._states.get(spec.name)
+        state = _State(period) if known is None else known.at(period)
+        period_cap = _cap(period_budget)
         return PrivacySpent(
             spec.name,
             state.period * spec.period,
             (state.period + 1) * spec.period,
             state.reports,
             spec.reports_per_period,
-            state.period_epsilon,
-            period_budget,
-            state.lifetime_epsilon,
+            state.period_units / UNIT,
+            (spec.reports_per_period * units(spec.mechanism.epsilon) if period_cap is None else period_cap) / UNIT,
+            state.lifetime_units / UNIT,
             lifetime_budget,
         )
 
@@ -179,14 +225,10 @@ class Ledger(DeviceFileOwner):
         while (end := data.find(b"\n", position)) >= 0:
             try:
                 record = json.loads(data[position:end])
-                state = _State(
-                    int(record["period"]),
-                    int(record["reports"]),
-                    float(record["period_epsilon"]),
-                    float(record["lifetime_epsilon"]),
-                )
-                if not all(map(math.isfinite, (state.period_epsilon, state.lifetime_epsilon))):
+                spent = float(record["period_epsilon"]), float(record["lifetime_epsilon"])
+                if not all(map(math.isfinite, spent)):
                     raise ValueError
+                state = _State(int(record["period"]), int(record["reports"]), *map(units, spent))
             except (ValueError, KeyError, TypeError):
                 break
             self._merge(str(record["metric"]), state)
@@ -198,13 +240,11 @@ class Ledger(DeviceFileOwner):
 
     def _merge(self, metric: str, state: _State) -> None:
         # Lines come in the order they were admitted, but a clock set back must never undo a
-        # spending: keep the later period, and the larger lifetime spending.
+        # spending: keep the later period (the mark), and the larger lifetime spending.
         known = self._states.get(metric)
-        if known is not None and (known.period > state.period or known.lifetime_epsilon > state.lifetime_epsilon):
+        if known is not None and (known.period > state.period or known.lifetime_units > state.lifetime_units):
+            later = known if known.period > state.period else state
             state = _State(
-                max(known.period, state.period),
-                known.reports if known.period > state.period else state.reports,
-                known.period_epsilon if known.period > state.period else state.period_epsilon,
-                max(known.lifetime_epsilon, state.lifetime_epsilon),
+                later.period, later.reports, later.period_units, max(known.lifetime_units, state.lifetime_units)
             )
         self._states[metric] = state

@@ -25,7 +25,7 @@ from veil.mechanism import MetricSpec
 
 from ._config import Config
 from ._counters import Counters
-from ._ledger import BUDGET, PERIOD, Ledger
+from ._ledger import BUDGET, PERIOD, UNWRITABLE, Ledger
 from ._log import LogOnce, logger
 from ._memo import MemoStore
 from ._outbox import Outbox, Spool
@@ -101,8 +101,9 @@ class BatchProcessor:
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
-        self.limited = self.over_budget = self.too_late = 0
-        self.lost_at_flush = 0  # dropped + failed + too_late when the last force_flush answered
+        self.limited = self.over_budget = self.too_late = self.ledger_unavailable = 0
+        # dropped + failed + too_late + ledger_unavailable when the last force_flush answered
+        self.lost_at_flush = 0
 
     def _start(self, load: bool) -> None:
         from ._worker import Worker
@@ -165,6 +166,8 @@ class BatchProcessor:
         with self.lock:
             if reason == PERIOD:
                 self.limited += 1
+            elif reason == UNWRITABLE:  # the ledger logged why
+                self.ledger_unavailable += 1
             else:
                 self.over_budget += 1
         if reason == BUDGET:
@@ -195,6 +198,7 @@ class BatchProcessor:
                 self.limited,
                 self.over_budget,
                 self.too_late,
+                self.ledger_unavailable,
             )
 
     def force_flush(self, timeout: float | None) -> bool:
@@ -205,8 +209,9 @@ class BatchProcessor:
             self.requests.append(request)
             self.wake.notify()
         request.done.wait(timeout)
-        with self.lock:  # honest: False when reports were dropped or failed since the last flush
-            lost, before = self.dropped + self.failed + self.too_late, self.lost_at_flush
+        with self.lock:  # honest: False when reports were lost (dropped, failed, unrecorded) since the last flush
+            lost = self.dropped + self.failed + self.too_late + self.ledger_unavailable
+            before = self.lost_at_flush
             self.lost_at_flush = lost
         return request.done.is_set() and request.ok and lost == before
 
@@ -226,6 +231,7 @@ class BatchProcessor:
             request.done.is_set()
             and request.ok
             and not (counters.dropped or counters.failed or counters.too_late or counters.queued)
+            and not counters.ledger_unavailable
         )
         if ok:
             logger.info("Veil Reporter shut down (all reports delivered).")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from veil.mechanism import MetricSpec, RandomSource
 
+from ._clock import bounded_clock
 from ._config import resolve_config
 from ._counters import Counters
 from ._errors import ConfigError, UnknownCategoryError, UnknownMetricError
@@ -53,9 +54,14 @@ class Reporter:
     ``reports_per_period`` reports of the metric leave the device per reporting period (the
     first report() calls of the period are sent, at once; later ones are not, and are counted as
     ``limited``), and a report that would spend more epsilon than the metric's budget for the
-    period or the lifetime is not sent either (counted as ``over_budget``). ``privacy_spent()``
-    shows what was spent. ``period_budget`` and ``lifetime_budget`` (epsilon, or a mapping of
-    metric name to epsilon) lower the aggregator's budgets for this app; they never raise them.
+    period or the lifetime is not sent either (counted as ``over_budget``): it still takes its place
+    among the period's reports, so no later value of that period is sent instead. A report whose
+    spending the ledger under ``queue_dir`` cannot record (a full disk) is not sent (counted as
+    ``ledger_unavailable``). Periods follow the device's clock, but never reopen once the device
+    reported in a later one (a clock set back), and never run ahead of the aggregator's clock by
+    more than a few minutes (a clock set ahead). ``privacy_spent()`` shows what was spent.
+    ``period_budget`` and ``lifetime_budget`` (epsilon, or a mapping of metric name to epsilon)
+    lower the aggregator's budgets for this app; they never raise them.
 
     ``random_source`` and ``clock`` are for simulation and tests only: reports are private only
     with the default source, the operating system's CSPRNG, and periods follow the wall clock.
@@ -113,12 +119,13 @@ class Reporter:
         if random_source is not None:
             logger.warning("This Veil Reporter uses an injected random source: for simulation and tests only.")
         self._source = random_source
-        self._clock = clock or time.time
         log = LogOnce()
         directory = self._queue_dir(config.queue_dir, log)
         if not config.tls and config.token and not config.loopback:
             logger.warning("The Veil token travels without TLS to a remote endpoint.")
         self._specs = SpecCache(directory, log)
+        # Periods and made times: the device's clock, bounded by the aggregator's (see _clock).
+        self._clock = bounded_clock(clock or time.time, self._specs.server_now)
         self._specs.load()
         self._memo = MemoStore(directory, log)
         self._ledger = Ledger(directory, log)
@@ -191,10 +198,13 @@ class Reporter:
     def _memoizes(self, spec: MetricSpec) -> bool:
         return self._memoize.get(spec.name, self._memoize_default)
 
-    def _budgets(self, spec: MetricSpec) -> tuple[float, float]:
-        """The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower."""
+    def _budgets(self, spec: MetricSpec) -> tuple[float | None, float]:
+        """The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower. A
+        period budget of None: neither set one, and the period's reports are its only bound."""
+        app = self._period_budget(spec.name)
+        period = spec.period_budget if spec.period_budget is not None and spec.period_budget <= app else app
         return (
-            min(spec.epsilon_per_period, self._period_budget(spec.name)),
+            None if math.isinf(period) else period,
             min(spec.epsilon_lifetime, self._lifetime_budget(spec.name)),
         )
 

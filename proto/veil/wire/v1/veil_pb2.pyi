@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -70,7 +69,7 @@ class GetMetricSpecsResponse(_message.Message):
     unchanged: bool
     server_time_unix: int
     max_lateness_seconds: int
-    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ..., max_batch: _Optional[int] = ..., specs_version: _Optional[str] = ..., unchanged: _Optional[bool] = ..., server_time_unix: _Optional[int] = ..., max_lateness_seconds: _Optional[int] = ...) -> None: ...
+    def __init__(self, specs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ..., max_batch: _Optional[int] = ..., specs_version: _Optional[str] = ..., unchanged: bool = ..., server_time_unix: _Optional[int] = ..., max_lateness_seconds: _Optional[int] = ...) -> None: ...
 
 class IndexSets(_message.Message):
     __slots__ = ("set_size", "indices")
@@ -112,7 +111,7 @@ class UploadResponse(_message.Message):
     accepted: int
     duplicate: bool
     specs_version: str
-    def __init__(self, accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ..., specs_version: _Optional[str] = ...) -> None: ...
+    def __init__(self, accepted: _Optional[int] = ..., duplicate: bool = ..., specs_version: _Optional[str] = ...) -> None: ...
 
 class UploadBatchesRequest(_message.Message):
     __slots__ = ("batches",)
@@ -130,7 +129,7 @@ class BatchResult(_message.Message):
     message: str
     accepted: int
     duplicate: bool
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
 
 class UploadBatchesResponse(_message.Message):
     __slots__ = ("results", "specs_version")
@@ -216,7 +215,7 @@ class WindowEstimate(_message.Message):
     group: GroupEstimate
     provisional: bool
     periods: int
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: _Optional[bool] = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: _Optional[bool] = ..., periods: _Optional[int] = ...) -> None: ...
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: bool = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: bool = ..., periods: _Optional[int] = ...) -> None: ...
 
 class SeriesRequest(_message.Message):
     __slots__ = ("metric", "window", "from_unix", "to_unix", "merged", "group")
@@ -232,7 +231,7 @@ class SeriesRequest(_message.Message):
     to_unix: int
     merged: bool
     group: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., from_unix: _Optional[int] = ..., to_unix: _Optional[int] = ..., merged: _Optional[bool] = ..., group: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., from_unix: _Optional[int] = ..., to_unix: _Optional[int] = ..., merged: bool = ..., group: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SeriesResponse(_message.Message):
     __slots__ = ("estimates",)

@@ -16,7 +16,9 @@ the tag or collide with another):
     veil:{<tag>}:b:<batch id in hex>                "1", expiring after the batch's dedupe_ttl
     veil:{<metric>}:s:<fingerprint>                 when counting of the spec began (Store.since)
 
-On one Redis (``redis://``, ``rediss://``, ``unix://``) the tag is the metric: one shard.
+On one Redis (``redis://``, ``rediss://``, ``unix://``) the tag is the metric: one shard. A store
+given a ``namespace`` (``veil demo`` draws one per run) tags its keys ``<namespace>:<metric>``
+(its probe key too), so they are its own and ``remove_namespace`` finds and deletes them all.
 
 On a Redis Cluster (``redis+cluster://host:port,host:port``, ``rediss+cluster://`` for TLS, with
 ``?ssl_ca_certs=/path/to/ca.crt`` for a private CA; the hosts are where to start, the client
@@ -76,6 +78,7 @@ Durability is Redis's own:
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
@@ -148,17 +151,18 @@ _PROBE_MS = 10_000
 _PING_TIMEOUT = 1.0  # seconds: health follows a frozen Redis within about a ping period
 
 
-def _tag(metric: str) -> str:
+def _tag(metric: str, namespace: str = "") -> str:
     if not metric:
         # "{}" would hash the whole key, scattering the metric's keys over the cluster.
         raise ValueError("A metric name cannot be empty.")
-    return quote(metric, safe="")
+    # No quoted name holds a ":", so no namespace's keys are another's or a metric's without one.
+    return f"{quote(namespace, safe='')}:{quote(metric, safe='')}" if namespace else quote(metric, safe="")
 
 
-def shard_tags(metric: str, shards: int) -> tuple[str, ...]:
+def shard_tags(metric: str, shards: int, namespace: str = "") -> tuple[str, ...]:
     """The hash tags of a metric's shards: the metric itself for one shard (the keys of one
     Redis), else shard s's ``<metric>#<s>.<j>`` in the s-th of `shards` equal slot ranges."""
-    base = _tag(metric)
+    base = _tag(metric, namespace)
     if shards == 1:
         return (base,)
     tags = []
@@ -182,9 +186,9 @@ def counts_key(key: CountsKey, tag: str | None = None) -> str:
     return f"veil:{{{tag or _tag(key.metric)}}}:c:{fingerprint}:{window}:{int(key.bucket)}"
 
 
-def since_key(metric: str, fingerprint: str) -> str:
+def since_key(metric: str, fingerprint: str, namespace: str = "") -> str:
     """The Redis string holding when counting of a metric's spec began (one key, not sharded)."""
-    return f"veil:{{{_tag(metric)}}}:s:{quote(fingerprint, safe='')}"
+    return f"veil:{{{_tag(metric, namespace)}}}:s:{quote(fingerprint, safe='')}"
 
 
 def _packed_key(counts_hash: str) -> str:
@@ -282,6 +286,7 @@ class RedisStore(Store):
         max_connections: int | None = None,
         coalesce: int = 64,
         shards: int | None = None,
+        namespace: str = "",
     ) -> None:
         if retries < 0 or wait_replicas < 0:
             raise ValueError("retries and wait_replicas cannot be negative.")
@@ -295,6 +300,8 @@ class RedisStore(Store):
         if shards is not None and not (self._cluster and 1 <= shards <= MAX_SHARDS):
             raise ValueError(f"shards applies to a Redis Cluster (redis+cluster://) only, from 1 to {MAX_SHARDS}.")
         self._where = _address(url)
+        self._namespace = namespace
+        self._probe_key = f"veil:{{{quote(namespace, safe='')}:}}:probe" if namespace else _PROBE_KEY
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
         # redis-py re-sends a command after a connection error or a timeout, even when Redis may
@@ -404,7 +411,7 @@ class RedisStore(Store):
         if tags is None:
             if len(self._tags) >= 4096:
                 self._tags.clear()
-            tags = self._tags[metric] = shard_tags(metric, self.shard_count())
+            tags = self._tags[metric] = shard_tags(metric, self.shard_count(), self._namespace)
         return tags
 
     def observe_flushes(self, observer: FlushObserver) -> None:
@@ -774,7 +781,7 @@ class RedisStore(Store):
     def since(self, metric: str, fingerprint: str, now: int) -> int:
         """SET NX GET: one round trip records the time unless one is there, and returns the old."""
         with self._boundary("since"):
-            found = self._redis.set(since_key(metric, fingerprint), int(now), nx=True, get=True)
+            found = self._redis.set(since_key(metric, fingerprint, self._namespace), int(now), nx=True, get=True)
         return int(now) if found is None else int(found)
 
     def ping(self) -> None:
@@ -799,7 +806,7 @@ class RedisStore(Store):
             pipe = self._probe.pipeline(transaction=False)
             pipe.info("memory")
             pipe.info("replication")
-            pipe.set(_PROBE_KEY, b"1", px=_PROBE_MS)
+            pipe.set(self._probe_key, b"1", px=_PROBE_MS)
             memory, replication, _ = pipe.execute()
         policy = memory.get("maxmemory_policy", "noeviction")
         if policy != "noeviction":
@@ -826,6 +833,18 @@ class RedisStore(Store):
                 f"Redis Cluster at {self._where} has a master with {connected} of the "
                 f"{self._wait_replicas} replicas each write waits for"
             )
+
+    def remove_namespace(self) -> int:
+        """Delete every key of this store's namespace, and no other; the number deleted. For a
+        namespace one process owns (``veil demo``'s), once its aggregator has stopped."""
+        if not self._namespace:
+            raise ValueError("Only a namespace's keys can be removed, and this store has none.")
+        removed = 0
+        with self._boundary("remove"):
+            keys = self._redis.scan_iter(match=f"veil:{{{quote(self._namespace, safe='')}:*", count=1000)
+            while chunk := list(itertools.islice(keys, 1000)):
+                removed += self._redis.unlink(*chunk)
+        return removed
 
     def close(self) -> None:
         if self._client is not None:
