@@ -4,8 +4,8 @@
     python proto/vectors.py --check   # exit 1, naming the files, when they have drifted
 
 Every other implementation (client/js) reads these files and must reproduce them: fingerprints
-of specs, thresholds, reports from given random words, encoded uploads, and estimates from
-counts. Needs the aggregator extra (numpy) for the estimates.
+of specs, thresholds, reports from given random words, encoded uploads (one batch, and several
+in an UploadBatchesRequest), memo keys, and estimates from counts. Needs the aggregator extra (numpy) for the estimates.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from google.protobuf import json_format
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import estimate
-from veil.client._encoding import encode_batch
+from veil.client._encoding import encode_batch, encode_batches
+from veil.client._memo import memo_key
 from veil.mechanism import MetricSpec, WordRandomSource, encoding
 from veil.wire.v1 import veil_pb2
 
@@ -180,34 +181,101 @@ def encodings() -> list[dict]:
     rng = random.Random(1919)
     out = []
     batch_id = bytes(range(16))
-    for mechanism, k, epsilon in (
-        ("subset", 10, 1.0),
-        ("krr", 32, 1.0),
-        ("krr", 40, 2.0),
-        ("subset", 300, 4.0),
-        ("subset", 1024, 1.0),
-        ("warner", 2, 1.0),
-        ("rappor", 9, 2.0),
-        ("rappor-admissible", 17, 1.0),
+    for (mechanism, k, epsilon), made_unix in zip(
+        (
+            ("subset", 10, 1.0),
+            ("krr", 32, 1.0),
+            ("krr", 40, 2.0),
+            ("subset", 300, 4.0),
+            ("subset", 1024, 1.0),
+            ("warner", 2, 1.0),
+            ("rappor", 9, 2.0),
+            ("rappor-admissible", 17, 1.0),
+        ),
+        # 0: not said (revision 1); else a slot start (revision 2): a day's, an hour's, past 2^31, past 2^33.
+        (0, 1_700_006_400, 1_700_002_800, 0, 2_147_483_648, 8_589_974_400, 1_700_006_400, 86400),
+        strict=True,
     ):
         spec = _spec(mechanism, k, epsilon)
         words = [rng.getrandbits(32) for _ in range(20000)]
         source = WordRandomSource(words)
         reports = [spec.mechanism.randomize(v % k, source) for v in range(3)]
-        body = encode_batch(spec, reports, batch_id)
-        message = veil_pb2.UploadRequest.FromString(body)
+        out.append(_upload_case(spec, reports, batch_id, made_unix))
+    return out
+
+
+def _upload_case(spec: MetricSpec, reports: list[tuple[int, ...]], batch_id: bytes, made_unix: int) -> dict:
+    body = encode_batch(spec, reports, batch_id, made_unix)
+    message = veil_pb2.UploadRequest.FromString(body)
+    assert message.SerializeToString() == body, "as protoc's writers write it"
+    return {
+        "spec": _spec_json(spec),
+        "fingerprint": spec.fingerprint,
+        "encoding": encoding(spec.mechanism),
+        "batch_id": batch_id.hex(),
+        "made_unix": made_unix,
+        "reports": [list(r) for r in reports],
+        "upload_hex": body.hex(),
+        "upload_json": json.loads(json_format.MessageToJson(message)),
+    }
+
+
+def upload_batches() -> list[dict]:
+    """UploadBatchesRequests: each batch as in encodings.json, the request their bytes in order."""
+    rng = random.Random(2929)
+    out = []
+    for shapes in (
+        (("subset", 10, 1.0), ("rappor", 9, 2.0), ("krr", 40, 2.0)),
+        (("warner", 2, 1.0),),
+    ):
+        batches = []
+        for i, (mechanism, k, epsilon) in enumerate(shapes):
+            spec = MetricSpec.create(f"metric{i}", [f"c{j}" for j in range(k)], mechanism, epsilon)
+            source = WordRandomSource([rng.getrandbits(32) for _ in range(20000)])
+            reports = [spec.mechanism.randomize(v % k, source) for v in range(1 + i)]
+            batches.append(_upload_case(spec, reports, bytes([16 * i + j for j in range(16)]), 1_700_006_400))
+        uploads = [bytes.fromhex(b["upload_hex"]) for b in batches]
+        body = encode_batches(uploads)
+        # Each batch under 128 bytes here, so its length is one varint byte.
+        assert body == b"".join(b"\x0a" + bytes([len(u)]) + u for u in uploads), "each batch's bytes, as they were"
+        message = veil_pb2.UploadBatchesRequest.FromString(body)
         out.append(
             {
-                "spec": _spec_json(spec),
-                "fingerprint": spec.fingerprint,
-                "encoding": encoding(spec.mechanism),
-                "batch_id": batch_id.hex(),
-                "reports": [list(r) for r in reports],
-                "upload_hex": body.hex(),
-                "upload_json": json.loads(json_format.MessageToJson(message)),
+                "batches": batches,
+                "request_hex": body.hex(),
+                "request_json": json.loads(json_format.MessageToJson(message)),
             }
         )
     return out
+
+
+def memo_keys() -> list[dict]:
+    """Memo keys (docs/protocol.md section 6): lengths are bytes of UTF-8, not characters."""
+    secret = bytes(range(32))
+    cases = (
+        ("browser", "0123456789abcdef0123456789abcdef", 3),
+        ("navigateur-préféré", "fedcba9876543210fedcba9876543210", 0),
+        ("😀", "00000000000000000000000000000000", 4_294_967_295),
+        ("", "", 7),
+    )
+    return [
+        {
+            "secret": secret.hex(),
+            "metric": metric,
+            "fingerprint": fingerprint,
+            "category": index,
+            "message_hex": (
+                b"veil.memo.v1\x00"
+                + len(metric.encode()).to_bytes(4, "little")
+                + metric.encode()
+                + len(fingerprint.encode()).to_bytes(4, "little")
+                + fingerprint.encode()
+                + index.to_bytes(4, "little")
+            ).hex(),
+            "key": memo_key(secret, metric, fingerprint, index).hex(),
+        }
+        for metric, fingerprint, index in cases
+    ]
 
 
 def estimates() -> list[dict]:
@@ -256,6 +324,8 @@ _FILES = {
     "thresholds.json": thresholds,
     "randomize.json": randomize,
     "encodings.json": encodings,
+    "upload_batches.json": upload_batches,
+    "memo_keys.json": memo_keys,
     "estimates.json": estimates,
 }
 

@@ -101,6 +101,7 @@ def test_a_browser_page_reports_and_flushes_counted_exactly_and_its_ledger_survi
         "queued": 0,
         "limited": 0,
         "overBudget": 0,
+        "tooLate": 0,
         "ledgerUnavailable": 0,
     }
     assert all(first["before"][name]["reports"] == 0 for name in NAMES)

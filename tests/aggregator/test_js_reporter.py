@@ -8,61 +8,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from veil_testing.node import JS, NodeReporter
 from veil_testing.processes import free_port
 from veil_testing.running import UPLOAD_TOKEN, auth_section, counted
 
-JS = Path(__file__).resolve().parents[2] / "client" / "js"
 WIRES = ("http", "grpc")
-
-
-class NodeReporter:
-    """client/js/test/drive.ts: one Reporter in a Node process, driven over stdin."""
-
-    def __init__(self, **options: object) -> None:
-        node = shutil.which("node")
-        assert node, "node is missing: `make test` installs it (Debian's nodejs)"
-        script = JS / "dist" / "test" / "drive.js"
-        assert script.exists(), (
-            "the TypeScript SDK is not built: `make test` runs npm ci and npm run build in client/js"
-        )
-        self.process = subprocess.Popen(
-            [node, str(script), json.dumps(options)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    def send(self, **command: object) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-
-    def ask(self, **command: object):
-        self.send(**command)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        assert line, self.close()
-        return json.loads(line)
-
-    def report(self, metric: str, value: object, n: int = 1) -> None:
-        self.send(do="report", metric=metric, value=value, n=n)
-
-    def close(self) -> str:
-        """End the process (stdin closed: it exits once its work is done); its log lines."""
-        if self.process.stdin and not self.process.stdin.closed:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=60)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-        assert self.process.stderr is not None
-        return self.process.stderr.read()
 
 
 @pytest.fixture
@@ -105,6 +58,7 @@ def test_every_mechanism_counted_exactly(start_aggregator, node_reporter, wire):
         "queued": 0,
         "limited": 0,
         "overBudget": 0,
+        "tooLate": 0,
         "ledgerUnavailable": 0,
     }
     assert answer["ok"] is False  # one report was dropped since the start
@@ -211,6 +165,7 @@ def test_batches_wait_out_an_aggregator_that_is_down_and_count_once(start_aggreg
         "queued": 0,
         "limited": 0,
         "overBudget": 0,
+        "tooLate": 0,
         "ledgerUnavailable": 0,
     }
     assert counted(aggregator, "browser") == 500

@@ -1,6 +1,9 @@
 """A real Collector on loopback for the SDK's tests: a grpc.server on 127.0.0.1 implementing
 veil.wire.v1.Collector, with its own decoder of the wire format (not the SDK's), dedupe by
-batch id, per-weight Counts for the estimators, and fault injection.
+batch id, per-weight Counts for the estimators, and fault injection. It speaks revision 2
+(UploadBatches, specs_version and if_version, the server's time, made_unix recorded per batch and
+checked against max_lateness when one is set: OUT_OF_RANGE) or, with ``revision=1``, revision 1 (UploadBatches
+UNIMPLEMENTED, no version, no time).
 
 CollectorState is the "store": it survives stopping and restarting the server on the same
 port, as Redis survives an aggregator restart.
@@ -9,7 +12,9 @@ port, as Redis survives an aggregator restart.
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -46,9 +51,10 @@ def default_specs() -> list[MetricSpec]:
     ]
 
 
-def to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
+def to_proto(spec: MetricSpec, time_resolution: int = 0) -> veil_pb2.MetricSpec:
     # Written here from the proto's field comments, independently of the SDK's converter.
     return veil_pb2.MetricSpec(
+        time_resolution_seconds=time_resolution,
         name=spec.name,
         labels=list(spec.labels),
         mechanism=_MECHANISM[spec.mechanism.name],
@@ -122,6 +128,23 @@ class CollectorState:
     faults: collections.deque = field(default_factory=collections.deque)  # codes for the next uploads
     lost_acks: int = 0  # count the next uploads, then answer UNAVAILABLE (the ack is lost)
     gate: tuple[threading.Event, threading.Event] | None = None  # (in flight, release) for the next upload
+    revision: int = 2  # 1: UploadBatches is UNIMPLEMENTED, and no specs_version or time is said
+    upload_batches: bool = True  # False: UploadBatches is UNIMPLEMENTED even at revision 2 (e.g. a proxy)
+    resolutions: dict[str, int] = field(default_factory=dict)  # metric -> time_resolution_seconds served
+    clock: Callable[[], float] = time.time  # the aggregator's clock
+    max_lateness: int = 0  # seconds; 0: not said nor enforced (tests of a simulated clock in the past)
+    made: dict[bytes, int] = field(default_factory=dict)  # batch id -> made_unix of the batch counted
+    batch_calls: list[list[bytes]] = field(default_factory=list)  # every UploadBatches: its batch ids
+    call_faults: collections.deque = field(default_factory=collections.deque)  # codes for whole UploadBatches
+    if_versions: list[str] = field(default_factory=list)  # every GetMetricSpecs: the if_version it said
+    unchanged_answers: int = 0
+
+    @property
+    def specs_version(self) -> str:
+        if self.revision < 2:
+            return ""
+        text = repr(([(s.fingerprint, s.period_budget, s.lifetime_budget) for s in self.specs], self.max_batch))
+        return hashlib.sha256((text + repr(sorted(self.resolutions.items()))).encode()).hexdigest()[:16]
 
     def by_name(self, name: str) -> MetricSpec:
         return next(s for s in self.specs if s.name == name)
@@ -162,15 +185,24 @@ class CollectorState:
                     raise Reject(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many reports")
                 if request.batch_id in self.counted:
                     self._log(request.batch_id, "duplicate")
-                    return veil_pb2.UploadResponse(accepted=request.count, duplicate=True)
+                    return veil_pb2.UploadResponse(
+                        accepted=request.count, duplicate=True, specs_version=self.specs_version
+                    )
+                resolution = self.resolutions.get(spec.name) or spec.period
+                if self.revision >= 2 and request.made_unix:
+                    if request.made_unix % resolution:
+                        raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "made_unix is not a slot start")
+                    if self.max_lateness and request.made_unix + resolution + self.max_lateness <= self.clock():
+                        raise Reject(grpc.StatusCode.OUT_OF_RANGE, "reports made too long ago")
                 rows = decode(spec, request)
                 self._count(spec, rows)
                 self.counted[request.batch_id] = request.count
+                self.made[request.batch_id] = request.made_unix
                 if self.lost_acks:
                     self.lost_acks -= 1
                     raise Reject(grpc.StatusCode.UNAVAILABLE, "counted, but the ack is lost")
                 self._log(request.batch_id, "counted")
-                return veil_pb2.UploadResponse(accepted=request.count)
+                return veil_pb2.UploadResponse(accepted=request.count, specs_version=self.specs_version)
             except Reject as reject:
                 self._log(request.batch_id, reject.code.name)
                 raise
@@ -201,11 +233,27 @@ class Servicer(veil_pb2_grpc.CollectorServicer):
 
     def GetMetricSpecs(self, request, context):
         self._authorize(context)
-        with self.state.lock:
-            self.state.spec_calls += 1
-            self.state.lock.notify_all()
+        state = self.state
+        with state.lock:
+            state.spec_calls += 1
+            state.if_versions.append(request.if_version)
+            state.lock.notify_all()
+            if state.revision < 2:
+                return veil_pb2.GetMetricSpecsResponse(
+                    specs=[to_proto(s) for s in state.specs], max_batch=state.max_batch
+                )
+            version, now = state.specs_version, int(state.clock())
+            if request.if_version == version:
+                state.unchanged_answers += 1
+                return veil_pb2.GetMetricSpecsResponse(
+                    specs_version=version, unchanged=True, server_time_unix=now, max_lateness_seconds=state.max_lateness
+                )
             return veil_pb2.GetMetricSpecsResponse(
-                specs=[to_proto(s) for s in self.state.specs], max_batch=self.state.max_batch
+                specs=[to_proto(s, state.resolutions.get(s.name, 0)) for s in state.specs],
+                max_batch=state.max_batch,
+                specs_version=version,
+                server_time_unix=now,
+                max_lateness_seconds=state.max_lateness,
             )
 
     def Upload(self, request, context):
@@ -216,6 +264,30 @@ class Servicer(veil_pb2_grpc.CollectorServicer):
             if reject.retry_after_ms is not None:
                 context.set_trailing_metadata((("retry-after-ms", str(reject.retry_after_ms)),))
             context.abort(reject.code, str(reject))
+
+    def UploadBatches(self, request, context):
+        state = self.state
+        with state.lock:
+            state.batch_calls.append([b.batch_id for b in request.batches])
+            state.lock.notify_all()
+            fault = state.call_faults.popleft() if state.call_faults else None
+        if state.revision < 2 or not state.upload_batches:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        self._authorize(context)
+        if fault is not None:
+            context.abort(fault, "injected fault on the whole call")
+        if not 1 <= len(request.batches) <= 64:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "1 to 64 batches a call")
+        if state.max_batch and sum(b.count for b in request.batches) > state.max_batch:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many reports in the call")
+        results = []
+        for batch in request.batches:
+            try:
+                answer = state.upload(batch)
+                results.append(veil_pb2.BatchResult(accepted=answer.accepted, duplicate=answer.duplicate))
+            except Reject as reject:
+                results.append(veil_pb2.BatchResult(code=reject.code.value[0], message=str(reject)))
+        return veil_pb2.UploadBatchesResponse(results=results, specs_version=state.specs_version)
 
 
 class CollectorServer:

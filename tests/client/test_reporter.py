@@ -91,15 +91,17 @@ def test_numpy_style_integer_indices_are_accepted(ready_reporter, state):
     assert reporter.force_flush(10) and state.total("browser") == 1
 
 
-def test_without_any_spec_reports_are_dropped_and_counted_not_raised(caplog):
+def test_without_any_spec_calls_wait_within_the_queue_bound_and_are_dropped_at_shutdown(caplog):
     # Nothing listens on port 1: the aggregator has been unreachable since start.
-    with Reporter("127.0.0.1:1", tls=False, retry_initial_backoff_ms=5) as reporter:
+    with Reporter("127.0.0.1:1", tls=False, retry_initial_backoff_ms=5, max_queue_size=150) as reporter:
         with caplog.at_level(logging.WARNING, logger="veil.client"):
             for _ in range(100):
                 reporter.report("browser", "firefox")
-                reporter.report("anything", object())
+                reporter.report("anything", "x")
+        assert reporter.counters() == Counters(queued=150, dropped=50)
+        assert sum("queue is full" in r.getMessage() for r in caplog.records) == 1
+        assert not reporter.shutdown(0.5)
         assert reporter.counters() == Counters(dropped=200)
-        assert sum("No Veil metric specs" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_full_queue_drops_the_newest_reports_and_counts_them(ready_reporter, state):
@@ -120,9 +122,8 @@ def test_counters_snapshot_is_read_only_and_a_dict(ready_reporter):
     counters = ready_reporter().counters()
     with pytest.raises(AttributeError):
         counters.sent = 3  # type: ignore[misc]
-    assert counters.as_dict() == dict(
-        accepted=0, dropped=0, sent=0, retried=0, failed=0, queued=0, limited=0, over_budget=0, ledger_unavailable=0
-    )
+    names = "accepted dropped sent retried failed queued limited over_budget too_late ledger_unavailable"
+    assert counters.as_dict() == dict.fromkeys(names.split(), 0)
 
 
 def test_reports_after_shutdown_are_dropped(ready_reporter, state):
@@ -142,6 +143,8 @@ def test_shutdown_without_queue_dir_drops_and_counts_what_is_left(make_reporter,
     for _ in range(5):
         reporter.report("browser", "safari")
     assert not reporter.shutdown(0.5)
+    # The worker drops what is left when its last call ends, at the deadline shutdown returned at.
+    assert wait_until(lambda: reporter.counters().queued == 0)
     counters = reporter.counters()
     assert (counters.accepted, counters.dropped, counters.sent, counters.queued) == (5, 5, 0, 0)
 
@@ -185,13 +188,15 @@ def test_stale_fingerprint_fails_the_batch_and_refetches_specs(ready_reporter, s
     assert reporter.force_flush(10) and state.total("browser") == 1
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE])
-def test_what_can_never_succeed_fails_the_batch_without_retry(ready_reporter, state, code):
+@pytest.mark.parametrize(
+    ("code", "counted_as"), [(grpc.StatusCode.INVALID_ARGUMENT, "failed"), (grpc.StatusCode.OUT_OF_RANGE, "too_late")]
+)
+def test_what_can_never_succeed_fails_the_batch_without_retry(ready_reporter, state, code, counted_as):
     reporter = ready_reporter()
     state.fail_next(1, code)
     reporter.report("country", "c3")
     assert not reporter.force_flush(10), "the flush is done, but a report failed"
-    assert reporter.counters() == Counters(accepted=1, failed=1)
+    assert reporter.counters() == Counters(accepted=1, **{counted_as: 1})
     assert [outcome for _, outcome in state.calls] == [code.name]
 
 
@@ -249,7 +254,7 @@ def test_a_fetch_with_a_wrong_token_is_logged_as_a_token_problem(make_reporter, 
         assert not reporter.force_flush(1)
     messages = [r.getMessage() for r in caplog.records]
     assert any("refused the Veil token (UNAUTHENTICATED) when fetching" in m for m in messages)
-    assert reporter.counters() == Counters(dropped=1)
+    assert reporter.counters() == Counters(queued=1)  # the call waits for specs
 
 
 def test_shutdown_says_all_delivered_only_when_true(ready_reporter, state, caplog):
@@ -262,4 +267,6 @@ def test_shutdown_says_all_delivered_only_when_true(ready_reporter, state, caplo
         assert not reporter.shutdown(5)
     messages = [r.getMessage() for r in caplog.records]
     assert not any("all reports delivered" in m for m in messages)
-    assert any("Veil Reporter shut down: 5 report(s) sent, 3 dropped, 0 failed, 0 unsent." in m for m in messages)
+    assert any(
+        "Veil Reporter shut down: 5 report(s) sent, 3 dropped, 0 failed, 0 too late, 0 unsent." in m for m in messages
+    )

@@ -54,9 +54,10 @@ export function reportBytes(d: Design, reports: readonly (readonly number[])[]):
   return out;
 }
 
-/** The serialized UploadRequest of reports randomized under a spec (its name and fingerprint). */
+/** The serialized UploadRequest of reports randomized under a spec (its name and fingerprint) in the
+ * time slot starting at madeUnix (Unix seconds; 0: not said). */
 export function encodeUpload(d: Design, metric: string, fingerprint: string, reports: readonly (readonly number[])[],
-                             batchId: Uint8Array): Uint8Array {
+                             batchId: Uint8Array, madeUnix = 0): Uint8Array {
   const text = new TextEncoder();
   const columns = reportBytes(d, reports);
   const inner = usesBitmaps(d) ? new Writer().bytes(1, columns) : new Writer().uint(1, d.q).bytes(2, columns);
@@ -66,7 +67,15 @@ export function encodeUpload(d: Design, metric: string, fingerprint: string, rep
     .bytes(3, text.encode(fingerprint))
     .uint(4, reports.length)
     .bytes(usesBitmaps(d) ? 6 : 5, inner.done())
+    .uint(7, madeUnix)
     .done();
+}
+
+/** The serialized UploadBatchesRequest of serialized UploadRequests: each a field 1, in order. */
+export function encodeUploads(uploads: readonly Uint8Array[]): Uint8Array {
+  const writer = new Writer();
+  for (const upload of uploads) writer.bytes(1, upload);
+  return writer.done();
 }
 
 function base64(bytes: Uint8Array): string {
@@ -75,9 +84,10 @@ function base64(bytes: Uint8Array): string {
   return btoa(text);
 }
 
-/** The same UploadRequest in the proto3 JSON mapping (for POST /v1/upload as application/json). */
+/** The same UploadRequest in the proto3 JSON mapping (for POST /v1/upload as application/json; an
+ * int64 such as madeUnix is a decimal string there). */
 export function uploadJson(d: Design, metric: string, fingerprint: string, reports: readonly (readonly number[])[],
-                           batchId: Uint8Array): Record<string, unknown> {
+                           batchId: Uint8Array, madeUnix = 0): Record<string, unknown> {
   const columns = base64(reportBytes(d, reports));
   return {
     batchId: base64(batchId),
@@ -85,5 +95,6 @@ export function uploadJson(d: Design, metric: string, fingerprint: string, repor
     specFingerprint: fingerprint,
     count: reports.length,
     ...(usesBitmaps(d) ? { bitmaps: { bits: columns } } : { indexSets: { setSize: d.q, indices: columns } }),
+    ...(madeUnix ? { madeUnix: String(madeUnix) } : {}),
   };
 }

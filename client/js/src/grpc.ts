@@ -1,6 +1,8 @@
 // The Collector service over gRPC for Node (@grpc/grpc-js), with the wire contract's own proto
 // (proto/veil/wire/v1/veil.proto, copied into dist/proto by the build). Uploads travel as the
-// bytes encode.ts writes, so every attempt of a batch is the same bytes.
+// bytes encode.ts writes, so every attempt of a batch is the same bytes. Several batches go in one
+// UploadBatches call; an aggregator older than revision 2 answers it UNIMPLEMENTED, and this
+// transport then sends one Upload per batch for as long as it lives.
 
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -9,8 +11,10 @@ import { fileURLToPath } from "node:url";
 import type * as Grpc from "@grpc/grpc-js";
 import type * as ProtoLoader from "@grpc/proto-loader";
 
-import { encodeUpload } from "./encode.js";
-import { hintOf, type Batch, type Outcome, type SpecsAnswer, type Transport } from "./transport.js";
+import { encodeUpload, encodeUploads } from "./encode.js";
+import {
+  Code, hintOf, outcomeOfCode, type Batch, type Outcome, type Sent, type SpecsAnswer, type Transport,
+} from "./transport.js";
 
 const PROTO = fileURLToPath(new URL("../proto/veil.proto", import.meta.url));
 
@@ -34,6 +38,10 @@ function optional<T extends object>(name: string): T {
 const grpc = optional<typeof Grpc>("@grpc/grpc-js");
 const protoLoader = optional<typeof ProtoLoader>("@grpc/proto-loader");
 const UPLOAD = "/veil.wire.v1.Collector/Upload";
+const UPLOAD_BATCHES = "/veil.wire.v1.Collector/UploadBatches";
+
+const bytesOf = (b: Batch) =>
+  encodeUpload(b.metric.design, b.metric.name, b.metric.fingerprint, b.reports, b.id, b.madeUnix);
 
 export interface GrpcOptions {
   token?: string;
@@ -45,10 +53,12 @@ export interface GrpcOptions {
   clientKey?: string;
 }
 
-// Final refusals (docs/protocol.md, section 5); every other status is retried. (Functions, so
-// that importing this module does not load grpc-js.)
-const FINAL = () => new Set([grpc.status.INVALID_ARGUMENT, grpc.status.OUT_OF_RANGE]);
-const TOKEN = () => new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED]);
+/** What a failed call means for its batches (transport.ts: outcomeOfCode). */
+function outcomeOfError(error: Grpc.ServiceError): Outcome {
+  const hint = error.metadata?.get("retry-after-ms")[0];
+  return outcomeOfCode(error.code, grpc.status[error.code] ?? String(error.code),
+    hintOf(hint === undefined ? null : String(hint)));
+}
 
 // As the Python SDK: TLS unless the address is this machine and nothing asks for TLS (the local
 // demo serves plaintext on loopback, where TLS fails with nothing but an SSL error).
@@ -66,6 +76,7 @@ function credentials(address: string, options: GrpcOptions): Grpc.ChannelCredent
 
 export class GrpcTransport implements Transport {
   readonly kind = "grpc";
+  batches = true;
   private readonly client: Grpc.Client;
   private readonly service: Grpc.ServiceDefinition;
 
@@ -86,36 +97,48 @@ export class GrpcTransport implements Transport {
     return metadata;
   }
 
-  specs(timeoutMs: number): Promise<SpecsAnswer> {
+  specs(timeoutMs: number, ifVersion = ""): Promise<SpecsAnswer> {
     const method = this.service.GetMetricSpecs;
     return new Promise((resolve, reject) => {
-      this.client.makeUnaryRequest(method.path, method.requestSerialize, method.responseDeserialize, {},
-        this.metadata(), { deadline: Date.now() + timeoutMs },
+      this.client.makeUnaryRequest(method.path, method.requestSerialize, method.responseDeserialize,
+        ifVersion ? { ifVersion } : {}, this.metadata(), { deadline: Date.now() + timeoutMs },
         (error, answer) => (error ? reject(error) : resolve(answer as SpecsAnswer)));
     });
   }
 
-  upload(batch: Batch, timeoutMs: number): Promise<Outcome> {
-    const { metric, reports, id } = batch;
-    const bytes = Buffer.from(encodeUpload(metric.design, metric.name, metric.fingerprint, reports, id));
-    const answer = this.service.Upload.responseDeserialize;
+  private call<T>(path: string, bytes: Uint8Array, answer: (b: Buffer) => unknown, timeoutMs: number
+  ): Promise<{ error: Grpc.ServiceError | null; reply: T }> {
     return new Promise((resolve) => {
-      this.client.makeUnaryRequest(UPLOAD, (b: Buffer) => b, answer, bytes, this.metadata(),
-        { deadline: Date.now() + timeoutMs }, (error, reply) => {
-          if (!error) {
-            const r = reply as { accepted?: number; duplicate?: boolean };
-            resolve({ kind: "ok", accepted: r.accepted ?? 0, duplicate: r.duplicate ?? false });
-          } else if (FINAL().has(error.code)) {
-            resolve({ kind: "fail", why: grpc.status[error.code], refetch: false });
-          } else if (error.code === grpc.status.FAILED_PRECONDITION) {
-            resolve({ kind: "fail", why: "stale spec (FAILED_PRECONDITION)", refetch: true });
-          } else {
-            const hint = error.metadata?.get("retry-after-ms")[0];
-            resolve({ kind: "retry", why: grpc.status[error.code] ?? String(error.code),
-              hintMs: hintOf(hint === undefined ? null : String(hint)), token: TOKEN().has(error.code) });
-          }
-        });
+      this.client.makeUnaryRequest(path, (b: Buffer) => b, answer, Buffer.from(bytes), this.metadata(),
+        { deadline: Date.now() + timeoutMs }, (error, reply) => resolve({ error, reply: reply as T }));
     });
+  }
+
+  async upload(batch: Batch, timeoutMs: number): Promise<Sent> {
+    const { error, reply } = await this.call<{ accepted?: number; duplicate?: boolean; specsVersion?: string }>(
+      UPLOAD, bytesOf(batch), this.service.Upload.responseDeserialize, timeoutMs);
+    if (error) return { outcomes: [outcomeOfError(error)], specsVersion: "" };
+    return { outcomes: [{ kind: "ok", accepted: reply.accepted ?? 0, duplicate: reply.duplicate ?? false }],
+      specsVersion: reply.specsVersion ?? "" };
+  }
+
+  async uploadBatches(batches: Batch[], timeoutMs: number): Promise<Sent | null> {
+    const { error, reply } = await this.call<{ results?: { code?: number; message?: string; accepted?: number;
+      duplicate?: boolean }[]; specsVersion?: string }>(UPLOAD_BATCHES, encodeUploads(batches.map(bytesOf)),
+      this.service.UploadBatches.responseDeserialize, timeoutMs);
+    if (error?.code === Code.UNIMPLEMENTED) {
+      this.batches = false;
+      return null;
+    }
+    if (error) return { outcomes: batches.map(() => outcomeOfError(error)), specsVersion: "" };
+    const results = reply.results ?? [];
+    if (results.length !== batches.length) {
+      return { outcomes: batches.map(() => ({ kind: "retry", why: "a result per batch", hintMs: 0, token: false })),
+        specsVersion: "" };
+    }
+    return { specsVersion: reply.specsVersion ?? "", outcomes: results.map((r) => r.code
+      ? outcomeOfCode(r.code, r.message || grpc.status[r.code] || `code ${r.code}`)
+      : { kind: "ok", accepted: r.accepted ?? 0, duplicate: r.duplicate ?? false }) };
   }
 
   close(): void {

@@ -6,10 +6,12 @@ export {
   checkEpsilon, design, EPSILON_RANGE, epsilonToGamma, MECHANISMS, minimaxQ, randomize, VeilUsageError,
   type Design, type Mechanism,
 } from "./mechanism.js";
-export { encodeUpload, reportBytes, uploadJson, usesBitmaps } from "./encode.js";
-export { parseSpecs, type Metric } from "./specs.js";
+export { encodeUpload, encodeUploads, reportBytes, uploadJson, usesBitmaps } from "./encode.js";
+export { parseSpecs, ServerClock, type Metric } from "./specs.js";
 export { fetchSpecs, HttpTransport, type Endpoint } from "./http.js";
-export { backoffMs, RETRY_HORIZON_MS, type Batch, type Outcome, type SpecsAnswer, type Transport } from "./transport.js";
+export {
+  backoffMs, RETRY_HORIZON_MS, type Batch, type Outcome, type Sent, type SpecsAnswer, type Transport,
+} from "./transport.js";
 export { Ledger, type PrivacySpent, type Refusal, type Rule } from "./ledger.js";
 export { Memo } from "./memo.js";
 export { MemoryStore, type DeviceStore } from "./store.js";

@@ -1,7 +1,11 @@
 // The Reporter: report() randomizes at the call (memoized responses, the device ledger) and
-// returns; batches are made per metric and spec (maxBatchSize reports or scheduleDelayMs) and
-// uploaded in the background, one at a time, each retried with the same batch id until the
-// aggregator acknowledges it, refuses it for good, or the retry horizon passes.
+// returns; batches are made per metric, spec and time slot (maxBatchSize reports or
+// scheduleDelayMs; each says when its reports were made) and uploaded in the background, the due
+// ones together (one UploadBatches call of up to 64 batches and max_batch reports, or one Upload per
+// batch to a revision-1 aggregator), each retried with the same batch id until the aggregator
+// acknowledges it, refuses it for good, or the retry horizon passes. Specs are fetched at start,
+// again when an upload answer names another specs version, and otherwise checked every specTtlMs
+// with the version held (the aggregator answers "unchanged" at almost no cost).
 
 import { boundedClock } from "./clock.js";
 import { DeviceState } from "./device.js";
@@ -12,6 +16,9 @@ import { SystemWords, type WordSource } from "./random.js";
 import { parseSpecs, ServerClock, type Metric } from "./specs.js";
 import { MemoryStore, type DeviceStore } from "./store.js";
 import { backoffMs, RETRY_HORIZON_MS, type Batch, type Transport } from "./transport.js";
+
+/** The most batches one upload call carries (docs/protocol.md, UploadBatches). */
+const BATCHES_PER_CALL = 64;
 
 /** A metric name that is not a string. */
 export class UnknownMetricError extends VeilUsageError {
@@ -68,6 +75,8 @@ export interface Counters {
   failed: number;
   /** Reports awaiting acknowledgement now (and calls waiting for the first specs). */
   queued: number;
+  /** Reports in batches refused for good as made longer ago than the aggregator accepts. */
+  tooLate: number;
   /** Calls not sent because this period's reports of the metric were sent already, or because the
    * period is before one the device reported in (its clock was set back). */
   limited: number;
@@ -109,12 +118,19 @@ export class Reporter {
   private device: DeviceState | null = null;
   private metrics = new Map<string, Metric>();
   private maxBatch = 0;
+  private specsVersion = "";
+  private fetching = false;
+  /** A fetch was asked for while one was in flight: fetch again when it ends. */
+  private fetchAgain = false;
   /** The aggregator's clock as its specs answers say it: what the ledger bounds the device's clock by. */
   readonly serverClock = new ServerClock();
+  /** Seconds after a slot's end the aggregator still counts its reports (0: not said). */
+  maxLatenessSeconds = 0;
   private ready = false;
   private closed = false;
   private stopping = false;
-  private readonly held: [string, string | number][] = [];
+  /** Calls made before the store is open and specs are known: metric, value, the time of the call. */
+  private readonly held: [string, string | number, number][] = [];
   /** Reports admitted whose spending is being stored, and the memo keys whose new response is drawn
    * once it is. */
   private admitting = 0;
@@ -127,8 +143,8 @@ export class Reporter {
   private wake: (() => void) | null = null;
   private waiters: (() => void)[] = [];
   private readonly counts: Counters = { accepted: 0, dropped: 0, sent: 0, retried: 0, failed: 0, queued: 0, limited: 0,
-    overBudget: 0, ledgerUnavailable: 0 };
-  private lastFlush = { dropped: 0, failed: 0, ledgerUnavailable: 0 };
+    overBudget: 0, tooLate: 0, ledgerUnavailable: 0 };
+  private lastFlush = { dropped: 0, failed: 0, tooLate: 0, ledgerUnavailable: 0 };
   private readonly onExit = () => void this.shutdown(this.settings.exportTimeoutMs);
   private readonly onHide = () => {
     if (globalThis.document?.visibilityState !== "visible") this.cut(true);
@@ -169,11 +185,11 @@ export class Reporter {
       // Until the device's store is open and specs are known, calls wait here (true values, on the
       // device only, never sent as such).
       if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
-      this.held.push([metric, value]);
+      this.held.push([metric, value, this.clock()]);
       this.counts.queued += 1;
       return;
     }
-    this.process(metric, value);
+    this.process(metric, value, this.clock());
   }
 
   /** Send everything queued now; true when all of it was acknowledged within timeoutMs and
@@ -185,10 +201,10 @@ export class Reporter {
     await this.until(() => this.admitting === 0, deadline);
     this.cut(true);
     const done = await this.until(() => this.counts.queued === 0, deadline);
-    const { dropped, failed, ledgerUnavailable } = this.counts;
+    const { dropped, failed, tooLate, ledgerUnavailable } = this.counts;
     const clean = dropped === this.lastFlush.dropped && failed === this.lastFlush.failed
-      && ledgerUnavailable === this.lastFlush.ledgerUnavailable;
-    this.lastFlush = { dropped, failed, ledgerUnavailable };
+      && tooLate === this.lastFlush.tooLate && ledgerUnavailable === this.lastFlush.ledgerUnavailable;
+    this.lastFlush = { dropped, failed, tooLate, ledgerUnavailable };
     return done && clean;
   }
 
@@ -230,12 +246,13 @@ export class Reporter {
   privacySpent(metric: string): PrivacySpent | undefined {
     const m = this.metrics.get(metric);
     if (!m || !this.device) return undefined;
-    return this.device.ledger.spent(m, this.period(m), ...this.budgets(m), m.design.epsilon);
+    return this.device.ledger.spent(m, this.period(m, this.clock()), ...this.budgets(m), m.design.epsilon);
   }
 
   // --- report() once ready ---------------------------------------------------------------------
 
-  private process(name: string, value: string | number): void {
+  /** report() of a call made at `now` (Unix ms): its period and its batch's time slot. */
+  private process(name: string, value: string | number, now: number): void {
     const device = this.device!;
     try {
       const metric = this.metrics.get(name);
@@ -244,7 +261,7 @@ export class Reporter {
       if (index < 0 || index >= metric.labels.length) {
         return this.drop(`unknown-category:${name}`, `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
       }
-      const period = this.period(metric);
+      const period = this.period(metric, now);
       if (device.ledger.full(metric, period)) return void (this.counts.limited += 1);
       if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
       const memoizes = perMetric(this.options.memoize, name, true);
@@ -276,7 +293,7 @@ export class Reporter {
           const memoized = key !== null && device.memo.known(key);
           const report = key === null ? draw() : device.memo.response(key, draw);
           if (key !== null && !memoized) device.changed("memo");
-          this.enqueue(metric, report);
+          this.enqueue(metric, report, now);
         } else {
           this.counts.ledgerUnavailable += 1;
         }
@@ -287,8 +304,8 @@ export class Reporter {
     }
   }
 
-  private period(metric: Metric): number {
-    return Math.floor(this.clock() / 1000 / metric.periodSeconds);
+  private period(metric: Metric, now: number): number {
+    return Math.floor(now / 1000 / metric.periodSeconds);
   }
 
   /** The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower; a period
@@ -299,11 +316,14 @@ export class Reporter {
       Math.min(metric.lifetimeBudget, perMetric(this.options.lifetimeBudget, metric.name, Infinity))];
   }
 
-  private enqueue(metric: Metric, report: number[]): void {
-    const key = `${metric.name}\u0000${metric.fingerprint}`;
+  private enqueue(metric: Metric, report: number[], now: number): void {
+    const resolution = metric.timeResolutionSeconds;
+    const madeUnix = Math.floor(now / 1000 / resolution) * resolution;
+    const key = `${metric.name}\u0000${metric.fingerprint}\u0000${madeUnix}`;
     let open = this.open.get(key);
     if (!open) {
-      open = { batch: { metric, reports: [], id: new Uint8Array(0), made: 0 }, due: Date.now() + this.settings.scheduleDelayMs };
+      open = { batch: { metric, reports: [], id: new Uint8Array(0), made: 0, madeUnix },
+        due: Date.now() + this.settings.scheduleDelayMs };
       this.open.set(key, open);
       this.schedule();
     }
@@ -356,33 +376,52 @@ export class Reporter {
     try {
       let failures = 0;
       while (this.batches.length > 0 && !this.closed) {
-        const batch = this.batches[0];
-        const n = batch.reports.length;
+        const call = this.nextCall();
         // The spending and responses these reports used are stored before they leave the device.
         if (!(await this.device!.persisted())) {
-          this.settle(batch, "dropped");
+          for (const batch of call) this.settle(batch, "dropped");
           continue;
         }
-        const outcome = await this.transport.upload(batch, this.settings.exportTimeoutMs);
+        const timeoutMs = this.settings.exportTimeoutMs;
+        // One batch goes in an Upload, which every revision answers alike.
+        const sent = call.length > 1 ? await this.transport.uploadBatches(call, timeoutMs)
+          : await this.transport.upload(call[0], timeoutMs);
         if (this.closed) break;
-        if (outcome.kind === "ok") {
+        if (sent === null) {
+          this.warnOnce("revision", "Veil: the aggregator predates UploadBatches; uploading one batch per call.");
+          continue;
+        }
+        if (sent.specsVersion && sent.specsVersion !== this.specsVersion) void this.refreshSpecs();
+        let hintMs = 0;
+        let retry: { why: string; token: boolean } | null = null;
+        for (const [i, batch] of call.entries()) {
+          const outcome = sent.outcomes[i];
+          const n = batch.reports.length;
+          if (outcome.kind === "ok") {
+            this.settle(batch, "sent");
+          } else if (outcome.kind === "fail") {
+            this.warnOnce(`fail:${outcome.why}`, `Veil: the aggregator refused a batch of ${n} reports for good (${outcome.why}).`);
+            this.settle(batch, outcome.tooLate ? "tooLate" : "failed");
+            if (outcome.refetch) void this.refreshSpecs();
+          } else if (this.clock() - batch.made > RETRY_HORIZON_MS) {
+            this.settle(batch, "failed");
+          } else {
+            this.counts.retried += 1;
+            retry ??= outcome;
+            hintMs = Math.max(hintMs, outcome.hintMs);
+          }
+        }
+        if (retry === null) {
           failures = 0;
           this.logged.delete("upload");
-          this.settle(batch, "sent");
-        } else if (outcome.kind === "fail") {
-          this.warnOnce(`fail:${outcome.why}`, `Veil: the aggregator refused a batch of ${n} reports for good (${outcome.why}).`);
-          this.settle(batch, "failed");
-          if (outcome.refetch) void this.refreshSpecs();
-        } else if (this.clock() - batch.made > RETRY_HORIZON_MS) {
-          this.settle(batch, "failed");
-        } else {
-          this.counts.retried += 1;
-          this.warnOnce("upload", outcome.token
-            ? "Veil: the aggregator refused the Veil token; batches stay queued and are retried."
-            : `Veil: uploads are failing (${outcome.why}); batches stay queued and are retried with backoff.`);
-          await this.sleep(backoffMs(failures++, this.settings.retryInitialBackoffMs, this.settings.retryMaxBackoffMs,
-            outcome.hintMs));
+          continue;
         }
+        const { why, token } = retry;
+        this.warnOnce("upload", token
+          ? "Veil: the aggregator refused the Veil token; batches stay queued and are retried."
+          : `Veil: uploads are failing (${why}); batches stay queued and are retried with backoff.`);
+        await this.sleep(backoffMs(failures++, this.settings.retryInitialBackoffMs, this.settings.retryMaxBackoffMs,
+          hintMs));
       }
     } catch {
       this.warnOnce("pump", "Veil: the uploader stopped on an unexpected error; it restarts with the next batch.");
@@ -391,8 +430,24 @@ export class Reporter {
     }
   }
 
-  private settle(batch: Batch, how: "sent" | "failed" | "dropped"): void {
-    this.batches.shift();
+  /** The oldest batches, as many as one call takes: 64 and the aggregator's max_batch reports (one
+   * batch to a revision-1 aggregator: its specs say no version, or it answered UploadBatches as
+   * unknown; with tokens it would refuse UploadBatches as forbidden, not unknown). */
+  private nextCall(): Batch[] {
+    const most = this.transport.batches && this.specsVersion ? BATCHES_PER_CALL : 1;
+    const limit = this.maxBatch || this.settings.maxBatchSize;
+    const call: Batch[] = [];
+    let reports = 0;
+    for (const batch of this.batches) {
+      if (call.length === most || (call.length > 0 && reports + batch.reports.length > limit)) break;
+      call.push(batch);
+      reports += batch.reports.length;
+    }
+    return call;
+  }
+
+  private settle(batch: Batch, how: "sent" | "failed" | "dropped" | "tooLate"): void {
+    this.batches.splice(this.batches.indexOf(batch), 1);
     this.counts[how] += batch.reports.length;
     this.counts.queued -= batch.reports.length;
     this.notify();
@@ -457,17 +512,27 @@ export class Reporter {
 
   private async refreshSpecs(failures = 0): Promise<void> {
     if (this.closed) return;
+    if (this.fetching) {
+      this.fetchAgain = true;
+      return;
+    }
     if (this.specTimer) clearTimeout(this.specTimer);
+    this.fetching = true;
+    this.fetchAgain = false;
     let next = this.settings.specTtlMs;
     try {
-      this.useSpecs(await this.transport.specs(this.settings.exportTimeoutMs), true);
+      // With the version held: "unchanged" when it is still the aggregator's (a cheap check).
+      this.useSpecs(await this.transport.specs(this.settings.exportTimeoutMs, this.specsVersion), true);
       this.logged.delete("specs");
     } catch {
       this.warnOnce("specs", "Veil: the specs cannot be fetched now; retrying with backoff.");
       next = backoffMs(failures, this.settings.retryInitialBackoffMs, this.settings.retryMaxBackoffMs);
       failures += 1;
+    } finally {
+      this.fetching = false;
     }
     if (this.closed) return;
+    if (this.fetchAgain && next === this.settings.specTtlMs) return this.refreshSpecs();
     this.specTimer = setTimeout(() => void this.refreshSpecs(next === this.settings.specTtlMs ? 0 : failures), next);
     unref(this.specTimer);
   }
@@ -475,9 +540,12 @@ export class Reporter {
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   private useSpecs(answer: any, fetched: boolean): void {
     if (fetched) this.serverClock.heard(answer.serverTimeUnix);
+    this.maxLatenessSeconds = Number(answer.maxLatenessSeconds) || this.maxLatenessSeconds;
+    if (answer.unchanged === true && this.ready) return;
     const { metrics, maxBatch } = parseSpecs(answer);
     this.metrics = new Map(metrics.map((m) => [m.name, m]));
     this.maxBatch = maxBatch;
+    this.specsVersion = typeof answer.specsVersion === "string" ? answer.specsVersion : "";
     if (fetched && this.device) {
       this.device.specs = JSON.stringify(answer);  // a copy for the next start
       this.device.changed("specs");
@@ -486,7 +554,7 @@ export class Reporter {
       this.ready = true;
       const held = this.held.splice(0);
       this.counts.queued -= held.length;
-      for (const [metric, value] of held) this.process(metric, value);
+      for (const [metric, value, made] of held) this.process(metric, value, made);
       this.notify();
     }
   }

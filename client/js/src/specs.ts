@@ -1,5 +1,6 @@
-// The aggregator's specs as a device uses them: each checked against its fingerprint (a spec this
-// SDK does not reproduce is left out: its reports would be refused or wrong), with its design.
+// The aggregator's specs as a device uses them: each checked against its fingerprint and q (a spec
+// this SDK does not reproduce is left out, and its metric's reports are dropped as unknown: they
+// would be refused or wrong), with its design.
 
 import { fingerprint } from "./canonical.js";
 import { design, type Design } from "./mechanism.js";
@@ -11,6 +12,9 @@ export interface Metric {
   labels: string[];
   fingerprint: string;
   periodSeconds: number;
+  /** The granularity (seconds) of when a report was made (UploadRequest.made_unix): the spec's
+   * time_resolution_seconds, or its period when not said (a revision-1 aggregator). */
+  timeResolutionSeconds: number;
   reportsPerPeriod: number;
   /** epsilon per period and per lifetime the operator allows (periodBudget null: the period's reports
    * are its only bound; lifetimeBudget Infinity: no lifetime cap). */
@@ -37,9 +41,12 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
       const mine = fingerprint({ name: s.name, labels, mechanism, k: labels.length, epsilon, period: periodSeconds,
         reportsPerPeriod });
       if (mine !== s.fingerprint) continue;
+      const d = design(mechanism, labels.length, epsilon);
+      if ((Number(s.q) || 0) !== d.q) continue;  // a q this SDK does not compute: its reports would be wrong
       metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
+        timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
         periodBudget: Number(s.periodBudget) || null,
-        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: design(mechanism, labels.length, epsilon) });
+        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }

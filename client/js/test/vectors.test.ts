@@ -5,7 +5,7 @@ import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import {
-  canonicalJson, design, encodeUpload, fingerprint, GivenWords, randomize, uploadJson, usesBitmaps,
+  canonicalJson, design, encodeUpload, encodeUploads, fingerprint, GivenWords, Memo, randomize, uploadJson, usesBitmaps,
 } from "../src/index.js";
 
 const VECTORS = new URL("../../../../proto/veil/wire/v1/vectors/", import.meta.url);
@@ -56,14 +56,36 @@ test("randomize: the same words give the same report, using every word", () => {
   }
 });
 
-test("encodings: protobuf bytes and the proto3 JSON mapping", async () => {
-  for (const v of load("encodings.json")) {
-    const d = design(v.spec.mechanism, v.spec.k, v.spec.epsilon);
-    assert.equal(usesBitmaps(d) ? "bitmaps" : "index_sets", v.encoding);
-    const fp = await fingerprint(canonical(v.spec));
-    assert.equal(fp, v.fingerprint);
-    const id = Buffer.from(v.batch_id, "hex");
-    assert.equal(hex(encodeUpload(d, v.spec.name, fp, v.reports, id)), v.upload_hex);
-    assert.deepEqual(uploadJson(d, v.spec.name, fp, v.reports, id), v.upload_json);
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+async function checkUpload(v: any): Promise<Uint8Array> {
+  const d = design(v.spec.mechanism, v.spec.k, v.spec.epsilon);
+  assert.equal(usesBitmaps(d) ? "bitmaps" : "index_sets", v.encoding);
+  const fp = await fingerprint(canonical(v.spec));
+  assert.equal(fp, v.fingerprint);
+  const id = Buffer.from(v.batch_id, "hex");
+  const bytes = encodeUpload(d, v.spec.name, fp, v.reports, id, v.made_unix);
+  assert.equal(hex(bytes), v.upload_hex);
+  assert.deepEqual(uploadJson(d, v.spec.name, fp, v.reports, id, v.made_unix), v.upload_json);
+  return bytes;
+}
+
+test("encodings: protobuf bytes and the proto3 JSON mapping, made_unix included", async () => {
+  const vectors = load("encodings.json");
+  assert.ok(vectors.some((v) => v.made_unix === 0) && vectors.some((v) => v.made_unix > 2 ** 32));
+  for (const v of vectors) await checkUpload(v);
+});
+
+test("upload_batches: several UploadRequests in one UploadBatchesRequest", async () => {
+  for (const v of load("upload_batches.json")) {
+    const uploads = [];
+    for (const batch of v.batches) uploads.push(await checkUpload(batch));
+    assert.equal(hex(encodeUploads(uploads)), v.request_hex);
+    assert.deepEqual({ batches: v.batches.map((b: { upload_json: unknown }) => b.upload_json) }, v.request_json);
+  }
+});
+
+test("memo_keys: HMAC-SHA256 over lengths in bytes of UTF-8", () => {
+  for (const v of load("memo_keys.json")) {
+    assert.equal(new Memo(Buffer.from(v.secret, "hex")).key(v.metric, v.fingerprint, v.category), v.key);
   }
 });

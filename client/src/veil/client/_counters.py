@@ -13,22 +13,25 @@ class Counters:
 
     accepted: report() calls randomized and queued in this process.
     dropped:  reports discarded on the device without reaching the aggregator: a full queue,
-              no spec known yet, a refused spec, a metric or category the aggregator does not
-              declare, a Reporter shut down, the disk cap, or batches held only in memory at
-              shutdown.
+              calls still waiting for the first specs at shutdown, a refused spec, a metric or
+              category the aggregator does not declare, a Reporter shut down, the disk cap, or
+              batches held only in memory at shutdown.
     sent:     reports the aggregator acknowledged (a duplicate acknowledgement included: the
               batch was counted once, on an earlier attempt).
     retried:  upload attempts (batches, not reports) repeated after a retryable failure.
     failed:   reports in batches the aggregator refused for good (stale spec, invalid batch)
               or that stayed unacknowledged past the retry horizon.
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
-              (batches left by an earlier process included).
+              (batches left by an earlier process included), and report() calls waiting for the
+              first specs.
     limited:  report() calls not sent because this period's reports of the metric were sent
               already (the metric's reports_per_period), or because the period is before one the
               device reported in (its clock was set back): the device-level bound at work, not a
               failure, and not counted as dropped.
     over_budget: report() calls not sent because they would have spent more epsilon than the
               metric's period or lifetime budget allows (see Reporter.privacy_spent()).
+    too_late: reports in batches the aggregator refused for good because they were made longer
+              ago than it accepts (its max_lateness after their time slot ended): not counted.
     ledger_unavailable: report() calls not sent because the privacy ledger under the queue
               directory could not record their spending (a full disk, an unwritable directory).
     """
@@ -41,6 +44,7 @@ class Counters:
     queued: int = 0
     limited: int = 0
     over_budget: int = 0
+    too_late: int = 0
     ledger_unavailable: int = 0
 
     def as_dict(self) -> dict[str, int]:

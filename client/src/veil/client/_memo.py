@@ -27,7 +27,7 @@ from pathlib import Path
 from ._fs import FILE_MODE, DeviceFileOwner, DeviceLog, create_once, write_atomic
 from ._log import LogOnce
 
-__all__ = ["MemoStore", "SECRET_BYTES"]
+__all__ = ["MemoStore", "SECRET_BYTES", "memo_key"]
 
 SECRET_BYTES = 32
 _KEY = 32
@@ -35,6 +35,14 @@ _HEAD = struct.Struct("<I")
 _DOMAIN = b"veil.memo.v1\x00"
 
 Report = tuple[int, ...]
+
+
+def memo_key(secret: bytes, metric: str, fingerprint: str, index: int) -> bytes:
+    """HMAC-SHA256(secret, domain | u32 len | metric | u32 len | fingerprint | u32 index): lengths
+    in bytes of UTF-8, little-endian (docs/protocol.md section 6; memo_keys.json)."""
+    name, print_ = metric.encode(), fingerprint.encode()
+    message = b"".join((_DOMAIN, _HEAD.pack(len(name)), name, _HEAD.pack(len(print_)), print_, _HEAD.pack(index)))
+    return hmac.new(secret, message, hashlib.sha256).digest()
 
 
 def _load_secret(path: Path, log: LogOnce) -> bytes:
@@ -87,9 +95,7 @@ class MemoStore(DeviceFileOwner):
         return len(self._memo)
 
     def key(self, metric: str, fingerprint: str, index: int) -> bytes:
-        name, print_ = metric.encode(), fingerprint.encode()
-        message = b"".join((_DOMAIN, _HEAD.pack(len(name)), name, _HEAD.pack(len(print_)), print_, _HEAD.pack(index)))
-        return hmac.new(self._secret, message, hashlib.sha256).digest()
+        return memo_key(self._secret, metric, fingerprint, index)
 
     def known(self, key: bytes) -> bool:
         """Whether a response is memoized under ``key`` (in this process's view)."""

@@ -2,14 +2,16 @@
 
 With a queue directory every batch is written to ``outbox/`` (tmp + fsync + rename) before its
 first upload and removed when acknowledged, so a restart sends what was never acknowledged.
-A batch file is the serialized UploadRequest (randomized reports and their batch id: no true
-value); its name carries its creation time, its report count and its batch id,
+A batch file is the serialized UploadRequest (randomized reports, their batch id and, since
+revision 2, their made_unix: no true value), sent as it is (a file an earlier SDK wrote says no
+made_unix and is counted by arrival, as then); its name carries its creation time, its report count and its batch id,
 ``<unix ms>-<count>-<batch id hex>.batch``, so loading needs no parsing. The files' total size
 is capped; a batch beyond the cap is dropped (and counted by the caller).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
@@ -114,6 +116,10 @@ class Outbox:
     def head(self) -> Batch | None:
         return self._batches[0] if self._batches else None
 
+    def oldest(self, n: int) -> list[Batch]:
+        """The n oldest batches (a copy: the caller may pop them)."""
+        return list(itertools.islice(self._batches, n))
+
     def load(self, first_seq: int) -> int:
         """Queue the batches found on disk; returns the next free seq."""
         seq = first_seq
@@ -151,9 +157,11 @@ class Outbox:
         return self.spool.read(batch.path) if self.spool is not None and batch.path is not None else None
 
     def pop(self, batch: Batch) -> None:
-        """Remove the head batch (acknowledged, failed or gone) and its file."""
-        assert self._batches and self._batches[0] is batch
-        self._batches.popleft()
+        """Remove a batch (acknowledged, failed or gone; mostly the head) and its file."""
+        if self._batches[0] is batch:
+            self._batches.popleft()
+        else:  # answered in one call with older batches that wait for a retry
+            self._batches.remove(batch)
         self.reports -= batch.count
         if batch.path is None:
             self.in_memory -= batch.count

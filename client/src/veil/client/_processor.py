@@ -1,9 +1,12 @@
 """The bounded queue between report() and the background worker (OpenTelemetry's batch
 processor, for randomized reports).
 
-report() appends a randomized report under one lock and returns; nothing here touches the
-network or the disk on the caller's thread. A full queue drops the newest report and counts
-it. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
+report() appends a randomized report, with the time it was made, under one lock and returns;
+nothing here touches the network or the disk on the caller's thread. A full queue drops the
+newest report and counts it. Before any spec is known (a first start, no network yet) report()
+calls wait here as they were made (``early``: metric, value and time, in memory only, within the
+same bound); the worker hands them back to the Reporter once specs arrive, and only then are
+they randomized. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
 shutdown hand it a request with a deadline and wait for its answer. After fork the child gets
 new locks, an empty queue, a new worker and, later, its own gRPC channel.
 """
@@ -16,6 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 from veil.mechanism import MetricSpec
 
@@ -30,10 +34,12 @@ from ._transport import Transport
 
 __all__ = ["BatchProcessor", "FlushRequest"]
 
+# A weak reference to a Reporter's report() of a call made at a given time (metric, value, time).
+_ReportAt = Callable[[], Callable[[str, object, float], None] | None]
+
 _DROP_MESSAGES = {
     "full": "The Veil report queue is full; dropping new reports until it drains.",
     "closed": "The Veil Reporter is shut down; dropping new reports.",
-    "no-specs": "No Veil metric specs are known yet; dropping reports until the aggregator sends them.",
     "refused": "A Veil metric's spec was refused; dropping its reports.",
     # A metric or category can vanish from a running app's specs (an operator removed or renamed
     # it): never an exception in the host, and a misspelt name shows up here too.
@@ -87,13 +93,17 @@ class BatchProcessor:
     def _new_state(self) -> None:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
-        self.pending: deque[tuple[MetricSpec, tuple[int, ...]]] = deque()
-        self.held = 0  # reports in memory: pending and batches not spooled
+        self.pending: deque[tuple[MetricSpec, tuple[int, ...], float]] = deque()  # (spec, report, made at)
+        # report() calls made before any spec was known: (the report() of the device that made it,
+        # metric, value, made at); a simulated device shares this queue with its Reporter.
+        self.early: list[tuple[_ReportAt, str, object, float]] = []
+        self.held = 0  # reports in memory: early, pending and batches not spooled
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
-        self.limited = self.over_budget = self.ledger_unavailable = 0
-        self.lost_at_flush = 0  # dropped + failed + ledger_unavailable when the last force_flush answered
+        self.limited = self.over_budget = self.too_late = self.ledger_unavailable = 0
+        # dropped + failed + too_late + ledger_unavailable when the last force_flush answered
+        self.lost_at_flush = 0
 
     def _start(self, load: bool) -> None:
         from ._worker import Worker
@@ -107,13 +117,43 @@ class BatchProcessor:
         """A racy early check, so a report that would be dropped is not randomized first."""
         return not self.stopped and self.held < self.config.max_queue_size
 
-    def submit(self, spec: MetricSpec, report: tuple[int, ...]) -> None:
+    def hold(self, report: _ReportAt, metric: str, value: object, made_at: float) -> bool:
+        """Keep a report() call made before any spec is known, until specs arrive (or drop and
+        count it when the queue is full); False when specs are known by now (report it)."""
+        with self.lock:
+            if self.specs.ready.is_set():
+                return False
+            if self.stopped or self.held >= self.config.max_queue_size:
+                reason = "closed" if self.stopped else "full"
+                self.dropped += 1
+            else:
+                self.early.append((report, metric, value, made_at))
+                self.held += 1
+                return True
+        self.drop_logged(reason, count=False)
+        return True
+
+    def release_early(self) -> None:
+        """Once specs are known (the worker): report the calls held until then, as made."""
+        with self.lock:
+            early, self.early = self.early, []
+            self.held -= len(early)
+        for reference, metric, value, made_at in early:
+            try:
+                report = reference()
+                if report is None:
+                    raise RuntimeError("the Reporter is gone")
+                report(metric, value, made_at)
+            except Exception:  # noqa: BLE001 (never raised: the call is dropped, counted)
+                self.drop_logged("error")
+
+    def submit(self, spec: MetricSpec, report: tuple[int, ...], made_at: float) -> None:
         with self.lock:
             if self.stopped or self.held >= self.config.max_queue_size:
                 reason = "closed" if self.stopped else "full"
                 self.dropped += 1
             else:
-                self.pending.append((spec, report))
+                self.pending.append((spec, report, made_at))
                 self.held += 1
                 self.accepted += 1
                 if len(self.pending) in (1, self.config.max_batch_size):
@@ -154,9 +194,10 @@ class BatchProcessor:
                 self.sent,
                 self.retried,
                 self.failed,
-                len(self.pending) + self.outbox_reports,
+                len(self.early) + len(self.pending) + self.outbox_reports,
                 self.limited,
                 self.over_budget,
+                self.too_late,
                 self.ledger_unavailable,
             )
 
@@ -169,7 +210,8 @@ class BatchProcessor:
             self.wake.notify()
         request.done.wait(timeout)
         with self.lock:  # honest: False when reports were lost (dropped, failed, unrecorded) since the last flush
-            lost, before = self.dropped + self.failed + self.ledger_unavailable, self.lost_at_flush
+            lost = self.dropped + self.failed + self.too_late + self.ledger_unavailable
+            before = self.lost_at_flush
             self.lost_at_flush = lost
         return request.done.is_set() and request.ok and lost == before
 
@@ -188,18 +230,20 @@ class BatchProcessor:
         ok = (
             request.done.is_set()
             and request.ok
-            and not (counters.dropped or counters.failed or counters.queued or counters.ledger_unavailable)
+            and not (counters.dropped or counters.failed or counters.too_late or counters.queued)
+            and not counters.ledger_unavailable
         )
         if ok:
             logger.info("Veil Reporter shut down (all reports delivered).")
         else:
             logger.warning(
-                "Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d unsent%s.",
+                "Veil Reporter shut down: %d report(s) sent, %d dropped, %d failed, %d too late, %d unsent%s.",
                 counters.sent,
                 counters.dropped,
                 counters.failed,
+                counters.too_late,
                 counters.queued,
-                " (kept under the queue directory)" if counters.queued else "",
+                " (kept under the queue directory)" if counters.queued and self.outbox.spool is not None else "",
             )
         return ok
 

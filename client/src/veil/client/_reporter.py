@@ -152,17 +152,26 @@ class Reporter:
         """Randomize ``value`` (a category label or index of ``metric``) and queue the report.
 
         Never blocks on the network, never raises because of what the aggregator declares: a
-        metric or category its specs lack, or no spec obtained yet, drops the report and counts
-        it. Raises UnknownMetricError when ``metric`` is not a string, UnknownCategoryError when
-        ``value`` is neither a string nor a non-negative integer."""
+        metric or category its specs lack drops the report and counts it; before any spec is
+        known (a first start offline) the call waits in the bounded queue, as made, and is
+        randomized once specs arrive. Raises UnknownMetricError when ``metric`` is not a string,
+        UnknownCategoryError when ``value`` is neither a string nor a non-negative integer."""
         if not isinstance(metric, str):
             raise UnknownMetricError("A metric name must be a string.")
+        self._report(metric, value, self._clock())
+
+    def _report(self, metric: str, value: object, now: float) -> None:
+        """report() of a call made at ``now`` (Unix seconds): its period and its batch's made_unix."""
         entry = self._specs.entries.get(metric)
+        if entry is None and not self._specs.ready.is_set():
+            if not isinstance(value, str):
+                _index(None, value)  # misuse raises whatever the specs say
+            if self._processor.hold(weakref.WeakMethod(self._report), metric, value, now):
+                return
+            entry = self._specs.entries.get(metric)  # the specs arrived meanwhile
         if entry is None:
             if metric in self._specs.refused:
                 return self._processor.drop_logged("refused")
-            if not self._specs.ready.is_set():
-                return self._processor.drop_logged("no-specs")
             if not isinstance(value, str):
                 _index(None, value)  # misuse raises whatever the specs say
             return self._processor.drop_logged("unknown-metric", metric=metric)
@@ -171,7 +180,7 @@ class Reporter:
         if index is None:
             return self._processor.drop_logged("unknown-category", metric=metric)
         try:
-            period = spec.period_index(self._clock())
+            period = spec.period_index(now)
             if self._ledger.full(spec.name, period, spec.reports_per_period):
                 return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
@@ -182,7 +191,7 @@ class Reporter:
             refused = self._ledger.admit(spec, period, cost, *self._budgets(spec))
             if refused is not None:
                 return self._processor.refuse(refused)
-            self._processor.submit(spec, self._randomize(spec, index, memo_key))
+            self._processor.submit(spec, self._randomize(spec, index, memo_key), now)
         except Exception:  # noqa: BLE001 (never raised into the app: the report is dropped, counted)
             self._processor.drop_logged("error")
 

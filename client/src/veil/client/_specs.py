@@ -6,6 +6,13 @@ fingerprint (and q) must equal the aggregator's, or the spec is refused (a devic
 randomizes under a spec it cannot reproduce). With a queue directory the last response is kept
 on disk, so a restart without the network still knows its specs; a cached spec past its TTL is
 still used while fetching fails.
+
+Revision 2: the response names its version (``version``); the worker asks again with it
+(``if_version``), and an ``unchanged`` answer keeps the specs held and costs the aggregator
+almost nothing. Each answer also carries the aggregator's clock: ``server_now()`` is that clock
+now (its time plus the monotonic time elapsed since the answer), what the ledger bounds the
+device's clock by; None until an answer of this process said it (a cached response's time is
+stale).
 """
 
 from __future__ import annotations
@@ -80,6 +87,10 @@ class SpecCache:
         self.refused: frozenset[str] = frozenset()
         self.max_batch: int | None = None  # the most reports per upload the aggregator accepts, if it says
         self.fetched_at: float | None = None  # Unix time of the response in use
+        self.version = ""  # the aggregator's specs_version of the response in use ("" : not said)
+        # fingerprint -> the granularity (seconds) of made_unix: time_resolution_seconds or the period
+        self.resolutions: Mapping[str, int] = {}
+        self.max_lateness: int | None = None  # seconds after a slot's end the aggregator still counts it
         # (server_time_unix, time.monotonic() when it arrived), from the last answer that said it
         self.server_time: tuple[int, float] | None = None
         self.ready = threading.Event()  # set once specs have been obtained (disk or network)
@@ -89,6 +100,10 @@ class SpecCache:
         and the monotonic clock has moved since; None when no answer said it."""
         said = self.server_time
         return None if said is None else said[0] + (time.monotonic() - said[1])
+
+    def resolution(self, spec: MetricSpec) -> int:
+        """The granularity, in seconds, of when ``spec``'s reports were made (made_unix)."""
+        return self.resolutions.get(spec.fingerprint) or spec.period
 
     def load(self) -> None:
         """Read the cached response from disk, if any (never raises)."""
@@ -106,9 +121,15 @@ class SpecCache:
         self._install(response, fetched_at)
 
     def update(self, response: veil_pb2.GetMetricSpecsResponse) -> None:
-        """Install a fresh response from the aggregator and keep it on disk."""
+        """Install a fresh response from the aggregator and keep it on disk; an ``unchanged``
+        one keeps the specs held."""
         if response.server_time_unix:
             self.server_time = (response.server_time_unix, time.monotonic())
+        if response.max_lateness_seconds:
+            self.max_lateness = response.max_lateness_seconds
+        if response.unchanged:
+            self.fetched_at = time.time()
+            return
         self._install(response, time.time())
         if self._path is not None:
             try:
@@ -130,10 +151,17 @@ class SpecCache:
                     "or is invalid; its reports are dropped.",
                     message.name,
                 )
+        self.resolutions = {
+            message.fingerprint: message.time_resolution_seconds
+            for message in response.specs
+            if message.name in specs and message.time_resolution_seconds
+        }
         self.entries = {name: (spec, {label: i for i, label in enumerate(spec.labels)}) for name, spec in specs.items()}
         self.specs = specs
         self.refused = frozenset(refused)
         self.max_batch = response.max_batch or None
+        self.version = response.specs_version
+        self.max_lateness = response.max_lateness_seconds or self.max_lateness
         self.fetched_at = fetched_at
         if not self.ready.is_set():
             logger.info("Veil knows %d metric spec(s).", len(specs))

@@ -4,10 +4,15 @@ Uploads send the stored UploadRequest bytes as they are (no re-encoding), so a r
 is byte for byte the batch first sent, batch id included. Calls return futures, so the worker
 keeps batching (and spooling) reports while one is in flight.
 
+Several batches travel in one UploadBatches call (revision 2); a revision-1 aggregator answers
+it UNIMPLEMENTED, and the channel then sends one Upload per batch for as long as it lives
+(``batches`` is False; a new channel, after fork or close, asks again).
+
 Status policy: only what can never succeed with the same bytes is FINAL (the batch fails; a
-stale spec also refetches the specs). A refused token (TOKEN_REFUSED) is an operator's config
-error that can be fixed, so its batches wait with backoff like any other retryable status:
-UNAVAILABLE, a store refusing writes, CANCELLED by a draining server, INTERNAL, UNKNOWN...
+stale spec also refetches the specs; TOO_LATE, reports older than the aggregator's lateness,
+is counted as too_late). A refused token (TOKEN_REFUSED) is an operator's config error that
+can be fixed, so its batches wait with backoff like any other retryable status: UNAVAILABLE, a
+store refusing writes, CANCELLED by a draining server, INTERNAL, UNKNOWN...
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from veil.wire.v1 import veil_pb2
 
 from ._config import Config
 
-__all__ = ["Transport", "FINAL", "TOKEN_REFUSED"]
+__all__ = ["Transport", "FINAL", "TOKEN_REFUSED", "TOO_LATE"]
 
-FINAL = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE})
+TOO_LATE = grpc.StatusCode.OUT_OF_RANGE
+FINAL = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, TOO_LATE})
 TOKEN_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 _SERVICE = "/veil.wire.v1.Collector/"
@@ -36,6 +42,8 @@ class Transport:
             grpc.UnaryUnaryMultiCallable[veil_pb2.GetMetricSpecsRequest, veil_pb2.GetMetricSpecsResponse] | None
         ) = None
         self._upload: grpc.UnaryUnaryMultiCallable[bytes, veil_pb2.UploadResponse] | None = None
+        self._upload_batches: grpc.UnaryUnaryMultiCallable[bytes, veil_pb2.UploadBatchesResponse] | None = None
+        self.batches = True  # False once this channel's aggregator answered UploadBatches UNIMPLEMENTED
 
     def _connect(self) -> None:
         config = self._config
@@ -65,14 +73,21 @@ class Transport:
             request_serializer=None,  # the payload is already a serialized UploadRequest
             response_deserializer=veil_pb2.UploadResponse.FromString,
         )
+        self._upload_batches = channel.unary_unary(
+            _SERVICE + "UploadBatches",
+            request_serializer=None,  # serialized by encode_batches from the stored batches
+            response_deserializer=veil_pb2.UploadBatchesResponse.FromString,
+        )
         self._channel = channel
+        self.batches = True
 
-    def fetch_specs(self, timeout: float) -> grpc.Future[veil_pb2.GetMetricSpecsResponse]:
-        """A future of the GetMetricSpecsResponse."""
+    def fetch_specs(self, timeout: float, if_version: str = "") -> grpc.Future[veil_pb2.GetMetricSpecsResponse]:
+        """A future of the GetMetricSpecsResponse (``unchanged`` when ``if_version`` is current)."""
         if self._channel is None:
             self._connect()
         assert self._get_specs is not None
-        return self._get_specs.future(veil_pb2.GetMetricSpecsRequest(), timeout=timeout, metadata=self._metadata)
+        request = veil_pb2.GetMetricSpecsRequest(if_version=if_version)
+        return self._get_specs.future(request, timeout=timeout, metadata=self._metadata)
 
     def upload(self, payload: bytes, timeout: float) -> grpc.Future[veil_pb2.UploadResponse]:
         """A future of the UploadResponse."""
@@ -81,6 +96,13 @@ class Transport:
         assert self._upload is not None
         return self._upload.future(payload, timeout=timeout, metadata=self._metadata)
 
+    def upload_batches(self, payload: bytes, timeout: float) -> grpc.Future[veil_pb2.UploadBatchesResponse]:
+        """A future of the UploadBatchesResponse of a serialized UploadBatchesRequest."""
+        if self._channel is None:
+            self._connect()
+        assert self._upload_batches is not None
+        return self._upload_batches.future(payload, timeout=timeout, metadata=self._metadata)
+
     def close(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None:
@@ -88,4 +110,4 @@ class Transport:
 
     def forget(self) -> None:
         """Drop the channel without closing it: in a forked child it belongs to the parent."""
-        self._channel = self._get_specs = self._upload = None
+        self._channel = self._get_specs = self._upload = self._upload_batches = None

@@ -1,17 +1,26 @@
 """The background worker: batch, spool, upload, retry. It never raises into the app.
 
 One daemon thread per Reporter (per process). Each turn it waits until there is something to
-do (a full batch, the schedule delay, a due retry or spec fetch, a flush or shutdown request),
-then: batches the queued reports (one metric and one spec fingerprint per batch, a fresh
-16-byte random batch id each), spools them under the queue directory, fetches specs when due,
-and uploads the outbox oldest first. While a call is in flight it keeps batching and spooling
-what falls due, so a crash loses at most the reports of the last schedule delay, and a slow
-upload never fills the memory queue when a queue directory can take the batches.
+do (a full batch, the schedule delay, a due retry or spec check, a flush or shutdown request),
+then: batches the queued reports (one metric, one spec fingerprint and one time slot per batch:
+made_unix, the start of the slot of the spec's time resolution the reports were made in; a fresh
+16-byte random batch id each), spools them under the queue directory, checks the specs when due,
+and uploads the outbox oldest first, as many batches per UploadBatches call as fit (64 batches,
+the aggregator's max_batch reports), or one per Upload to a revision-1 aggregator. While a call
+is in flight it keeps batching and spooling what falls due, so a crash loses at most the reports
+of the last schedule delay, and a slow upload never fills the memory queue when a queue
+directory can take the batches.
 
-Only what can never succeed (transport.FINAL) fails a batch: FAILED_PRECONDITION (a stale
-spec, whose reports cannot be re-randomized) also fetches the specs again. Everything else
-keeps the batch and waits a backoff with full jitter (uniform in
-[0, min(max, initial * 2^failures)]) before resending the same bytes, batch id included; a
+Specs are checked at start and then every spec_ttl with the version held (an ``unchanged``
+answer costs the aggregator almost nothing), and at once when an upload answer names another
+specs_version.
+
+Each batch's answer is handled alone, whether it came from an Upload or as a BatchResult. Only
+what can never succeed (transport.FINAL) fails a batch: FAILED_PRECONDITION (a stale spec, whose
+reports cannot be re-randomized) also fetches the specs again, and TOO_LATE is counted as
+too_late. Everything else keeps the batch and waits a backoff with full jitter (the first wait
+uniform in [0, initial], then [0, min(max, initial * 2^failures)]), or the aggregator's
+retry-after-ms hint when that is longer, before resending the same bytes, batch id included; a
 refused token is logged as such, not as an outage.
 """
 
@@ -29,16 +38,18 @@ import grpc
 from veil.mechanism import MetricSpec, encoding, report_bytes
 
 from ._config import RETRY_HORIZON_SECONDS
-from ._encoding import MAX_BATCH_BYTES, encode_batch
+from ._encoding import MAX_BATCH_BYTES, encode_batch, encode_batches, made_slot
 from ._log import logger
 from ._outbox import Batch
 from ._processor import BatchProcessor, FlushRequest
-from ._transport import FINAL, TOKEN_REFUSED
+from ._transport import FINAL, TOKEN_REFUSED, TOO_LATE
 
 __all__ = ["Worker", "Backoff"]
 
 _Response = TypeVar("_Response")  # what a call answers: _await waits for any
-_BATCHES_PER_TURN = 64  # uploads between two looks at the queue
+_CALLS_PER_TURN = 64  # upload calls between two looks at the queue
+_BATCHES_PER_CALL = 64  # the most batches an UploadBatches call may carry (docs/protocol.md)
+_Queued = tuple[MetricSpec, tuple[int, ...], float]  # (spec, report, made at): a queued report
 
 
 class Backoff:
@@ -54,6 +65,9 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}  # a BatchResult's code -> its status
 
 
 def _code(error: BaseException) -> grpc.StatusCode | None:
@@ -129,10 +143,13 @@ class Worker:
         if not closing and time.monotonic() >= self.spec_due:
             self._fetch_specs()
         self._deliver()
-        self._settle()
-        if closing and not any(r.closing for r in self.active):
-            self._close()
-            return False
+        answers = self._settle()
+        closed = any(request.closing for request, _ in answers)
+        if closed:
+            self._close()  # before shutdown() hears its answer: its counts are final then
+        for request, ok in answers:
+            request.finish(ok)
+        return not closed
         return True
 
     def _drain_due(self, now: float) -> bool:
@@ -146,14 +163,14 @@ class Worker:
             self.next_drain = now + config.schedule_delay
         return pending >= config.max_batch_size or now >= self.next_drain or bool(self.active)
 
-    def _take(self) -> list[tuple[MetricSpec, tuple[int, ...]]]:
+    def _take(self) -> list[_Queued]:
         """Under the lock: the queued reports, leaving the queue empty."""
         reports = list(self.p.pending)
         self.p.pending.clear()
         self.next_drain = None
         return reports
 
-    def _wait(self) -> tuple[list[tuple[MetricSpec, tuple[int, ...]]], list[FlushRequest]]:
+    def _wait(self) -> tuple[list[_Queued], list[FlushRequest]]:
         """Under the lock: sleep until there is work; take the queue when it is due."""
         p = self.p
         while True:
@@ -207,17 +224,18 @@ class Worker:
 
     # --- batching -----------------------------------------------------------------------------
 
-    def _drain(self, reports: list[tuple[MetricSpec, tuple[int, ...]]]) -> None:
+    def _drain(self, reports: list[_Queued]) -> None:
         """Turn queued reports into batches in the outbox (spooled when there is a spool)."""
         p = self.p
         p.memo.sync()  # a memoized response is durable before any report of it leaves
         p.ledger.sync()  # and so is the spending that admitted it
-        groups: dict[str, tuple[MetricSpec, list[tuple[int, ...]]]] = {}
-        for spec, report in reports:
-            groups.setdefault(spec.fingerprint, (spec, []))[1].append(report)
+        groups: dict[tuple[str, int], tuple[MetricSpec, list[tuple[int, ...]]]] = {}
+        for spec, report, made_at in reports:
+            slot = made_slot(made_at, p.specs.resolution(spec))
+            groups.setdefault((spec.fingerprint, slot), (spec, []))[1].append(report)
         before = p.outbox.in_memory
         dropped = failed = 0
-        for spec, group in groups.values():
+        for (_, slot), (spec, group) in groups.items():
             size = max(
                 1,
                 min(
@@ -229,7 +247,7 @@ class Worker:
             for start in range(0, len(group), size):
                 chunk = group[start : start + size]
                 try:
-                    dropped += self._add(spec, chunk)
+                    dropped += self._add(spec, chunk, slot)
                 except Exception:
                     failed += len(chunk)
                     p.log.warning(
@@ -242,9 +260,9 @@ class Worker:
             p.failed += failed
         self._mirror(memory_delta=p.outbox.in_memory - before - len(reports))
 
-    def _add(self, spec: MetricSpec, chunk: Sequence[tuple[int, ...]]) -> int:
+    def _add(self, spec: MetricSpec, chunk: Sequence[tuple[int, ...]], made_unix: int) -> int:
         batch = Batch(self.seq, secrets.token_bytes(16), len(chunk), time.time())
-        payload = encode_batch(spec, chunk, batch.batch_id)
+        payload = encode_batch(spec, chunk, batch.batch_id, made_unix)
         self.seq += 1
         return 0 if self.p.outbox.add(batch, payload) else len(chunk)
 
@@ -268,7 +286,7 @@ class Worker:
         if timeout <= 0:
             return
         try:
-            future = p.transport.fetch_specs(timeout)
+            future = p.transport.fetch_specs(timeout, p.specs.version)
             self._await(future)
             response = future.result()
         except Exception as error:
@@ -294,13 +312,42 @@ class Worker:
         self.fetches.reset()
         if p.log.rearm("specs:fetch:"):
             logger.info("Fetched Veil metric specs again.")
+        p.release_early()
+
+    def _heard(self, specs_version: str) -> None:
+        """An upload answer named the aggregator's specs_version: another than ours, fetch now."""
+        if specs_version and specs_version != self.p.specs.version:
+            self.spec_due = 0.0
 
     def _deliver(self) -> None:
-        p = self.p
-        for _ in range(_BATCHES_PER_TURN):
-            batch = p.outbox.head()
-            if batch is None or time.monotonic() < self.retry_at:
+        for _ in range(_CALLS_PER_TURN):
+            if time.monotonic() < self.retry_at:
                 return
+            call = self._next_call()
+            if not call:
+                return
+            timeout = self._timeout()
+            if timeout <= 0:
+                return
+            # One batch goes in an Upload, which every revision answers alike.
+            if not (self._upload_batches(call, timeout) if len(call) > 1 else self._upload(*call[0], timeout)):
+                return
+
+    def _next_call(self) -> list[tuple[Batch, bytes]]:
+        """The batches (and their bytes) of the next upload call, oldest first: as many as one
+        UploadBatches call takes, or one for a revision-1 aggregator (its specs say no version, or
+        it answered UploadBatches UNIMPLEMENTED). Batches that can never be sent are settled on
+        the way."""
+        p = self.p
+        limit = p.specs.max_batch or p.config.max_batch_size
+        # Only a revision-2 aggregator says a specs_version; a revision-1 one with tokens would refuse
+        # UploadBatches as PERMISSION_DENIED (no token grants a method it does not know), not UNIMPLEMENTED.
+        most = _BATCHES_PER_CALL if p.transport.batches and p.specs.version else 1
+        call: list[tuple[Batch, bytes]] = []
+        reports = size = 0
+        for batch in p.outbox.oldest(_BATCHES_PER_CALL):
+            if len(call) == most:
+                break
             if time.time() - batch.created > RETRY_HORIZON_SECONDS:
                 p.log.warning("upload:horizon", "A Veil batch outlived the retry horizon; counting it as failed.")
                 self._finish(batch, "failed")
@@ -313,35 +360,95 @@ class Worker:
                 )
                 self._finish(batch, "failed")
                 continue
-            timeout = self._timeout()
-            if timeout <= 0:
-                return
             payload = p.outbox.payload(batch)
             if payload is None:  # sent and removed by another process sharing the queue directory
                 self._finish(batch, None)
                 continue
-            if batch.attempts:
-                self._mirror(0, retried=1)
-            batch.attempts += 1
-            try:
-                future = p.transport.upload(payload, timeout)
-                self._await(future)
-                future.result()
-            except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
-                if not self._failed(batch, error):
-                    return
-            else:
-                self._finish(batch, "sent")
-                self.uploads.reset()
-                if p.log.rearm("upload:"):
-                    logger.info("Veil uploads succeed again.")
+            if call and (reports + batch.count > limit or size + len(payload) > MAX_BATCH_BYTES):
+                break
+            call.append((batch, payload))
+            reports += batch.count
+            size += len(payload)
+        return call
 
-    def _failed(self, batch: Batch, error: Exception) -> bool:
-        """Handle a failed upload; False when the outbox must wait for a retry."""
-        p, code = self.p, _code(error)
+    def _upload(self, batch: Batch, payload: bytes, timeout: float) -> bool:
+        """One batch in one Upload; False when the outbox must wait for a retry."""
+        try:
+            future = self.p.transport.upload(payload, timeout)
+            self._await(future)
+            response = future.result()
+        except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
+            self._attempted([batch])
+            return self._answered([batch], _code(error), _retry_hint(error), error)
+        self._attempted([batch])
+        self._heard(response.specs_version)
+        self.uploads.reset()
+        return self._answered([batch], grpc.StatusCode.OK, 0.0, None)
+
+    def _upload_batches(self, call: list[tuple[Batch, bytes]], timeout: float) -> bool:
+        """Several batches in one UploadBatches call, each answered alone; False when the outbox
+        must wait for a retry."""
+        p = self.p
+        batches = [batch for batch, _ in call]
+        try:
+            future = p.transport.upload_batches(encode_batches([payload for _, payload in call]), timeout)
+            self._await(future)
+            response = future.result()
+        except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
+            code = _code(error)
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                # A revision-1 aggregator: one Upload per batch from now on, on this channel.
+                p.transport.batches = False
+                logger.info("The Veil aggregator predates UploadBatches; uploading one batch per call.")
+                return True  # not an attempt: the call was not understood
+            self._attempted(batches)
+            return self._answered(batches, code, _retry_hint(error), error)  # the call refused whole
+        self._attempted(batches)
+        self._heard(response.specs_version)
+        if len(response.results) != len(batches):
+            return self._answered(batches, None, 0.0, ValueError("UploadBatches answered a result count unasked"))
+        waiting: list[Batch] = []
+        waiting_code: grpc.StatusCode | None = None
+        for batch, result in zip(batches, response.results, strict=True):
+            code = _CODES.get(result.code)
+            if code in FINAL or code == grpc.StatusCode.OK:
+                self._answered([batch], code, 0.0, None, result.message)
+            else:  # to retry: one backoff for all of them, as for a call refused whole
+                waiting.append(batch)
+                waiting_code = waiting_code or code
+        if not waiting:
+            self.uploads.reset()
+            return True
+        return self._answered(waiting, waiting_code, 0.0, None)
+
+    def _attempted(self, batches: list[Batch]) -> None:
+        """Count an answered attempt of each batch (a repeated one as retried)."""
+        repeated = sum(1 for batch in batches if batch.attempts)
+        for batch in batches:
+            batch.attempts += 1
+        if repeated:
+            self._mirror(0, retried=repeated)
+
+    def _answered(
+        self,
+        batches: list[Batch],
+        code: grpc.StatusCode | None,
+        hint: float,
+        error: Exception | None,
+        message: str = "",
+    ) -> bool:
+        """Settle batches by their answer (OK, a final status, or one to retry: None when no
+        status came); False when they must wait for a retry."""
+        p = self.p
+        if code == grpc.StatusCode.OK:  # the caller resets the backoff when nothing in the call waits
+            for batch in batches:
+                self._finish(batch, "sent")
+            if p.log.rearm("upload:"):
+                logger.info("Veil uploads succeed again.")
+            return True
         name = code.name if code else type(error).__name__
         if code not in FINAL:
-            self.retry_at = time.monotonic() + max(self.uploads.next_delay(), _retry_hint(error))
+            self.retry_at = time.monotonic() + max(self.uploads.next_delay(), hint)
             if code in TOKEN_REFUSED:
                 p.log.warning(
                     f"upload:{name}",
@@ -354,9 +461,10 @@ class Worker:
                     f"upload:{name}",
                     "Veil upload failed (%s); retrying the same batch with backoff.",
                     name,
-                    exc_info=code is None,
+                    exc_info=code is None and error is not None,  # called in its except clause
                 )
             return False
+        outcome = "failed"
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             self.spec_due = 0.0  # the spec is stale: fetch again; these reports cannot be re-randomized
             p.log.warning(
@@ -365,14 +473,22 @@ class Worker:
                 "specs again and counting the batch as failed.",
                 name,
             )
+        elif code == TOO_LATE:
+            outcome = "too_late"
+            p.log.warning(
+                f"upload:{name}",
+                "The aggregator refused a Veil batch as made too long ago (%s); counting it as too_late.",
+                name,
+            )
         else:
             p.log.warning(
                 f"upload:{name}",
-                "The aggregator refused a Veil batch (%s); counting it as failed.",
+                "The aggregator refused a Veil batch (%s%s); counting it as failed.",
                 name,
-                exc_info=code is None,
+                f": {message}" if message else "",
             )
-        self._finish(batch, "failed")
+        for batch in batches:
+            self._finish(batch, outcome)
         return True
 
     def _finish(self, batch: Batch, outcome: str | None) -> None:
@@ -383,31 +499,38 @@ class Worker:
 
     # --- flush and shutdown -------------------------------------------------------------------
 
-    def _settle(self) -> None:
-        """Answer the flush requests that are done or cannot finish in time."""
+    def _settle(self) -> list[tuple[FlushRequest, bool]]:
+        """The flush requests that are done or cannot finish in time, with their answers (the
+        caller gives them); the others stay active."""
         head = self.p.outbox.head()
         now = time.monotonic()
         spooled = self.p.outbox.spool is not None
-        still = []
+        with self.p.lock:
+            early = bool(self.p.early)  # calls waiting for the first specs: not delivered yet
+        answers, still = [], []
         for request in self.active:
-            if head is None or head.seq > request.target:
-                request.finish(True)
+            if (head is None or head.seq > request.target) and not early:
+                answers.append((request, True))
+            elif early and request.closing:
+                answers.append((request, False))  # no specs to randomize them under: shutdown drops them
             elif (
                 now >= request.deadline
                 or self.retry_at > request.deadline
                 or (request.closing and spooled and self.retry_at > now)
             ):
-                request.finish(False)  # with a spool, shutdown leaves the batches on disk
+                answers.append((request, False))  # with a spool, shutdown leaves the batches on disk
             else:
                 still.append(request)
         self.active = still
+        return answers
 
     def _close(self) -> None:
         p = self.p
         lost = p.outbox.clear_memory()
         with p.lock:
-            lost += len(p.pending)
+            lost += len(p.pending) + len(p.early)
             p.pending.clear()
+            p.early.clear()
             p.dropped += lost
             p.held = 0
             p.outbox_reports = p.outbox.reports
