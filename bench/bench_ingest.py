@@ -179,7 +179,8 @@ def serve(config_path: str) -> int:
     back from its store, so the memory store can be checked from outside. Prints its ports."""
     from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
+    from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.tuning import freeze_startup_heap, keep_freed_memory
 
     configure_logging("json", "info")
     config = load_config(config_path)

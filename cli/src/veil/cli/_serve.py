@@ -130,7 +130,8 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     from dataclasses import replace
 
     from veil.aggregator._logging import say
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
+    from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.tuning import freeze_startup_heap, keep_freed_memory
 
     stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
