@@ -29,7 +29,7 @@ threads whatever a caller sends:
   for every request (see http).
 
 With server.processes = N > 1 this class is one of N worker processes started by `veil serve`
-(see _workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
+(see workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
 1/N of the configured ones, and its counters go to PROMETHEUS_MULTIPROC_DIR, which the one
 worker with an HTTP listener sums into /metrics.
 """
