@@ -88,7 +88,7 @@ def command_packer() -> Packer | None:
     """The packer redis-py would use, wrapped; None (the increments then go as plain arguments,
     the same bytes made more slowly) where this redis-py is not one whose private serializers
     are known to fit, with a warning saying why once."""
-    problem = private_api_problem()
+    problem = _problem_of(redis.__version__)
     if problem is not None:
         _warn_once(problem)
         return None
@@ -136,6 +136,9 @@ def private_api_problem(version: str | None = None) -> str | None:
     if getattr(Connection(command_packer=marker), "_command_packer", None) is not marker:
         return f"redis-py {version}: a connection keeps its command packer elsewhere than _command_packer"
     return None
+
+
+_problem_of = functools.cache(private_api_problem)  # checked once per process, not per store
 
 
 @functools.cache
