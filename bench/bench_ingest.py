@@ -177,9 +177,10 @@ def serve(config_path: str) -> int:
     """The aggregator process: what `veil serve --config FILE` runs (the same logging, config
     loading, Aggregator, signals), plus one page on its HTTP listener that reads the counts
     back from its store, so the memory store can be checked from outside. Prints its ports."""
-    from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
+    from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.logs import configure_logging
+    from veil.aggregator.tuning import freeze_startup_heap, keep_freed_memory
 
     configure_logging("json", "info")
     config = load_config(config_path)
