@@ -358,7 +358,7 @@ class ReportPool:
 
     def _check_encoding(self, rows: np.ndarray) -> None:
         """The packed, serialized uploads must be byte for byte what the SDK's encoder sends."""
-        from veil.client._encoding import encode_batch
+        from veil.client import encode_batch
 
         saved = self.packed
         self.packed = self._pack(rows[: max(s.batch for s in SHAPES.values())])
@@ -368,7 +368,7 @@ class ReportPool:
             if sdk != BATCH_ID_HEADER + batch_id + self._tail(0, batch):
                 raise AssertionError(
                     f"{self.metric.name}: the benchmark's encoding of {batch} reports differs "
-                    "from veil.client._encoding.encode_batch"
+                    "from veil.client.encode_batch"
                 )
             self.encoding_checked.append(batch)
         self.packed = saved

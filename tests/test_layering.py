@@ -47,10 +47,6 @@ KNOWN_CYCLES = {
 # Each wants a public home in veil.client (issue 30; left while the SDK's revision 2 is edited),
 # but veil.aggregator._native, which leaves with the native collector (issue 26).
 KNOWN_PRIVATE_IMPORTS = {
-    ("aggregator/src/veil/aggregator/daemon.py", "veil.client._config"),  # is_loopback
-    ("cli/src/veil/cli/_remote.py", "veil.client._config"),  # is_loopback
-    ("cli/src/veil/cli/_simulate.py", "veil.client._transport"),  # FINAL, TOKEN_REFUSED
-    ("testing/src/veil_testing/running.py", "veil.client._encoding"),  # encode_batch
     ("cli/src/veil/cli/_serve.py", "veil.aggregator._native"),  # load_module
 }
 

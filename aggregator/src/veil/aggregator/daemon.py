@@ -50,7 +50,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from veil.client._config import is_loopback
+from veil.client import is_loopback
 from veil.mechanism import max_report_bytes
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
