@@ -124,19 +124,19 @@ def test_the_worker_never_raises_into_the_app(ready_reporter, state, monkeypatch
     escaped = []
     monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args))
     reporter = ready_reporter()
-    from veil.client import _transport, _worker
+    from veil.client import _grpc, _worker
 
-    real_upload = _transport.Transport.upload
+    real_upload = _grpc.GrpcTransport.upload
 
     def broken_upload(self, payload, timeout):
         raise RuntimeError("a bug in the transport")
 
-    monkeypatch.setattr(_transport.Transport, "upload", broken_upload)
+    monkeypatch.setattr(_grpc.GrpcTransport, "upload", broken_upload)
     reporter.report("browser", "chrome")
     assert not reporter.force_flush(0.3)  # an unknown error may pass: the batch is kept and retried
     assert reporter.counters().queued == 1 and reporter.counters().retried >= 1
 
-    monkeypatch.setattr(_transport.Transport, "upload", real_upload)
+    monkeypatch.setattr(_grpc.GrpcTransport, "upload", real_upload)
     assert reporter.force_flush(10) and state.total("browser") == 1
     monkeypatch.setattr(_worker, "encode_batch", lambda *a: 1 / 0)
     reporter.report("browser", "chrome")

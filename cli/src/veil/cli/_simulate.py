@@ -242,7 +242,7 @@ def _run_batches(args, spec, values, progress: Progress) -> dict:
                 except grpc.RpcError as err:
                     # The SDK's policy, except that a refused token fails at once: no operator
                     # is going to fix it within this run.
-                    if err.code() in FINAL or err.code() in TOKEN_REFUSED or attempt == _ATTEMPTS - 1:
+                    if err.code().name in FINAL | TOKEN_REFUSED or attempt == _ATTEMPTS - 1:
                         with lock:
                             tally["failed"] += count
                             tally.setdefault("errors", {}).setdefault(err.code().name, err.details())

@@ -2,10 +2,12 @@
 
     from veil.client import Reporter
 
-    reporter = Reporter("aggregator.example.com:443", token="...", queue_dir="/var/lib/myapp/veil")
+    reporter = Reporter("https://aggregator.example.com", token="...", queue_dir="/var/lib/myapp/veil")
     reporter.report("browser", "firefox")
 
-Standard library, grpcio and protobuf only: importing it loads no numpy, numba or redis.
+An http:// or https:// endpoint reports over HTTP (standard library and protobuf only); a
+host:port endpoint over gRPC (grpcio: ``pip install 'veil[grpc]'``, imported by the Reporter that
+uses it). Importing it loads no grpc, numpy, numba or redis.
 Settings fall back to the environment variables of ``veil.client.environment_variables``.
 """
 
@@ -16,7 +18,7 @@ from ._errors import ConfigError, ReporterError, UnknownCategoryError, UnknownMe
 from ._ledger import PrivacySpent
 from ._reporter import Reporter
 from ._specs import spec_from_proto, spec_to_proto
-from ._transport import FINAL, TOKEN_REFUSED
+from ._status import FINAL, TOKEN_REFUSED
 
 __all__ = [
     "Reporter",
@@ -33,6 +35,6 @@ __all__ = [
     "encode_batch",
     "encode_batches",
     "is_loopback",
-    "FINAL",
+    "FINAL",  # status names (grpc.StatusCode names, and HTTP-only final ones) the SDK never retries
     "TOKEN_REFUSED",
 ]

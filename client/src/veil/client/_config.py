@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +38,19 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+_TRANSPORTS = ("grpc", "http")
+
+
 @dataclass(frozen=True)
 class Config:
-    endpoint: str
+    endpoint: str  # gRPC: host:port; HTTP: the aggregator's URL (http:// or https://, no trailing /)
+    transport: str  # "grpc" or "http"
     token: str | None
     tls: bool
     root_certificates: bytes | None
     client_cert: bytes | None
     client_key: bytes | None
+    client_cert_files: tuple[str, str] | None  # (certificate, key) paths: the ssl module reads files
     queue_dir: Path | None
     max_queue_size: int
     max_batch_size: int
@@ -58,7 +64,7 @@ class Config:
     @property
     def loopback(self) -> bool:
         """True when the endpoint names this machine (a token in clear then stays local)."""
-        return is_loopback(self.endpoint)
+        return is_loopback(urllib.parse.urlsplit(self.endpoint).netloc if "://" in self.endpoint else self.endpoint)
 
 
 def is_loopback(address: str) -> bool:
@@ -129,12 +135,36 @@ def _read(arg_name: str, path: str | None) -> bytes | None:
         raise ConfigError(f"The {arg_name} file cannot be read.") from None
 
 
+def _url(endpoint: str, transport: str, explicit_tls: object) -> tuple[str, bool]:
+    """An http:// or https:// endpoint without its trailing slash, and whether it is TLS (its
+    scheme says: VEIL_TLS does not apply, and a tls= that contradicts it is an error)."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if transport != "http" or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            "An endpoint URL must be http://host[:port] or https://host[:port], over HTTP "
+            "(a gRPC endpoint is host:port)."
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError("An endpoint URL takes no query or fragment.")
+    tls = parts.scheme == "https"
+    if explicit_tls is not None and explicit_tls != tls:
+        raise ConfigError(f"tls={explicit_tls} contradicts the endpoint's scheme, {parts.scheme}://.")
+    return endpoint.rstrip("/"), tls
+
+
 def resolve_config(environ: Mapping[str, str] | None = None, **explicit: object) -> Config:
     """The settings of one Reporter from its explicit arguments (None meaning "not given")."""
     environ = os.environ if environ is None else environ
     endpoint = _text("endpoint", explicit.get("endpoint"), environ, env.VEIL_ENDPOINT)
     if endpoint is None:
         raise ConfigError(f"A Reporter needs an endpoint: pass endpoint= or set {env.VEIL_ENDPOINT}.")
+    transport = _text("transport", explicit.get("transport"), environ, env.VEIL_TRANSPORT)
+    if transport is not None and transport.lower() not in _TRANSPORTS:
+        if explicit.get("transport") is not None:
+            raise ConfigError('transport must be "grpc" or "http".')
+        logger.warning('Ignoring %s: it must be "grpc" or "http".', env.VEIL_TRANSPORT)
+        transport = None
+    transport = transport.lower() if transport else ("http" if "://" in endpoint else "grpc")
     token = _text("token", explicit.get("token"), environ, env.VEIL_TOKEN)
     if token is not None and not all(0x20 < ord(c) < 0x7F for c in token):
         raise ConfigError("The token must be printable ASCII without spaces.")
@@ -143,12 +173,17 @@ def resolve_config(environ: Mapping[str, str] | None = None, **explicit: object)
     key_file = _text("client_key", explicit.get("client_key"), environ, env.VEIL_CLIENT_KEY)
     if (cert_file is None) != (key_file is None):
         raise ConfigError("A client certificate and its key must be given together.")
-    # TLS unless the endpoint is this machine and nothing asks for TLS: the local demo serves
-    # plaintext on loopback, where TLS would fail with nothing but an SSL version error.
-    default_tls = not is_loopback(endpoint) or ca_file is not None or cert_file is not None
-    tls = _flag("tls", explicit.get("tls"), environ, env.VEIL_TLS, default_tls)
+    if "://" in endpoint:
+        endpoint, tls = _url(endpoint, transport, explicit.get("tls"))
+    else:
+        # TLS unless the endpoint is this machine and nothing asks for TLS: the local demo serves
+        # plaintext on loopback, where TLS would fail with nothing but an SSL version error.
+        default_tls = not is_loopback(endpoint) or ca_file is not None or cert_file is not None
+        tls = _flag("tls", explicit.get("tls"), environ, env.VEIL_TLS, default_tls)
+        if transport == "http":  # host:port over HTTP: the scheme TLS says
+            endpoint = f"{'https' if tls else 'http'}://{endpoint}"
     if not tls and (ca_file or cert_file):
-        raise ConfigError("A CA file or client certificate needs tls=True.")
+        raise ConfigError("A CA file or client certificate needs tls=True (an https:// endpoint over HTTP).")
     queue_dir = _text("queue_dir", explicit.get("queue_dir"), environ, env.VEIL_QUEUE_DIR)
 
     def integer(arg_name: str, var: str, default: int, minimum: int) -> int:
@@ -166,11 +201,13 @@ def resolve_config(environ: Mapping[str, str] | None = None, **explicit: object)
     backoff_max = integer("retry_max_backoff_ms", env.VEIL_RETRY_MAX_BACKOFF_MS, _DEFAULT_RETRY_MAX_BACKOFF_MS, 1)
     return Config(
         endpoint=endpoint,
+        transport=transport,
         token=token,
         tls=tls,
         root_certificates=_read("ca_file", ca_file),
         client_cert=_read("client_cert", cert_file),
         client_key=_read("client_key", key_file),
+        client_cert_files=(cert_file, key_file) if cert_file is not None and key_file is not None else None,
         queue_dir=Path(queue_dir) if queue_dir is not None else None,
         max_queue_size=max_queue_size,
         max_batch_size=min(max_batch_size, max_queue_size),

@@ -8,7 +8,7 @@ calls wait here as they were made (``early``: metric, value and time, in memory 
 same bound); the worker hands them back to the Reporter once specs arrive, and only then are
 they randomized. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
 shutdown hand it a request with a deadline and wait for its answer. After fork the child gets
-new locks, an empty queue, a new worker and, later, its own gRPC channel.
+new locks, an empty queue, a new worker and, later, its own gRPC channel or HTTP connection.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ._log import LogOnce, logger
 from ._memo import MemoStore
 from ._outbox import Outbox, Spool
 from ._specs import SpecCache
-from ._transport import Transport
+from ._transport import open_transport
 
 __all__ = ["BatchProcessor", "FlushRequest"]
 
@@ -73,7 +73,7 @@ class BatchProcessor:
         self.memo = memo
         self.ledger = ledger
         self.log = log
-        self.transport = Transport(config)
+        self.transport = open_transport(config)
         spool = None
         if config.queue_dir is not None:
             try:
@@ -251,7 +251,7 @@ class BatchProcessor:
 
     def _after_fork_in_child(self) -> None:
         # Locks may have been held by threads that do not exist in the child, the queue holds
-        # the parent's reports, and the gRPC channel belongs to the parent: start afresh.
+        # the parent's reports, and the channel or connection belongs to the parent: start afresh.
         self._new_state()
         self.outbox = self.outbox.forked()
         self.transport.forget()

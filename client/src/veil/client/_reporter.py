@@ -44,6 +44,11 @@ class Reporter:
     back to the VEIL_* environment variables (``veil.client.environment_variables``), then to
     defaults.
 
+    ``endpoint`` is the aggregator's HTTP listener as a URL (``https://agg.example.com``, or
+    ``http://127.0.0.1:8080`` for plaintext): standard library only; or its gRPC address,
+    ``host:port``, which needs grpcio (``pip install 'veil[grpc]'``). ``transport`` ("grpc" or
+    "http", or VEIL_TRANSPORT) overrides that choice. Both give the same guarantees.
+
     ``memoize`` (default True) reuses one randomized response per (metric, spec, value): a
     value reported again sends the same response and spends no new privacy. Pass False to draw
     a fresh response for every report of every metric, or a mapping of metric name to bool to
@@ -71,6 +76,7 @@ class Reporter:
         self,
         endpoint: str | None = None,
         *,
+        transport: str | None = None,
         token: str | None = None,
         tls: bool | None = None,
         ca_file: str | os.PathLike[str] | None = None,
@@ -93,6 +99,7 @@ class Reporter:
     ) -> None:
         config = resolve_config(
             endpoint=endpoint,
+            transport=transport,
             token=token,
             tls=tls,
             ca_file=ca_file,

@@ -1,113 +1,62 @@
-"""The gRPC side: one channel per process (never reused across fork), TLS and bearer token.
+"""How the worker talks to an aggregator, whatever the wire: gRPC (_grpc, the `veil[grpc]`
+extra, imported only when chosen) or HTTP (_http, the standard library's http.client).
 
-Uploads send the stored UploadRequest bytes as they are (no re-encoding), so a retried batch
-is byte for byte the batch first sent, batch id included. Calls return futures, so the worker
-keeps batching (and spooling) reports while one is in flight.
-
-Several batches travel in one UploadBatches call (revision 2); a revision-1 aggregator answers
-it UNIMPLEMENTED, and the channel then sends one Upload per batch for as long as it lives
-(``batches`` is False; a new channel, after fork or close, asks again).
-
-Status policy: only what can never succeed with the same bytes is FINAL (the batch fails; a
-stale spec also refetches the specs; TOO_LATE, reports older than the aggregator's lateness,
-is counted as too_late). A refused token (TOKEN_REFUSED) is an operator's config error that
-can be fixed, so its batches wait with backoff like any other retryable status: UNAVAILABLE, a
-store refusing writes, CANCELLED by a draining server, INTERNAL, UNKNOWN...
+Both send the stored UploadRequest bytes as they are (no re-encoding), so a retried batch is
+byte for byte the batch first sent, batch id included, and both return a call in flight, so the
+worker keeps batching (and spooling) reports while one is. A failed call's status is named
+by the transport's ``refusal`` and handled by the policy of _status, the same for both.
 """
 
 from __future__ import annotations
 
-import grpc
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from veil.wire.v1 import veil_pb2
 
 from ._config import Config
+from ._errors import ConfigError
 
-__all__ = ["Transport", "FINAL", "TOKEN_REFUSED", "TOO_LATE"]
+__all__ = ["Call", "Transport", "open_transport"]
 
-TOO_LATE = grpc.StatusCode.OUT_OF_RANGE
-FINAL = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, TOO_LATE})
-TOKEN_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
-
-_SERVICE = "/veil.wire.v1.Collector/"
-_USER_AGENT = "veil-client/0.1"
+_Response = TypeVar("_Response", covariant=True)
 
 
-class Transport:
-    def __init__(self, config: Config) -> None:
-        self._config = config
-        self._metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
-        self._channel: grpc.Channel | None = None
-        self._get_specs: (
-            grpc.UnaryUnaryMultiCallable[veil_pb2.GetMetricSpecsRequest, veil_pb2.GetMetricSpecsResponse] | None
-        ) = None
-        self._upload: grpc.UnaryUnaryMultiCallable[bytes, veil_pb2.UploadResponse] | None = None
-        self._upload_batches: grpc.UnaryUnaryMultiCallable[bytes, veil_pb2.UploadBatchesResponse] | None = None
-        self.batches = True  # False once this channel's aggregator answered UploadBatches UNIMPLEMENTED
+class Call(Protocol[_Response]):
+    """A call in flight (a grpc.Future or a concurrent.futures.Future)."""
 
-    def _connect(self) -> None:
-        config = self._config
-        initial_ms = max(1, int(config.backoff_initial * 1000))
-        options = [
-            ("grpc.primary_user_agent", _USER_AGENT),
-            # Reconnect no slower than the upload backoff, so a restarted aggregator is found.
-            ("grpc.initial_reconnect_backoff_ms", initial_ms),
-            ("grpc.max_reconnect_backoff_ms", max(initial_ms, int(config.backoff_max * 1000))),
-        ]
-        if config.tls:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=config.root_certificates,
-                private_key=config.client_key,
-                certificate_chain=config.client_cert,
-            )
-            channel = grpc.secure_channel(config.endpoint, credentials, options=options)
-        else:
-            channel = grpc.insecure_channel(config.endpoint, options=options)
-        self._get_specs = channel.unary_unary(
-            _SERVICE + "GetMetricSpecs",
-            request_serializer=veil_pb2.GetMetricSpecsRequest.SerializeToString,
-            response_deserializer=veil_pb2.GetMetricSpecsResponse.FromString,
-        )
-        self._upload = channel.unary_unary(
-            _SERVICE + "Upload",
-            request_serializer=None,  # the payload is already a serialized UploadRequest
-            response_deserializer=veil_pb2.UploadResponse.FromString,
-        )
-        self._upload_batches = channel.unary_unary(
-            _SERVICE + "UploadBatches",
-            request_serializer=None,  # serialized by encode_batches from the stored batches
-            response_deserializer=veil_pb2.UploadBatchesResponse.FromString,
-        )
-        self._channel = channel
-        self.batches = True
+    def add_done_callback(self, fn: Callable[[Any], None], /) -> None: ...
 
-    def fetch_specs(self, timeout: float, if_version: str = "") -> grpc.Future[veil_pb2.GetMetricSpecsResponse]:
-        """A future of the GetMetricSpecsResponse (``unchanged`` when ``if_version`` is current)."""
-        if self._channel is None:
-            self._connect()
-        assert self._get_specs is not None
-        request = veil_pb2.GetMetricSpecsRequest(if_version=if_version)
-        return self._get_specs.future(request, timeout=timeout, metadata=self._metadata)
+    def result(self, timeout: float | None = None) -> _Response: ...
 
-    def upload(self, payload: bytes, timeout: float) -> grpc.Future[veil_pb2.UploadResponse]:
-        """A future of the UploadResponse."""
-        if self._channel is None:
-            self._connect()
-        assert self._upload is not None
-        return self._upload.future(payload, timeout=timeout, metadata=self._metadata)
 
-    def upload_batches(self, payload: bytes, timeout: float) -> grpc.Future[veil_pb2.UploadBatchesResponse]:
-        """A future of the UploadBatchesResponse of a serialized UploadBatchesRequest."""
-        if self._channel is None:
-            self._connect()
-        assert self._upload_batches is not None
-        return self._upload_batches.future(payload, timeout=timeout, metadata=self._metadata)
+class Transport(Protocol):
+    batches: bool  # False once the aggregator answered UploadBatches UNIMPLEMENTED (revision 1)
 
-    def close(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            channel.close()
+    def fetch_specs(self, timeout: float, if_version: str = "") -> Call[veil_pb2.GetMetricSpecsResponse]: ...
 
-    def forget(self) -> None:
-        """Drop the channel without closing it: in a forked child it belongs to the parent."""
-        self._channel = self._get_specs = self._upload = self._upload_batches = None
+    def upload(self, payload: bytes, timeout: float) -> Call[veil_pb2.UploadResponse]: ...
+
+    def upload_batches(self, payload: bytes, timeout: float) -> Call[veil_pb2.UploadBatchesResponse]: ...
+
+    def refusal(self, error: BaseException) -> tuple[str | None, float]: ...
+
+    def close(self) -> None: ...
+
+    def forget(self) -> None: ...
+
+
+def open_transport(config: Config) -> Transport:
+    """The transport of the config's endpoint (not connected yet)."""
+    if config.transport == "http":
+        from ._http import HttpTransport
+
+        return HttpTransport(config)
+    try:
+        from ._grpc import GrpcTransport
+    except ImportError:
+        raise ConfigError(
+            f"Reporting to {config.endpoint} over gRPC needs grpcio: pip install 'veil[grpc]', "
+            "or report over HTTP (an http:// or https:// endpoint)."
+        ) from None
+    return GrpcTransport(config)

@@ -16,7 +16,7 @@ answer costs the aggregator almost nothing), and at once when an upload answer n
 specs_version.
 
 Each batch's answer is handled alone, whether it came from an Upload or as a BatchResult. Only
-what can never succeed (transport.FINAL) fails a batch: FAILED_PRECONDITION (a stale spec, whose
+what can never succeed (_status.FINAL) fails a batch: FAILED_PRECONDITION (a stale spec, whose
 reports cannot be re-randomized) also fetches the specs again, and TOO_LATE is counted as
 too_late. Everything else keeps the batch and waits a backoff with full jitter (the first wait
 uniform in [0, initial], then [0, min(max, initial * 2^failures)]), or the aggregator's
@@ -33,8 +33,6 @@ import time
 from collections.abc import Sequence
 from typing import TypeVar
 
-import grpc
-
 from veil.mechanism import MetricSpec, encoding, report_bytes
 
 from ._config import RETRY_HORIZON_SECONDS
@@ -42,7 +40,8 @@ from ._encoding import MAX_BATCH_BYTES, encode_batch, encode_batches, made_slot
 from ._log import logger
 from ._outbox import Batch
 from ._processor import BatchProcessor, FlushRequest
-from ._transport import FINAL, TOKEN_REFUSED, TOO_LATE
+from ._status import CODE_NAMES, FINAL, OK, STALE_SPEC, TOKEN_REFUSED, TOO_LATE, UNIMPLEMENTED
+from ._transport import Call
 
 __all__ = ["Worker", "Backoff"]
 
@@ -65,32 +64,6 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
-
-
-_CODES = {code.value[0]: code for code in grpc.StatusCode}  # a BatchResult's code -> its status
-
-
-def _code(error: BaseException) -> grpc.StatusCode | None:
-    code = getattr(error, "code", None)
-    try:
-        return code() if callable(code) else None
-    except Exception:  # noqa: BLE001 (a code() that fails names no code)
-        return None
-
-
-_RETRY_AFTER_KEY = "retry-after-ms"  # the aggregator's hint on a rate-limited upload
-_MAX_RETRY_HINT = 300.0  # seconds: a hint beyond this is not believed
-
-
-def _retry_hint(error: BaseException) -> float:
-    """Seconds the aggregator asked the caller to wait (its retry-after-ms trailer), or 0."""
-    try:
-        for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
-            if key == _RETRY_AFTER_KEY:
-                return min(max(int(value) / 1000.0, 0.0), _MAX_RETRY_HINT)
-    except Exception:  # noqa: BLE001 (not a call, or a malformed hint: back off as usual)
-        pass
-    return 0.0
 
 
 class Worker:
@@ -195,7 +168,7 @@ class Worker:
         requests, p.requests = p.requests, []
         return (self._take() if due or requests else []), requests
 
-    def _await(self, future: grpc.Future[_Response]) -> None:
+    def _await(self, future: Call[_Response]) -> None:
         """Wait for a call in flight, batching (and spooling) the queued reports as they fall due
         (also after a quick call: a backlog's uploads follow each other without a turn between)."""
         p = self.p
@@ -291,19 +264,19 @@ class Worker:
             response = future.result()
         except Exception as error:
             self.spec_due = time.monotonic() + self.fetches.next_delay()
-            code = _code(error)
+            code, _ = p.transport.refusal(error)
             if code in TOKEN_REFUSED:
                 p.log.warning(
                     f"specs:fetch:{code}",
                     "The aggregator refused the Veil token (%s) when fetching "
                     "metric specs: check the token; retrying with backoff.",
-                    code.name,
+                    code,
                 )
             else:
                 p.log.warning(
                     f"specs:fetch:{code}",
                     "Cannot fetch Veil metric specs (%s); retrying with backoff.",
-                    code.name if code else type(error).__name__,
+                    code or type(error).__name__,
                     exc_info=code is None,
                 )
             return
@@ -379,11 +352,11 @@ class Worker:
             response = future.result()
         except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
             self._attempted([batch])
-            return self._answered([batch], _code(error), _retry_hint(error), error)
+            return self._answered([batch], *self.p.transport.refusal(error), error)
         self._attempted([batch])
         self._heard(response.specs_version)
         self.uploads.reset()
-        return self._answered([batch], grpc.StatusCode.OK, 0.0, None)
+        return self._answered([batch], OK, 0.0, None)
 
     def _upload_batches(self, call: list[tuple[Batch, bytes]], timeout: float) -> bool:
         """Several batches in one UploadBatches call, each answered alone; False when the outbox
@@ -395,23 +368,23 @@ class Worker:
             self._await(future)
             response = future.result()
         except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
-            code = _code(error)
-            if code == grpc.StatusCode.UNIMPLEMENTED:
+            code, hint = p.transport.refusal(error)
+            if code == UNIMPLEMENTED:
                 # A revision-1 aggregator: one Upload per batch from now on, on this channel.
                 p.transport.batches = False
                 logger.info("The Veil aggregator predates UploadBatches; uploading one batch per call.")
                 return True  # not an attempt: the call was not understood
             self._attempted(batches)
-            return self._answered(batches, code, _retry_hint(error), error)  # the call refused whole
+            return self._answered(batches, code, hint, error)  # the call refused whole
         self._attempted(batches)
         self._heard(response.specs_version)
         if len(response.results) != len(batches):
             return self._answered(batches, None, 0.0, ValueError("UploadBatches answered a result count unasked"))
         waiting: list[Batch] = []
-        waiting_code: grpc.StatusCode | None = None
+        waiting_code: str | None = None
         for batch, result in zip(batches, response.results, strict=True):
-            code = _CODES.get(result.code)
-            if code in FINAL or code == grpc.StatusCode.OK:
+            code = CODE_NAMES.get(result.code, f"code {result.code}")
+            if code in FINAL or code == OK:
                 self._answered([batch], code, 0.0, None, result.message)
             else:  # to retry: one backoff for all of them, as for a call refused whole
                 waiting.append(batch)
@@ -432,7 +405,7 @@ class Worker:
     def _answered(
         self,
         batches: list[Batch],
-        code: grpc.StatusCode | None,
+        code: str | None,
         hint: float,
         error: Exception | None,
         message: str = "",
@@ -440,13 +413,13 @@ class Worker:
         """Settle batches by their answer (OK, a final status, or one to retry: None when no
         status came); False when they must wait for a retry."""
         p = self.p
-        if code == grpc.StatusCode.OK:  # the caller resets the backoff when nothing in the call waits
+        if code == OK:  # the caller resets the backoff when nothing in the call waits
             for batch in batches:
                 self._finish(batch, "sent")
             if p.log.rearm("upload:"):
                 logger.info("Veil uploads succeed again.")
             return True
-        name = code.name if code else type(error).__name__
+        name = code or type(error).__name__
         if code not in FINAL:
             self.retry_at = time.monotonic() + max(self.uploads.next_delay(), hint)
             if code in TOKEN_REFUSED:
@@ -465,7 +438,7 @@ class Worker:
                 )
             return False
         outcome = "failed"
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
+        if code == STALE_SPEC:
             self.spec_due = 0.0  # the spec is stale: fetch again; these reports cannot be re-randomized
             p.log.warning(
                 f"upload:{name}",

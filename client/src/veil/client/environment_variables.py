@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "VEIL_ENDPOINT",
+    "VEIL_TRANSPORT",
     "VEIL_TOKEN",
     "VEIL_TLS",
     "VEIL_CA_FILE",
@@ -26,13 +27,22 @@ __all__ = [
 ]
 
 VEIL_ENDPOINT = "VEIL_ENDPOINT"
-"""The aggregator's gRPC address, ``host:port``. No default: a Reporter needs one."""
+"""The aggregator: its gRPC address, ``host:port``, or the URL of its HTTP listener,
+``https://host[:port]`` (``http://`` for plaintext). No default: a Reporter needs one."""
+
+VEIL_TRANSPORT = "VEIL_TRANSPORT"
+"""``grpc`` or ``http``. Default: ``http`` for an ``http://`` or ``https://`` endpoint, else
+``grpc`` (which needs ``pip install 'veil[grpc]'``); ``http`` with ``host:port`` reports to
+``https://host:port`` (``http://`` when TLS is off)."""
 
 VEIL_TOKEN = "VEIL_TOKEN"
-"""A bearer token sent as ``authorization: Bearer <token>`` call metadata. Default: none."""
+"""A bearer token sent as ``authorization: Bearer <token>`` (gRPC call metadata or HTTP header).
+Default: none."""
 
 VEIL_TLS = "VEIL_TLS"
-"""``true`` or ``false``: whether to use TLS. Default ``true`` (system roots unless a CA is given)."""
+"""``true`` or ``false``: whether to use TLS, for a ``host:port`` endpoint (a URL's scheme says).
+Default ``true`` (system roots unless a CA is given), but ``false`` on loopback unless a CA file or
+client certificate is given."""
 
 VEIL_CA_FILE = "VEIL_CA_FILE"
 """A PEM file of root certificates to trust instead of the system roots. Default: system roots."""
@@ -58,7 +68,8 @@ VEIL_SCHEDULE_DELAY_MS = "VEIL_SCHEDULE_DELAY_MS"
 """The longest a report waits before it is batched and sent, in milliseconds. Default 5000."""
 
 VEIL_EXPORT_TIMEOUT_MS = "VEIL_EXPORT_TIMEOUT_MS"
-"""The deadline of one gRPC call, in milliseconds. Default 10000."""
+"""The deadline of one gRPC call (over HTTP: of each connect, send and read), in milliseconds.
+Default 10000."""
 
 VEIL_SPEC_TTL_MS = "VEIL_SPEC_TTL_MS"
 """How long fetched metric specs are fresh, in milliseconds; then they are fetched again (and
