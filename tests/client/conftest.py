@@ -1,12 +1,15 @@
 """Fixtures of the SDK's tests: the loopback collector (see loopback_collector) and Reporters
-with fast timings that are shut down after each test."""
+with fast timings that are shut down after each test.
+
+The collector speaks gRPC; a test module that overrides the ``transport`` fixture (e.g. with
+params ["grpc", "http"]) runs its tests over each transport it names."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 import pytest
-from loopback_collector import FAST, CollectorServer, CollectorState
+from loopback_collector import FAST, CollectorServer, CollectorState, HttpCollectorServer
 
 from veil.client import Reporter
 
@@ -17,15 +20,20 @@ def state() -> CollectorState:
 
 
 @pytest.fixture
-def collector(state: CollectorState) -> Iterator[CollectorServer]:
-    server = CollectorServer(state)
+def transport() -> str:
+    return "grpc"
+
+
+@pytest.fixture
+def collector(state: CollectorState, transport: str) -> Iterator[CollectorServer | HttpCollectorServer]:
+    server = HttpCollectorServer(state) if transport == "http" else CollectorServer(state)
     server.start()
     yield server
     server.stop()
 
 
 @pytest.fixture
-def make_reporter(collector: CollectorServer) -> Iterator[Callable[..., Reporter]]:
+def make_reporter(collector: CollectorServer | HttpCollectorServer) -> Iterator[Callable[..., Reporter]]:
     """Reporter(**FAST, **overrides) against the test collector, shut down after the test."""
     made: list[Reporter] = []
 

@@ -1,5 +1,7 @@
 """A real Collector on loopback for the SDK's tests: a grpc.server on 127.0.0.1 implementing
-veil.wire.v1.Collector, with its own decoder of the wire format (not the SDK's), dedupe by
+veil.wire.v1.Collector (CollectorServer), or the same over HTTP (HttpCollectorServer: GET
+/v1/specs, POST /v1/upload and /v1/uploads with binary protobuf bodies and the HTTP statuses of
+docs/protocol.md section 5, written here from that table), with its own decoder of the wire format (not the SDK's), dedupe by
 batch id, per-weight Counts for the estimators, and fault injection. It speaks revision 2
 (UploadBatches, specs_version and if_version, the server's time, made_unix recorded per batch and
 checked against max_lateness when one is set: OUT_OF_RANGE) or, with ``revision=1``, revision 1 (UploadBatches
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import http.server
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -324,3 +329,159 @@ class CollectorServer:
                 meanwhile()
             stopped.wait()
             self._server = None
+
+
+# docs/protocol.md section 5's table: the HTTP status of each gRPC status an upload may get
+# (a timeout has none over HTTP: an HTTP status the table does not name stands for it).
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNIMPLEMENTED: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 410,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 503,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.ABORTED: 500,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.retry_after_ms = code, retry_after_ms
+
+
+class _HttpContext:
+    """What the Servicer asks of a gRPC context, over an HTTP request."""
+
+    def __init__(self, authorization: str | None) -> None:
+        self.authorization = authorization
+        self.trailers: tuple = ()
+
+    def invocation_metadata(self) -> tuple:
+        return (("authorization", self.authorization),) if self.authorization else ()
+
+    def set_trailing_metadata(self, trailers: tuple) -> None:
+        self.trailers = trailers
+
+    def abort(self, code: grpc.StatusCode, message: str) -> None:
+        hint = dict(self.trailers).get("retry-after-ms")
+        raise _Abort(code, message, int(hint) if hint is not None else None)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the aggregator's listener
+    server: _HttpServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+    def _answer(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _call(self, method, request) -> None:
+        context = _HttpContext(self.headers.get("Authorization"))
+        try:
+            response = method(request, context)
+        except _Abort as abort:
+            headers = {"Content-Type": "application/json"}
+            if abort.retry_after_ms is not None:
+                headers["retry-after-ms"] = str(abort.retry_after_ms)
+            body = json.dumps({"error": str(abort), "code": abort.code.name}).encode()
+            self._answer(HTTP_STATUS[abort.code], body, headers)
+            return
+        self._answer(200, response.SerializeToString(), {"Content-Type": "application/x-protobuf"})
+
+    def do_GET(self) -> None:
+        if self.path != "/v1/specs":
+            self._answer(404)
+            return
+        servicer = self.server.servicer
+        version = servicer.state.specs_version
+        tag = self.headers.get("If-None-Match", "")
+        if_version = version if version and tag == f'"{version}"' else ""
+        context = _HttpContext(self.headers.get("Authorization"))
+        try:
+            response = servicer.GetMetricSpecs(veil_pb2.GetMetricSpecsRequest(if_version=if_version), context)
+        except _Abort as abort:
+            self._answer(HTTP_STATUS[abort.code], json.dumps({"error": str(abort)}).encode())
+            return
+        if response.unchanged:
+            self._answer(304, headers={"ETag": tag})
+        else:
+            self._answer(200, response.SerializeToString(), {"Content-Type": "application/x-protobuf"})
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        servicer = self.server.servicer
+        if self.path == "/v1/upload":
+            self._call(servicer.Upload, veil_pb2.UploadRequest.FromString(body))
+        elif self.path == "/v1/uploads":
+            self._call(servicer.UploadBatches, veil_pb2.UploadBatchesRequest.FromString(body))
+        else:
+            self._answer(404)
+
+
+class _HttpServer(http.server.ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], servicer: Servicer) -> None:
+        self.servicer = servicer
+        self.connections: set[socket.socket] = set()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a connection cut by stop(): the answer of a held call goes nowhere, as intended
+
+    def shutdown_request(self, request) -> None:
+        self.connections.discard(request)
+        super().shutdown_request(request)
+
+
+class HttpCollectorServer:
+    """The Collector over HTTP/1.1 on 127.0.0.1; stop() and start() keep the port and the state."""
+
+    def __init__(self, state: CollectorState) -> None:
+        self.state = state
+        self.port = 0
+        self._server: _HttpServer | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = _HttpServer(("127.0.0.1", self.port), Servicer(self.state))
+        self.port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = server
+
+    def stop(self, meanwhile: Callable[[], None] | None = None) -> None:
+        """Stop at once, cutting the connections of calls in flight; ``meanwhile`` runs after
+        that (e.g. to release a held handler, whose answer then goes nowhere)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        for connection in list(server.connections):
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if meanwhile is not None:
+            meanwhile()

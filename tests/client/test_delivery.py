@@ -1,5 +1,5 @@
-"""Batching, retries and exactly-once delivery against a real gRPC server that fails, dies
-and comes back."""
+"""Batching, retries and exactly-once delivery against a real server (gRPC and HTTP) that
+fails, dies and comes back."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ import pytest
 from veil_testing.waiting import wait_until
 
 from veil.client import Counters
+
+
+@pytest.fixture(params=["grpc", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each test runs over both transports (the collector's and the Reporter's)."""
+    return request.param
 
 
 # Everything a retry can turn into success: a store refusing writes (UNAVAILABLE), a server
@@ -124,19 +130,20 @@ def test_the_worker_never_raises_into_the_app(ready_reporter, state, monkeypatch
     escaped = []
     monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args))
     reporter = ready_reporter()
-    from veil.client import _grpc, _worker
+    from veil.client import _worker
 
-    real_upload = _grpc.GrpcTransport.upload
+    transport_class = type(reporter._processor.transport)
+    real_upload = transport_class.upload
 
     def broken_upload(self, payload, timeout):
         raise RuntimeError("a bug in the transport")
 
-    monkeypatch.setattr(_grpc.GrpcTransport, "upload", broken_upload)
+    monkeypatch.setattr(transport_class, "upload", broken_upload)
     reporter.report("browser", "chrome")
     assert not reporter.force_flush(0.3)  # an unknown error may pass: the batch is kept and retried
     assert reporter.counters().queued == 1 and reporter.counters().retried >= 1
 
-    monkeypatch.setattr(_grpc.GrpcTransport, "upload", real_upload)
+    monkeypatch.setattr(transport_class, "upload", real_upload)
     assert reporter.force_flush(10) and state.total("browser") == 1
     monkeypatch.setattr(_worker, "encode_batch", lambda *a: 1 / 0)
     reporter.report("browser", "chrome")

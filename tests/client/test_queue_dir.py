@@ -13,10 +13,17 @@ import threading
 import time
 
 import grpc
+import pytest
 from veil_testing.waiting import wait_until
 
 from veil.client import RETRY_HORIZON_SECONDS, Counters
 from veil.wire.v1 import veil_pb2
+
+
+@pytest.fixture(params=["grpc", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each test runs over both transports (the collector's and the Reporter's)."""
+    return request.param
 
 
 def _files(directory):

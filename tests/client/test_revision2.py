@@ -19,6 +19,12 @@ T = 1_700_000_123.4  # a device clock: 2023-11-14T22:15:23.4Z
 DAY = 86400
 
 
+@pytest.fixture(params=["grpc", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each test runs over both transports (the collector's and the Reporter's)."""
+    return request.param
+
+
 class Clock:
     """A device clock the test sets (Unix seconds)."""
 
