@@ -81,11 +81,13 @@ def test_a_burst_over_the_limit_is_refused_with_a_retry_hint_and_counts_what_was
     assert (reply.accepted, reply.duplicate) == (500, False) and counted(aggregator, "browser") == 1500
 
 
-def test_the_sdk_backs_off_and_delivers_everything_through_a_rate_limit(start_aggregator):
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_the_sdk_backs_off_and_delivers_everything_through_a_rate_limit(start_aggregator, transport):
     aggregator = start_aggregator(max_batch=500, sections={"auth": auth_section(rate_limit=2000, rate_burst=1000)})
     n = 5000
     with Reporter(
-        f"127.0.0.1:{aggregator.grpc_port}",
+        f"127.0.0.1:{aggregator.http_port}" if transport == "http" else f"127.0.0.1:{aggregator.grpc_port}",
+        transport=transport,
         tls=False,
         token=UPLOAD_TOKEN,
         memoize=False,

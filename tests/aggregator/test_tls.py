@@ -130,12 +130,17 @@ def test_a_slow_tls_client_holds_up_no_one(start_aggregator, pki):
             connection.close()
 
 
+def sdk_endpoint(aggregator, transport: str) -> str:
+    return f"https://127.0.0.1:{aggregator.http_port}" if transport == "http" else endpoint(aggregator)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
 @pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
-def test_the_sdk_reports_with_a_token_and_a_ca(start_aggregator, pki, mutual):
+def test_the_sdk_reports_with_a_token_and_a_ca(start_aggregator, pki, mutual, transport):
     aggregator = start(start_aggregator, pki, mutual=mutual)
     client = {"client_cert": str(pki.client_cert), "client_key": str(pki.client_key)} if mutual else {}
     with Reporter(
-        endpoint(aggregator),
+        sdk_endpoint(aggregator, transport),
         token=UPLOAD_TOKEN,
         ca_file=str(pki.ca),
         memoize=False,
@@ -151,13 +156,14 @@ def test_the_sdk_reports_with_a_token_and_a_ca(start_aggregator, pki, mutual):
     assert counted(aggregator, "browser") == 1000 and counted(aggregator, "os") == 1000
 
 
-def test_the_sdk_without_the_ca_or_token_sends_nothing(start_aggregator, pki):
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_the_sdk_without_the_ca_or_token_sends_nothing(start_aggregator, pki, transport):
     aggregator = start(start_aggregator, pki)
     # Without the CA it trusts only the system's roots: the handshake fails, the specs never come.
-    with Reporter(endpoint(aggregator), token=UPLOAD_TOKEN, export_timeout_ms=1000) as reporter:
+    with Reporter(sdk_endpoint(aggregator, transport), token=UPLOAD_TOKEN, export_timeout_ms=1000) as reporter:
         assert not reporter.wait_for_specs(2)
     # With the CA but no token: UNAUTHENTICATED.
-    with Reporter(endpoint(aggregator), ca_file=str(pki.ca), export_timeout_ms=1000) as reporter:
+    with Reporter(sdk_endpoint(aggregator, transport), ca_file=str(pki.ca), export_timeout_ms=1000) as reporter:
         assert not reporter.wait_for_specs(2)
     assert counted(aggregator, "browser") == 0
 
