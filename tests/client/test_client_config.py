@@ -137,3 +137,51 @@ def test_a_reporter_given_only_a_loopback_address_reaches_a_plaintext_aggregator
         assert reporter.wait_for_specs(10)
     finally:
         reporter.shutdown(timeout=2)
+
+
+@pytest.mark.parametrize(
+    "explicit, environ, expected",
+    [
+        ({"endpoint": "agg.example.com:443"}, {}, ("grpc", "agg.example.com:443", True)),
+        ({"endpoint": "127.0.0.1:50051"}, {}, ("grpc", "127.0.0.1:50051", False)),
+        ({"endpoint": "https://agg.example.com/"}, {}, ("http", "https://agg.example.com", True)),
+        ({"endpoint": "http://127.0.0.1:8080"}, {env.VEIL_TLS: "true"}, ("http", "http://127.0.0.1:8080", False)),
+        ({"endpoint": "https://proxy.example.com/veil"}, {}, ("http", "https://proxy.example.com/veil", True)),
+        # host:port over HTTP: the scheme TLS says (plaintext on loopback, as over gRPC)
+        ({"endpoint": "agg.example.com:8080", "transport": "http"}, {}, ("http", "https://agg.example.com:8080", True)),
+        ({"endpoint": "localhost:8080"}, {env.VEIL_TRANSPORT: "HTTP"}, ("http", "http://localhost:8080", False)),
+        (
+            {"endpoint": "localhost:8080", "transport": "grpc"},
+            {env.VEIL_TRANSPORT: "http"},
+            ("grpc", "localhost:8080", False),
+        ),
+        ({"endpoint": "localhost:8080"}, {env.VEIL_TRANSPORT: "carrier-pigeon"}, ("grpc", "localhost:8080", False)),
+    ],
+)
+def test_the_transport_is_the_endpoints_unless_chosen(explicit, environ, expected):
+    config = resolve_config(environ, **explicit)
+    assert (config.transport, config.endpoint, config.tls) == expected
+
+
+@pytest.mark.parametrize(
+    "explicit",
+    [
+        {"endpoint": "https://agg.example.com", "transport": "grpc"},
+        {"endpoint": "ftp://agg.example.com"},
+        {"endpoint": "https://agg.example.com?x=1"},
+        {"endpoint": "https://agg.example.com", "tls": False},
+        {"endpoint": "http://agg.example.com", "tls": True},
+        {"endpoint": "agg.example.com:1", "transport": "udp"},
+    ],
+)
+def test_an_endpoint_and_transport_that_disagree_are_config_errors(explicit):
+    with pytest.raises(ConfigError):
+        resolve_config({}, **explicit)
+
+
+def test_a_ca_file_needs_an_https_endpoint(tmp_path):
+    (tmp_path / "ca.pem").write_text("not used")
+    with pytest.raises(ConfigError, match="https://"):
+        resolve_config({}, endpoint="http://127.0.0.1:1", ca_file=tmp_path / "ca.pem")
+    with pytest.raises(ConfigError, match="not usable PEM"):
+        Reporter("https://127.0.0.1:1", ca_file=tmp_path / "ca.pem")

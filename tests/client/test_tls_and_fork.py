@@ -1,4 +1,5 @@
-"""TLS with a given CA and a client certificate; fork; the SDK's import weight."""
+"""TLS with a given CA and a client certificate; fork (over both transports); the SDK's import
+weight."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ fork_safe_grpc = pytest.mark.skipif(
     tuple(int(part) for part in grpc.__version__.split(".")[:2]) < (1, 80),
     reason=f"grpcio {grpc.__version__} cannot open a channel in a forked child (1.80 can)",
 )
+
+
+@pytest.fixture(params=[pytest.param("grpc", marks=fork_safe_grpc), "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """The fork tests run over both transports (an HTTP child opens its own connection and thread)."""
+    return request.param
 
 
 def _certificates(tmp_path):
@@ -108,7 +115,6 @@ def test_mutual_tls_with_a_given_ca_and_a_bearer_token(tls_collector, state):
             assert not refused.wait_for_specs(0.5)
 
 
-@fork_safe_grpc
 def test_a_forked_child_reports_through_its_own_channel(ready_reporter, state):
     reporter = ready_reporter()
     reporter.report("browser", "edge")
@@ -134,17 +140,19 @@ def test_a_forked_child_reports_through_its_own_channel(ready_reporter, state):
     assert reporter.force_flush(10) and state.total("browser") == 2
 
 
-def test_import_veil_client_loads_nothing_heavy():
+@pytest.mark.parametrize(
+    "endpoint, heavy", [("127.0.0.1:1", HEAVY), ("http://127.0.0.1:1", (*HEAVY, "grpc"))], ids=["grpc", "http"]
+)
+def test_a_reporters_life_loads_nothing_heavy(endpoint, heavy):
     code = (
         "import sys, veil.client as c\n"
-        "r = c.Reporter('127.0.0.1:1', tls=False); r.report('m', 'v'); r.shutdown(1)\n"
-        f"print(','.join(x for x in {HEAVY!r} if x in sys.modules))"
+        f"r = c.Reporter({endpoint!r}, tls=False); r.report('m', 'v'); r.shutdown(1)\n"
+        f"print(','.join(x for x in {heavy!r} if x in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
 
-@fork_safe_grpc
 def test_a_forked_child_shares_the_device_memo_with_its_parent(ready_reporter, state, tmp_path):
     reporter = ready_reporter(queue_dir=tmp_path)
     reporter.report("page", "p1")  # memoized before the fork: the child inherits it
