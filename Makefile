@@ -38,16 +38,16 @@ $(VENV)/.dev: pyproject.toml | $(VENV)/bin/python
 	touch $@ $(VENV)/.aggregator
 
 # The SDK's tests (tests/client, tests/wire) on the oldest grpcio and protobuf pyproject.toml
-# allows, pinned in client/oldest-constraints.txt, in a virtualenv of their own: the SDK and the
-# test group, no aggregator extra (its grpcio floor is the newest), so test_toy_mechanism.py,
-# which serves through the daemon, runs in `make test` only.
+# allows, pinned in client/oldest-constraints.txt, in a virtualenv of their own: the SDK with its
+# grpc extra and the test group, no aggregator extra (its grpcio floor is the newest), so
+# test_toy_mechanism.py, which serves through the daemon, runs in `make test` only.
 OLDEST := .venv-oldest
 $(OLDEST)/.installed: pyproject.toml client/oldest-constraints.txt
 	rm -rf $(OLDEST)
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip --disable-pip-version-check -q install 'pip>=25.1'
 	$(OLDEST)/bin/python -m pip --disable-pip-version-check -q install \
-	  --constraint client/oldest-constraints.txt -e . --group test
+	  --constraint client/oldest-constraints.txt -e '.[grpc]' --group test
 	touch $@
 
 test-oldest: $(OLDEST)/.installed redis-server client/js/dist/.built

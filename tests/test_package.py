@@ -73,7 +73,8 @@ def test_the_wheel_imports_every_subpackage(wheel, tmp_path):
 #
 # The sdist and the wheel (built from it) and the npm tarball, each installed into an environment
 # of its own in a temporary directory: the aggregator from the wheel (with its extra), the Python
-# SDK from the sdist (no extra), the TypeScript SDK from the tarball in two Node projects, with and
+# SDK from the sdist (no extra: it reports over HTTP, with no grpcio installed) and from the wheel
+# with its grpc extra (over gRPC), the TypeScript SDK from the tarball in two Node projects, with and
 # without the optional gRPC peers. Devices of both SDKs report to that aggregator, and its own
 # `veil estimates` counts them. Installs come from the package registries (pip's and npm's caches
 # make repeat runs quick).
@@ -105,6 +106,17 @@ for _ in range(n):
 assert reporter.force_flush(30), reporter.counters()
 print(reporter.counters().accepted)
 reporter.shutdown(5)
+print("grpc loaded:", "grpc" in sys.modules)
+"""
+NO_GRPC_PY = """\
+import importlib.util
+import veil.client
+
+print("grpc installed:", importlib.util.find_spec("grpc") is not None)
+try:
+    veil.client.Reporter("127.0.0.1:1")
+except veil.client.ConfigError as error:
+    print("pip install 'veil[grpc]'" if "pip install 'veil[grpc]'" in str(error) else error)
 """
 REPORT_JS = """\
 import { Reporter } from "@veil/client";
@@ -162,7 +174,12 @@ def test_make_dist_builds_the_sdist_the_wheel_and_the_npm_tarball_with_their_met
     metadata = zipfile.ZipFile(dist["wheel"]).read("veil-0.1.0.dist-info/METADATA").decode()
     headers = metadata.partition("\n\n")[0].splitlines()  # the README follows them
     assert {"License-Expression: Apache-2.0", "Classifier: Typing :: Typed"} <= set(headers)
-    assert {"Provides-Extra: aggregator", "Provides-Extra: release"} == {h for h in headers if "Extra:" in h}
+    assert {"Provides-Extra: aggregator", "Provides-Extra: grpc", "Provides-Extra: release"} == {
+        h for h in headers if "Extra:" in h
+    }
+    assert [h for h in headers if h.startswith("Requires-Dist:") and "extra ==" not in h] == [
+        "Requires-Dist: protobuf<8,>=4.25.1"
+    ]  # the SDK alone: no grpcio
     assert not any("ruff" in h or "pytest" in h for h in headers)  # the dev tools are groups, unpublished
     with tarfile.open(dist["sdist"]) as sdist:
         files = sdist.getnames()
@@ -198,14 +215,16 @@ def test_the_npm_package_s_copies_match_their_one_home(copy, home):
 
 @pytest.fixture(scope="module")
 def installed(dist, tmp_path_factory) -> dict[str, Path]:
-    """The aggregator's environment (the wheel with its extra) and the SDK's (the sdist alone),
-    both outside the repository; their pythons."""
+    """The aggregator's environment (the wheel with its extra), the SDK's (the sdist alone) and
+    the SDK's with gRPC (the wheel with the grpc extra), all outside the repository; their pythons."""
     home = tmp_path_factory.mktemp("user")
     aggregator = venv(home / "aggregator")
     run(aggregator, "-m", "pip", "install", "-q", f"veil[aggregator] @ {dist['wheel'].as_uri()}", cwd=home)
     sdk = venv(home / "sdk")
     run(sdk, "-m", "pip", "install", "-q", dist["sdist"], cwd=home)
-    return {"aggregator": aggregator, "sdk": sdk, "home": home}
+    sdk_grpc = venv(home / "sdk-grpc")
+    run(sdk_grpc, "-m", "pip", "install", "-q", f"veil[grpc] @ {dist['wheel'].as_uri()}", cwd=home)
+    return {"aggregator": aggregator, "sdk": sdk, "sdk_grpc": sdk_grpc, "home": home}
 
 
 def test_the_sdk_installed_from_the_sdist_is_typed_for_a_user_s_mypy_strict(installed, tmp_path):
@@ -228,14 +247,23 @@ def test_a_report_count_estimate_round_trip_through_every_installed_package(inst
     home = installed["home"]
     sdk_modules = run(installed["sdk"], "-c", "import sys, veil.client; print(sorted(sys.modules))", cwd=home).stdout
     assert "numpy" not in sdk_modules and "veil.aggregator" not in sdk_modules
+    # The SDK alone installs no grpcio, and a gRPC endpoint names the extra it needs.
+    assert run(installed["sdk"], "-c", NO_GRPC_PY, cwd=home).stdout.split("\n")[:2] == [
+        "grpc installed: False",
+        "pip install 'veil[grpc]'",
+    ]
     veil = installed["aggregator"].parent / "veil"
     config = running.config_dict(f"sqlite:///{tmp_path / 'veil.db'}")
     with ServeProcess(tmp_path / "serve", config, command=[str(veil), "serve"]) as serve:
         where = run(installed["aggregator"], "-c", "import veil.aggregator; print(veil.aggregator.__file__)", cwd=home)
         assert Path(where.stdout.strip()).is_relative_to(home)  # served from the install, not the checkout
         n = ROUND_TRIP_REPORTS
-        accepted = run(installed["sdk"], "-c", REPORT_PY, serve.endpoint, "browser", "firefox", n, cwd=home).stdout
-        assert int(accepted) == n
+        # The SDK alone over HTTP (grpc never loaded), then with the grpc extra over gRPC.
+        http = f"http://127.0.0.1:{serve.http_port}"
+        out = run(installed["sdk"], "-c", REPORT_PY, http, "browser", "firefox", n, cwd=home).stdout.split()
+        assert out == [str(n), "grpc loaded: False"]
+        out = run(installed["sdk_grpc"], "-c", REPORT_PY, serve.endpoint, "browser", "chrome", n, cwd=home).stdout
+        assert out.split() == [str(n), "grpc loaded: True"]
 
         # Node: the tarball alone reports over HTTP (and GrpcTransport names what it needs); with
         # the optional peers installed, over gRPC.
@@ -259,7 +287,7 @@ def test_a_report_count_estimate_round_trip_through_every_installed_package(inst
 
         estimates = run(veil, "estimates", "--address", serve.endpoint, "--window", "total", "--json", cwd=home)
         by_metric = {e["metric"]: e for e in json.loads(estimates.stdout)["estimates"]}
-        assert by_metric["browser"]["n"] == n and by_metric["os"]["n"] == 2 * n
+        assert by_metric["browser"]["n"] == 2 * n and by_metric["os"]["n"] == 2 * n
         assert not by_metric["os"]["withheld"] and len(by_metric["os"]["categories"]) == 6
 
 

@@ -1,11 +1,11 @@
 """A real Collector on loopback for the SDK's tests: a grpc.server on 127.0.0.1 implementing
 veil.wire.v1.Collector (CollectorServer), or the same over HTTP (HttpCollectorServer: GET
 /v1/specs, POST /v1/upload and /v1/uploads with binary protobuf bodies and the HTTP statuses of
-docs/protocol.md section 5, written here from that table), with its own decoder of the wire format (not the SDK's), dedupe by
-batch id, per-weight Counts for the estimators, and fault injection. It speaks revision 2
-(UploadBatches, specs_version and if_version, the server's time, made_unix recorded per batch and
-checked against max_lateness when one is set: OUT_OF_RANGE) or, with ``revision=1``, revision 1 (UploadBatches
-UNIMPLEMENTED, no version, no time).
+docs/protocol.md section 5, written here from that table), with its own decoder of the wire
+format (not the SDK's), dedupe by batch id, per-weight Counts for the estimators, and fault
+injection. It speaks revision 2 (UploadBatches, specs_version and if_version, the server's time,
+made_unix recorded per batch and checked against max_lateness when one is set: OUT_OF_RANGE)
+or, with ``revision=1``, revision 1 (UploadBatches UNIMPLEMENTED, no version, no time).
 
 CollectorState is the "store": it survives stopping and restarting the server on the same
 port, as Redis survives an aggregator restart.
