@@ -8,8 +8,8 @@
 
 Reads randomize.json (bench_randomize.py), client.json (bench_client.py), ingest.json
 (bench_ingest.py), capacity.json (bench_capacity.py), device_day.json (bench_device_day.py),
-series.json (bench_series.py) and cli.json (bench_cli.py) from the results directory and writes
-beside them:
+series.json (bench_series.py), cli.json (bench_cli.py) and footprint.json (bench_footprint.py)
+from the results directory and writes beside them:
 
   latest.json     one document: the machine, each benchmark's results as it wrote them, the
                   correctness checks, and a ``targets`` list (target, goal, measured, met, and
@@ -21,7 +21,8 @@ beside them:
 and prints one table (stdout; progress and the benchmarks' own tables go to stderr): the
 randomize cells with Veil / peer ratios measured in the same run, report() latency per k,
 ingest per store and shape with the exact-count verdict, estimate latency, the capacity model's
-predictions, the device-day and the devices an aggregator core carries, and the targets.
+predictions, the device-day and the devices an aggregator core carries, the SDK's import time,
+memory and threads per transport, and the targets.
 
 With --run the benchmarks run first, one after the other, each writing its own JSON into
 the results directory; a benchmark that fails still lets the others run, and the report then
@@ -57,6 +58,7 @@ BENCHMARKS = {
     "device_day": "bench_device_day.py",
     "series": "bench_series.py",
     "cli": "bench_cli.py",
+    "footprint": "bench_footprint.py",
 }
 LATEST, PLOT = "latest.json", "throughput.png"
 # The README's performance table sits between these lines; --update-readme replaces what is between.
@@ -773,6 +775,37 @@ def client_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def footprint_table(data: dict[str, Any]) -> Table:
+    """What embedding the SDK costs an app, per transport (bench_footprint.py)."""
+    rows = data["footprint"]
+    table = Table(
+        f"SDK footprint, fresh processes, median of {rows['import']['runs']}",
+        ["case", "import ms", "RSS MB", "OS threads", "Reporter ms", "grpc loaded"],
+        right={1, 2, 3, 4},
+        note="import: `import veil.client`; reporter: then an idle Reporter whose specs arrived (RSS and "
+        "threads of the whole process); python: the interpreter alone.",
+    )
+    for name, label in (
+        ("python", "python alone"),
+        ("import", "import veil.client"),
+        ("reporter_http", "idle Reporter, HTTP"),
+        ("reporter_grpc", "idle Reporter, gRPC"),
+    ):
+        row = rows.get(name)
+        if row is None:
+            continue
+        stage = "reporter" if "reporter_rss_mb" in row else "import" if "import_rss_mb" in row else "python"
+        table.add(
+            label,
+            f"{row['import_ms']:.0f}" if "import_ms" in row else "-",
+            f"{row[f'{stage}_rss_mb']:.1f}",
+            str(row[f"{stage}_threads"]),
+            f"{row['reporter_ms']:.0f}" if stage == "reporter" else "-",
+            "yes" if row.get("grpc_loaded", row.get("grpc_loaded_by_import")) else "no",
+        )
+    return table
+
+
 def rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
 
@@ -1008,6 +1041,8 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
         tables.append(capacity_table(results["capacity"]))
     if "device_day" in results:
         tables.append(device_day_table(results["device_day"]))
+    if "footprint" in results:
+        tables.append(footprint_table(results["footprint"]))
     tables.append(targets_table(document["targets"]))
     for table in tables:
         out += ["", table.render(markdown)]

@@ -260,10 +260,10 @@ def test_a_report_count_estimate_round_trip_through_every_installed_package(inst
         n = ROUND_TRIP_REPORTS
         # The SDK alone over HTTP (grpc never loaded), then with the grpc extra over gRPC.
         http = f"http://127.0.0.1:{serve.http_port}"
-        out = run(installed["sdk"], "-c", REPORT_PY, http, "browser", "firefox", n, cwd=home).stdout.split()
-        assert out == [str(n), "grpc loaded: False"]
+        out = run(installed["sdk"], "-c", REPORT_PY, http, "browser", "firefox", n, cwd=home).stdout
+        assert out.splitlines() == [str(n), "grpc loaded: False"]
         out = run(installed["sdk_grpc"], "-c", REPORT_PY, serve.endpoint, "browser", "chrome", n, cwd=home).stdout
-        assert out.split() == [str(n), "grpc loaded: True"]
+        assert out.splitlines() == [str(n), "grpc loaded: True"]
 
         # Node: the tarball alone reports over HTTP (and GrpcTransport names what it needs); with
         # the optional peers installed, over gRPC.
