@@ -5,6 +5,7 @@ metrics in one POST /v1/uploads, 410 counted as too_late, the conditional specs 
 
 from __future__ import annotations
 
+import logging
 import time
 
 from veil_testing.processes import free_port
@@ -81,3 +82,12 @@ def test_a_refused_token_is_retried_and_the_batch_counted_once_fixed(start_aggre
     with Reporter(url(aggregator), token=UPLOAD_TOKEN, queue_dir=tmp_path, **FAST) as reporter:
         assert reporter.force_flush(10), reporter.counters()
     assert counted(aggregator, "browser") == 1 and counted(aggregator, "os") == 1
+
+
+def test_a_failed_specs_fetch_says_why(start_aggregator, caplog):
+    aggregator = start_aggregator()  # plaintext: an https:// endpoint fails at the TLS handshake
+    with caplog.at_level(logging.WARNING, logger="veil.client"):
+        with Reporter(f"https://127.0.0.1:{aggregator.http_port}", **FAST) as reporter:
+            assert not reporter.wait_for_specs(1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("Cannot fetch Veil metric specs (UNAVAILABLE: SSLError") for m in messages), messages

@@ -13,6 +13,12 @@ from veil.client import Counters, Reporter, ReporterError, UnknownCategoryError,
 from veil.mechanism import MetricSpec
 
 
+@pytest.fixture(params=["grpc", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each test runs over both transports (the collector's and the Reporter's)."""
+    return request.param
+
+
 def test_reports_arrive_as_valid_batches_of_every_design(ready_reporter, state):
     reporter = ready_reporter(max_batch_size=7)
     for name in ("browser", "screen", "theme", "country", "opt_in", "page"):

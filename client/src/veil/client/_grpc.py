@@ -17,7 +17,7 @@ import grpc
 from veil.wire.v1 import veil_pb2
 
 from ._config import Config
-from ._status import hint_seconds
+from ._status import Refusal, hint_seconds
 
 __all__ = ["GrpcTransport"]
 
@@ -97,22 +97,18 @@ class GrpcTransport:
         return self._upload_batches.future(payload, timeout=timeout, metadata=self._metadata)
 
     @staticmethod
-    def refusal(error: BaseException) -> tuple[str | None, float]:
-        """The status name of a failed call (None when it names none) and its retry-after-ms hint
-        in seconds (0 when none)."""
-        code = getattr(error, "code", None)
+    def refusal(error: BaseException) -> Refusal:
+        """A failed call's status name, retry-after-ms hint and details."""
+        name, hint, detail = None, 0.0, ""
         try:
-            name = code().name if callable(code) else None
-        except Exception:  # noqa: BLE001 (a code() that fails names no code)
-            name = None
-        hint = 0.0
-        try:
+            name = error.code().name  # type: ignore[attr-defined]
+            detail = error.details() or ""  # type: ignore[attr-defined]
             for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
                 if key == _RETRY_AFTER_KEY:
                     hint = hint_seconds(value)
-        except Exception:  # noqa: BLE001 (not a call: no hint)
+        except Exception:  # noqa: BLE001 (not a call, or one that says less: what it said)
             pass
-        return name, hint
+        return Refusal(name, hint, detail)
 
     def close(self) -> None:
         channel, self._channel = self._channel, None

@@ -29,7 +29,7 @@ from veil.wire.v1 import veil_pb2
 
 from ._config import Config
 from ._errors import ConfigError
-from ._status import UNIMPLEMENTED, hint_seconds, http_name
+from ._status import UNIMPLEMENTED, Refusal, hint_seconds, http_name
 
 __all__ = ["HttpTransport", "Refused"]
 
@@ -44,8 +44,8 @@ class Refused(Exception):
     refusal's message."""
 
     def __init__(self, name: str, hint: float, message: str) -> None:
-        super().__init__(f"{name}: {message}" if message else name)
-        self.name, self.hint = name, hint
+        super().__init__(f"{name}: {message}")
+        self.name, self.hint, self.message = name, hint, message
 
 
 class HttpTransport:
@@ -96,16 +96,17 @@ class HttpTransport:
         return self._submit(lambda: self._post("/v1/uploads", payload, veil_pb2.UploadBatchesResponse, timeout))
 
     @staticmethod
-    def refusal(error: BaseException) -> tuple[str | None, float]:
-        """The status name of a failed call and its hint: a network error is UNAVAILABLE, a
+    def refusal(error: BaseException) -> Refusal:
+        """A failed call's status name, hint and detail: a network error is UNAVAILABLE, a
         timeout DEADLINE_EXCEEDED (unknown whether counted: retried like it)."""
         if isinstance(error, Refused):
-            return error.name, error.hint
+            return Refusal(error.name, error.hint, error.message)
+        detail = f"{type(error).__name__}: {error}"
         if isinstance(error, TimeoutError | socket.timeout):
-            return "DEADLINE_EXCEEDED", 0.0
+            return Refusal("DEADLINE_EXCEEDED", 0.0, detail)
         if isinstance(error, OSError | http.client.HTTPException):
-            return "UNAVAILABLE", 0.0
-        return None, 0.0
+            return Refusal("UNAVAILABLE", 0.0, detail)
+        return Refusal(None, 0.0, detail)
 
     def close(self) -> None:
         jobs, self._jobs = self._jobs, None

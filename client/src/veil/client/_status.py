@@ -13,6 +13,8 @@ table does not name...
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 __all__ = [
     "OK",
     "STALE_SPEC",
@@ -24,6 +26,7 @@ __all__ = [
     "HTTP_NAMES",
     "http_name",
     "hint_seconds",
+    "Refusal",
 ]
 
 OK = "OK"
@@ -96,3 +99,12 @@ def hint_seconds(value: str | bytes) -> float:
         return min(max(int(value) / 1000.0, 0.0), _MAX_RETRY_HINT)
     except ValueError:
         return 0.0
+
+
+class Refusal(NamedTuple):
+    """What a failed call says: its status name (None when it names none), the aggregator's
+    retry-after-ms hint in seconds (0 when none), and a short detail for the log."""
+
+    name: str | None
+    hint: float
+    detail: str

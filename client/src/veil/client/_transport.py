@@ -16,6 +16,7 @@ from veil.wire.v1 import veil_pb2
 
 from ._config import Config
 from ._errors import ConfigError
+from ._status import Refusal
 
 __all__ = ["Call", "Transport", "open_transport"]
 
@@ -39,7 +40,7 @@ class Transport(Protocol):
 
     def upload_batches(self, payload: bytes, timeout: float) -> Call[veil_pb2.UploadBatchesResponse]: ...
 
-    def refusal(self, error: BaseException) -> tuple[str | None, float]: ...
+    def refusal(self, error: BaseException) -> Refusal: ...
 
     def close(self) -> None: ...
 

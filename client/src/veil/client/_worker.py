@@ -264,7 +264,7 @@ class Worker:
             response = future.result()
         except Exception as error:
             self.spec_due = time.monotonic() + self.fetches.next_delay()
-            code, _ = p.transport.refusal(error)
+            code, _, detail = p.transport.refusal(error)
             if code in TOKEN_REFUSED:
                 p.log.warning(
                     f"specs:fetch:{code}",
@@ -275,8 +275,9 @@ class Worker:
             else:
                 p.log.warning(
                     f"specs:fetch:{code}",
-                    "Cannot fetch Veil metric specs (%s); retrying with backoff.",
+                    "Cannot fetch Veil metric specs (%s%s); retrying with backoff.",
                     code or type(error).__name__,
+                    f": {detail}" if code and detail else "",
                     exc_info=code is None,
                 )
             return
@@ -352,7 +353,8 @@ class Worker:
             response = future.result()
         except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
             self._attempted([batch])
-            return self._answered([batch], *self.p.transport.refusal(error), error)
+            code, hint, detail = self.p.transport.refusal(error)
+            return self._answered([batch], code, hint, error, detail)
         self._attempted([batch])
         self._heard(response.specs_version)
         self.uploads.reset()
@@ -368,14 +370,14 @@ class Worker:
             self._await(future)
             response = future.result()
         except Exception as error:  # noqa: BLE001 (every failure goes through the retry policy)
-            code, hint = p.transport.refusal(error)
+            code, hint, detail = p.transport.refusal(error)
             if code == UNIMPLEMENTED:
                 # A revision-1 aggregator: one Upload per batch from now on, on this channel.
                 p.transport.batches = False
                 logger.info("The Veil aggregator predates UploadBatches; uploading one batch per call.")
                 return True  # not an attempt: the call was not understood
             self._attempted(batches)
-            return self._answered(batches, code, hint, error)  # the call refused whole
+            return self._answered(batches, code, hint, error, detail)  # the call refused whole
         self._attempted(batches)
         self._heard(response.specs_version)
         if len(response.results) != len(batches):
@@ -432,8 +434,9 @@ class Worker:
             else:
                 p.log.warning(
                     f"upload:{name}",
-                    "Veil upload failed (%s); retrying the same batch with backoff.",
+                    "Veil upload failed (%s%s); retrying the same batch with backoff.",
                     name,
+                    f": {message}" if code and message else "",
                     exc_info=code is None and error is not None,  # called in its except clause
                 )
             return False
