@@ -438,10 +438,12 @@ class _HttpServer(http.server.ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], servicer: Servicer) -> None:
         self.servicer = servicer
         self.connections: set[socket.socket] = set()
+        self.accepted = 0  # connections accepted since start
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
         self.connections.add(request)
+        self.accepted += 1
         super().process_request(request, client_address)
 
     def handle_error(self, request, client_address) -> None:
@@ -463,6 +465,10 @@ class HttpCollectorServer:
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def connections_accepted(self) -> int:
+        return self._server.accepted if self._server is not None else 0
 
     def start(self) -> None:
         server = _HttpServer(("127.0.0.1", self.port), Servicer(self.state))

@@ -206,3 +206,13 @@ def test_specs_are_refetched_after_their_ttl_and_stale_ones_still_serve(ready_re
     collector.start()
     assert reporter.force_flush(10) and state.total("browser") == 1
     assert state.wait_for(lambda: state.spec_calls > before)
+
+
+@pytest.mark.parametrize("transport", ["http"])
+def test_http_calls_share_one_kept_alive_connection(ready_reporter, state, collector):
+    reporter = ready_reporter(spec_ttl_ms=20)
+    for i in range(5):
+        reporter.report("browser", i % 4)
+        assert reporter.force_flush(10)
+    assert state.wait_for(lambda: state.spec_calls >= 3)  # conditional checks between the uploads
+    assert len(state.calls) == 5 and collector.connections_accepted == 1

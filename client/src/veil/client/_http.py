@@ -176,10 +176,10 @@ class HttpTransport:
                 connection.request(method, self._prefix + path, body, {**self._headers, **headers})
                 response = connection.getresponse()
                 data = response.read()
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as error:
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
                 connection.close()
                 self._connection = None
-                if fresh or retried or isinstance(error, ConnectionRefusedError):
+                if fresh or retried:
                     raise
                 retried = True
                 continue
