@@ -116,7 +116,20 @@ def test_quick_run_writes_every_benchmark_and_the_combined_results(quick_run):
     cli = json.loads((directory / "cli.json").read_text())
     assert set(cli["cli"]) >= {"veil_specs", "veil_estimates"} and cli["settings"]["quick"] is True
 
-    assert set(latest["benchmarks"]) == {"randomize", "client", "ingest", "capacity", "device_day", "series", "cli"}
+    footprint = json.loads((directory / "footprint.json").read_text())["footprint"]
+    assert footprint["reporter_http"]["grpc_loaded"] is False and footprint["reporter_grpc"]["grpc_loaded"] is True
+    assert footprint["import"]["grpc_loaded_by_import"] is False
+
+    assert set(latest["benchmarks"]) == {
+        "randomize",
+        "client",
+        "ingest",
+        "capacity",
+        "device_day",
+        "series",
+        "cli",
+        "footprint",
+    }
     assert latest["benchmarks"]["ingest"] == ingest  # each benchmark's results as it wrote them
     assert latest["quick"] is True and latest["summary"]["ok"] is True and not latest["problems"]
     assert latest["machine"]["cpu_count"] >= 1 and latest["machine"]["python"]
