@@ -1,8 +1,8 @@
 """Combine the benchmarks' results into one document, one table and one plot.
 
     .venv/bin/python bench/report.py                # bench/results/*.json (each benchmark's own)
-    .venv/bin/python bench/report.py --markdown     # the same table as Markdown (the README's)
-    .venv/bin/python bench/report.py --update-readme  # ... and put it into README.md's performance section
+    .venv/bin/python bench/report.py --markdown     # the same table as Markdown (bench/README.md's)
+    .venv/bin/python bench/report.py --update-readme  # ... and put it into bench/README.md's "The latest results"
     .venv/bin/python bench/report.py --run          # run the benchmarks first (`make bench`)
     .venv/bin/python bench/report.py --run --quick  # smoke runs in bench/results/quick/ (`make bench-quick`)
 
@@ -59,7 +59,8 @@ BENCHMARKS = {
     "cli": "bench_cli.py",
 }
 LATEST, PLOT = "latest.json", "throughput.png"
-# The README's performance table sits between these lines; --update-readme replaces what is between.
+# bench/README.md's tables sit between these lines; --update-readme replaces what is between (never
+# the front README: measured numbers change with every run).
 README_BEGIN = "<!-- bench/report.py --markdown: begin -->"
 README_END = "<!-- bench/report.py --markdown: end -->"
 
@@ -655,7 +656,7 @@ class Table:
 
     def render(self, markdown: bool) -> str:
         if markdown:
-            lines = [f"**{self.title}**", ""]
+            lines = [f"#### {self.title}", ""]
             if self.note:
                 lines += [self.note, ""]
             lines.append("| " + " | ".join(self.headers) + " |")
@@ -962,7 +963,7 @@ def measured_text(entry: dict[str, Any]) -> str:
 
 def targets_table(targets: list[dict[str, Any]]) -> Table:
     table = Table(
-        "Targets (issue 7): met / entries, and the worst entry with its source",
+        "Targets: met / entries, and the worst entry with its source",
         ["target", "goal", "worst measured", "met", "source of the worst"],
         right={3},
         code={4},
@@ -987,7 +988,7 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
     machine = document["machine"]
     out: list[str] = []
     heading = f"Veil benchmarks: {machine_line(machine)}"
-    out.append(f"**{heading}**" if markdown else heading)
+    out.append(f"### {heading}" if markdown else heading)
     dates = ", ".join(f"{name} {date}" for name, date in machine["dates"].items())
     out.append(f"Results: {', '.join(s['file'] for s in document['sources'].values())} ({dates}).")
     if document["quick"]:
@@ -1233,15 +1234,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"where the benchmarks' JSON is read (and written with --run), and where {LATEST} and "
         f"{PLOT} go (default {shown(RESULTS_DIR)}, or {shown(QUICK_RESULTS_DIR)} with --quick)",
     )
-    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for bench/README.md)")
     parser.add_argument("--no-write", action="store_true", help=f"print only: write neither {LATEST} nor {PLOT}")
     parser.add_argument(
         "--update-readme",
         nargs="?",
         type=Path,
-        const=REPO / "README.md",
+        const=REPO / "bench" / "README.md",
         metavar="README",
-        help="also put the Markdown table into README (default README.md) between the lines "
+        help="also put the Markdown table into README (default bench/README.md) between the lines "
         f"{README_BEGIN} and {README_END}",
     )
     parser.add_argument(

@@ -1,7 +1,7 @@
 """Redis faults under load: killed, stopped, stalled. Acknowledged batches are never lost or
 counted twice, uploads fail fast while Redis is away, health says so, and memory stays flat.
 
-Durability is Redis's own (README, "Durability"):
+Durability is Redis's own (docs/operating.md, "Durability"):
 
 - ``appendonly yes`` + ``appendfsync always``: Redis writes and fsyncs its AOF before it answers,
   so a batch the aggregator acknowledged survives a crash of Redis or of its host. Tested below
@@ -12,7 +12,7 @@ Durability is Redis's own (README, "Durability"):
   alone can lose that too). A process kill, the only crash a test can cause here, leaves the
   written data in the OS page cache, so that window is stated, not tested.
 - Replication is asynchronous; ``[store] wait_replicas`` makes the aggregator WAIT for replicas
-  after every batch (see the README).
+  after every batch (see docs/operating.md).
 
 Every test counts exactly: Redis must hold the counts of exactly the reports the devices saw
 acknowledged (see reliability_kit.assert_exact), plus the batches uploaded here directly.
