@@ -69,7 +69,7 @@ def serve() -> None:
     port on stdout, then serves until killed."""
     import grpc
 
-    from veil.client._specs import spec_to_proto
+    from veil.client import spec_to_proto
     from veil.mechanism import MetricSpec
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 

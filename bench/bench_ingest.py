@@ -177,9 +177,10 @@ def serve(config_path: str) -> int:
     """The aggregator process: what `veil serve --config FILE` runs (the same logging, config
     loading, Aggregator, signals), plus one page on its HTTP listener that reads the counts
     back from its store, so the memory store can be checked from outside. Prints its ports."""
-    from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
+    from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.logs import configure_logging
+    from veil.aggregator.tuning import freeze_startup_heap, keep_freed_memory
 
     configure_logging("json", "info")
     config = load_config(config_path)
@@ -357,7 +358,7 @@ class ReportPool:
 
     def _check_encoding(self, rows: np.ndarray) -> None:
         """The packed, serialized uploads must be byte for byte what the SDK's encoder sends."""
-        from veil.client._encoding import encode_batch
+        from veil.client import encode_batch
 
         saved = self.packed
         self.packed = self._pack(rows[: max(s.batch for s in SHAPES.values())])
@@ -367,7 +368,7 @@ class ReportPool:
             if sdk != BATCH_ID_HEADER + batch_id + self._tail(0, batch):
                 raise AssertionError(
                     f"{self.metric.name}: the benchmark's encoding of {batch} reports differs "
-                    "from veil.client._encoding.encode_batch"
+                    "from veil.client.encode_batch"
                 )
             self.encoding_checked.append(batch)
         self.packed = saved

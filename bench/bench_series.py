@@ -95,8 +95,8 @@ def timings(call, repeats: int) -> dict[str, float]:
 
 
 def measure(store: Any, repeats: int, hours: int) -> dict[str, Any]:
-    from veil.aggregator.daemon import freeze_startup_heap, keep_freed_memory
     from veil.aggregator.live import LiveEstimates
+    from veil.aggregator.tuning import freeze_startup_heap, keep_freed_memory
 
     cfg = config()
     now = time.time()

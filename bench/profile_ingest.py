@@ -39,7 +39,7 @@ CATEGORIES = (
     ("thread handoff and locks", ("threading.py", "concurrent/futures", "queue.py")),
     ("grpc (Python layer)", ("grpc/_server.py", "grpc/_common.py", "grpc/_interceptor.py", "grpc/aio")),
     ("grpc (C core, Cython)", ("cygrpc", "libgrpc")),
-    ("store write (redis-py, hiredis, group commit)", ("redis/", "hiredis", "store/_redis.py", "store/_coalesce.py")),
+    ("store write (redis-py, hiredis, group commit)", ("redis/", "hiredis", "store/_redis/", "store/_coalesce.py")),
     ("decode", ("aggregator/decode.py", "aggregator/_kernels.py", "numba")),
     ("servicer, access, rate limit", ("aggregator/service.py", "aggregator/_auth.py", "aggregator/_ratelimit.py")),
     ("prometheus", ("prometheus_client",)),

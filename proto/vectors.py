@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import estimate
-from veil.client._encoding import encode_batch, encode_batches
+from veil.client import encode_batch, encode_batches
 from veil.client._memo import memo_key
 from veil.mechanism import MetricSpec, WordRandomSource, encoding
 from veil.wire.v1 import veil_pb2

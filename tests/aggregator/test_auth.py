@@ -26,10 +26,10 @@ from veil_testing.running import (
     make_upload,
 )
 
-from veil.aggregator._logging import JsonFormatter
 from veil.aggregator.config import load_config, parse_config
 from veil.aggregator.decode import UNPARSEABLE
 from veil.aggregator.errors import ConfigError
+from veil.aggregator.logs import JsonFormatter
 from veil.cli import main
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 

@@ -311,6 +311,6 @@ def test_server_reflection_lists_the_services(start_aggregator):
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_the_daemon_keeps_freed_memory_with_glibc():
-    from veil.aggregator.daemon import keep_freed_memory
+    from veil.aggregator.tuning import keep_freed_memory
 
     assert keep_freed_memory() is True

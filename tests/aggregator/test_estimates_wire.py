@@ -12,8 +12,8 @@ import pytest
 
 from veil.aggregator.config import MetricConfig, Window
 from veil.aggregator.estimate import Estimate
+from veil.aggregator.estimates_wire import ResponseCache, encode_window
 from veil.aggregator.live import WindowEstimate, estimates_json
-from veil.aggregator.service import ResponseCache, encode_window
 from veil.mechanism import PROJECTION_NOTE, MetricSpec
 from veil.wire.v1 import veil_pb2
 

@@ -279,8 +279,8 @@ time.sleep(3600)
 
 _SUPERVISOR = """
 import sys
-from veil.aggregator._logging import configure_logging
-from veil.aggregator._workers import supervise
+from veil.aggregator.logs import configure_logging
+from veil.aggregator.workers import supervise
 from veil.aggregator.config import load_config
 configure_logging("json", "info")
 sys.exit(supervise(load_config(sys.argv[1]), [sys.executable, "-c", sys.argv[2]]))

@@ -178,7 +178,7 @@ def make_upload(metric: str, n: int, *, batch_id: bytes | None = None, seed: int
     """A valid batch of n randomized reports of `metric` (one of METRICS), as the SDK encodes it."""
     import random
 
-    from veil.client._encoding import encode_batch
+    from veil.client import encode_batch
     from veil.mechanism import SeededRandomSource
 
     spec = specs_of(METRICS)[metric]

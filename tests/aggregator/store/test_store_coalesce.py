@@ -18,7 +18,8 @@ from veil.aggregator.counts import Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore
 from veil.aggregator.store._coalesce import Coalescer
-from veil.aggregator.store._redis import _ADD_BATCH, counts_key, dedupe_key
+from veil.aggregator.store._redis import counts_key, dedupe_key
+from veil.aggregator.store._redis.store import _ADD_BATCH
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 WAIT = 10  # seconds any thread of a test may take
@@ -508,17 +509,18 @@ def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):
 def test_pre_encoded_increments_are_the_bytes_redis_py_sends(rng, weights, k, rows, scale):
     from redis.connection import PythonRespSerializer
 
-    from veil.aggregator.store._redis import _increments, _increments_resp, _packer
+    from veil.aggregator.store._redis.fields import increments
+    from veil.aggregator.store._redis.resp import command_packer, increments_resp
 
     counts = random_counts(weights, k, rng, rows)
     counts = Counts(counts.weights, counts.n * scale, counts.v * scale)  # values past the cached ones too
     head = ("EVALSHA", "ab" * 20, 4, "veil:{m}:b:00", b"veil:{m}:c:x", 3, 60, "", 1712345678)
     plain = PythonRespSerializer(6000, lambda x: x if isinstance(x, bytes) else str(x).encode()).pack(
-        *head, *_increments(counts)
+        *head, *increments(counts)
     )
-    packer = _packer()
+    packer = command_packer()
     assert packer is not None
-    assert b"".join(packer.pack(*head, _increments_resp(counts))) == b"".join(plain)
+    assert b"".join(packer.pack(*head, increments_resp(counts))) == b"".join(plain)
     assert b"".join(packer.pack("PING")) == b"*1\r\n$4\r\nPING\r\n"  # other commands: redis-py's own
 
 

@@ -16,7 +16,8 @@ from veil_testing.waiting import wait_until
 from veil.aggregator.counts import PERIOD_NOT_SAID, Counts
 from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
-from veil.aggregator.store._redis import _counts_of, _integers, counts_key, dedupe_key
+from veil.aggregator.store._redis import counts_key, dedupe_key
+from veil.aggregator.store._redis.replies import counts_of, integers
 
 FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 
@@ -215,7 +216,7 @@ def test_reads_by_field_are_the_counts_of_every_field(store, raw, rng):
         assert store.add(batch(counts, place))
         assert store.add(batch(counts, place))
         (fields,) = [raw.hgetall(counts_key(place))]
-        assert store.read(place, (275,), k) == _counts_of(fields, (275,), k) == doubled(counts)
+        assert store.read(place, (275,), k) == counts_of(fields, (275,), k) == doubled(counts)
     raw.hset(counts_key(key(window="big")), mapping={"n:1": 2**63 - 1, "v:1:0": 2**62 + 1, "v:1:2": 1, "batches": 1})
     assert store.read(key(window="big"), (1,), 3) == Counts((1,), [2**63 - 1], [[2**62 + 1, 0, 1]])
 
@@ -258,7 +259,7 @@ def _strict(values):
     ],
 )
 def test_the_fast_integer_parser_is_the_strict_one_or_fails_as_it_does(values):
-    """_integers gives what the array-of-bytes cast gives, or raises what it raises, and never
+    """integers gives what the array-of-bytes cast gives, or raises what it raises, and never
     leaves numpy's warning about a malformed string behind."""
     import warnings
 
@@ -266,11 +267,11 @@ def test_the_fast_integer_parser_is_the_strict_one_or_fails_as_it_does(values):
         expected = _strict(values)
     except (ValueError, OverflowError) as error:
         with pytest.raises(type(error)):
-            _integers(values)
+            integers(values)
         return
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got, present = _integers(values)
+        got, present = integers(values)
     assert got.dtype == np.int64 and got.tobytes() == expected.tobytes()
     assert present == sum(value is not None for value in values)
 

@@ -29,17 +29,14 @@ threads whatever a caller sends:
   for every request (see http).
 
 With server.processes = N > 1 this class is one of N worker processes started by `veil serve`
-(see _workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
+(see workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
 1/N of the configured ones, and its counters go to PROMETHEUS_MULTIPROC_DIR, which the one
 worker with an HTTP listener sums into /metrics.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import datetime
-import gc
 import logging
 import os
 import threading
@@ -53,7 +50,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from veil.client._config import is_loopback
+from veil.client import is_loopback
 from veil.mechanism import max_report_bytes
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
@@ -74,9 +71,7 @@ from .store import Store, open_store
 
 __all__ = [
     "Aggregator",
-    "freeze_startup_heap",
     "inflight_bytes",
-    "keep_freed_memory",
     "max_message_bytes",
     "open_configured_store",
 ]
@@ -121,39 +116,6 @@ def inflight_bytes(config: AggregatorConfig) -> int:
             f"({limit} bytes), or it could never be read; got {config.max_inflight_bytes}."
         )
     return config.max_inflight_bytes
-
-
-# glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_KEEP_FREED_BYTES = 64 << 20  # a cold 720-bucket read at k = 1024 frees some 30 MB at a time
-_MMAP_FROM_BYTES = 32 << 20  # glibc's largest dynamic threshold on 64-bit systems
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep up to 64 MB of freed memory for reuse instead of handing it back
-    to the system at once, for a daemon that has just started; False where the C library is not
-    glibc. An estimate of a long series allocates several matrices of megabytes (720 buckets at
-    k = 1024: 5.9 MB each) and frees them soon after; by default glibc maps such blocks afresh
-    or trims them off the heap, so every call faults their pages in again, zeroed by the
-    kernel: a quarter of a cold 720-bucket read (bench/bench_series.py). For the daemon process
-    only: an embedding application keeps its allocator as it is."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    # Both at once: setting either turns off glibc's own raising of them as large blocks are freed.
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES))
-
-
-def freeze_startup_heap() -> None:
-    """Move every object alive now (modules, compiled kernels, config, caches: some 10^5 objects)
-    out of the cyclic garbage collector's sight, for a daemon that has just started. Each fresh
-    estimate allocates thousands of objects, so full collections come often, and without this
-    each one walks the whole startup heap (tens of ms under load, in some Get's latency).
-    For the daemon process only: an embedding application keeps its collector as it is."""
-    gc.collect()
-    gc.freeze()
 
 
 def open_configured_store(config: AggregatorConfig) -> Store:

@@ -158,7 +158,7 @@ def channel(args: argparse.Namespace, *, target: str | None = None, options: lis
     """A channel to the aggregator (`target`, else address(args)), with TLS when asked for."""
     import grpc
 
-    from veil.client._config import is_loopback
+    from veil.client import is_loopback
 
     target = target or address(args)
     secure = credentials(args)

@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.aggregator._logging import configure_logging
     from veil.aggregator.config import load_config
     from veil.aggregator.errors import StoreError, StoreMisconfigured
+    from veil.aggregator.logs import configure_logging
 
     configure_logging(args.log_format, args.log_level)
 
@@ -64,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = reload()
     if args.worker_index is not None:
-        from veil.aggregator._workers import label_worker_logs
+        from veil.aggregator.workers import label_worker_logs
 
         label_worker_logs(args.worker_index, args.log_format)
         return _serve(config, args.worker_index, reload, args.ready_fd)
     if config.processes > 1 and not args.check_config:
-        from veil.aggregator._workers import supervise  # imports no gRPC: the workers are fresh interpreters
+        from veil.aggregator.workers import supervise  # imports no gRPC: the workers are fresh interpreters
 
         return supervise(
             config,
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             # a running aggregator holds its lock.
             from urllib.parse import unquote, urlsplit
 
-            from veil.aggregator.store._sqlite import check_database
+            from veil.aggregator.store import check_database
 
             problem = check_database(unquote(urlsplit(config.store_url).path), full=False, missing_ok=True)
             reach = "usable" if problem is None else f"not usable ({problem})"
@@ -129,8 +129,9 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     on SIGHUP take the tokens of the config `reload()` reads."""
     from dataclasses import replace
 
-    from veil.aggregator._logging import say
-    from veil.aggregator.daemon import Aggregator, freeze_startup_heap, keep_freed_memory
+    from veil.aggregator.daemon import Aggregator
+    from veil.aggregator.logs import say
+    from veil.aggregator.tuning import freeze_startup_heap, keep_freed_memory
 
     stop, hangup = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -146,7 +147,7 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     aggregator = Aggregator(config)
     aggregator.start()
     if ready_fd is not None:
-        from veil.aggregator._workers import tell_supervisor_serving
+        from veil.aggregator.workers import tell_supervisor_serving
 
         tell_supervisor_serving(ready_fd)
     freeze_startup_heap()

@@ -215,7 +215,7 @@ def _run_batches(args, spec, values, progress: Progress) -> dict:
     import grpc
 
     from veil.aggregator.simulate import AesCtrKeystream, FastKeystream, simulate_reports
-    from veil.client._transport import FINAL, TOKEN_REFUSED
+    from veil.client import FINAL, TOKEN_REFUSED
     from veil.wire.v1 import veil_pb2
 
     keystream = FastKeystream(args.seed) if args.seed is not None else AesCtrKeystream()

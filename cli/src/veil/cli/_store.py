@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_sqlite(url: str) -> int:
     from urllib.parse import unquote, urlsplit
 
-    from veil.aggregator.store._sqlite import check_database, describe_database
+    from veil.aggregator.store import check_database, describe_database
 
     path = unquote(urlsplit(url).path)
     problem = check_database(path, integrity=True)

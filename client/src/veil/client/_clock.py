@@ -4,11 +4,11 @@ aggregator's.
 A device's clock can be set anywhere (a user, a dual boot, an RTC reset). Set far ahead, it would
 open future reporting periods, each with a fresh allowance. Every specs answer of a revision-2
 aggregator carries its clock (``server_time_unix``; ``SpecCache.server_now()`` moves it on by the
-monotonic time since the answer): the device's time is at most that plus ``ALLOWANCE``, for the
+time since the answer, sleep included): the device's time is at most that plus ``ALLOWANCE``, for the
 aggregator's own error and the answer's time in flight. A clock behind is left as it is (the
 ledger's high-water mark keeps it from reopening a period). Before any answer of this process
 said the time (a revision-1 aggregator, or specs from the queue directory before the network
-answers), the device's clock is used as it is: the monotonic clock does not survive a restart.
+answers), the device's clock is used as it is: the elapsed-time clock does not survive a restart.
 """
 
 from __future__ import annotations

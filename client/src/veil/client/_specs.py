@@ -10,7 +10,7 @@ still used while fetching fails.
 Revision 2: the response names its version (``version``); the worker asks again with it
 (``if_version``), and an ``unchanged`` answer keeps the specs held and costs the aggregator
 almost nothing. Each answer also carries the aggregator's clock: ``server_now()`` is that clock
-now (its time plus the monotonic time elapsed since the answer), what the ledger bounds the
+now (its time plus the time elapsed since the answer, sleep included), what the ledger bounds the
 device's clock by; None until an answer of this process said it (a cached response's time is
 stale).
 """
@@ -72,6 +72,16 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     )
 
 
+def _elapsed() -> float:
+    """Seconds on a clock no one can set that keeps counting while the device sleeps: a phone
+    asleep overnight must not wake in yesterday (the aggregator's time is the bound's, moved on
+    by this clock). Linux and Android have CLOCK_BOOTTIME; elsewhere the monotonic clock."""
+    return time.clock_gettime(_BOOT_CLOCK) if _BOOT_CLOCK is not None else time.monotonic()
+
+
+_BOOT_CLOCK: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 class SpecCache:
     """The specs this device may report under. ``specs`` is replaced whole on every update,
     so report() reads it without a lock."""
@@ -91,15 +101,15 @@ class SpecCache:
         # fingerprint -> the granularity (seconds) of made_unix: time_resolution_seconds or the period
         self.resolutions: Mapping[str, int] = {}
         self.max_lateness: int | None = None  # seconds after a slot's end the aggregator still counts it
-        # (server_time_unix, time.monotonic() when it arrived), from the last answer that said it
+        # (server_time_unix, _elapsed() when it arrived), from the last answer that said it
         self.server_time: tuple[int, float] | None = None
         self.ready = threading.Event()  # set once specs have been obtained (disk or network)
 
     def server_now(self) -> float | None:
         """The aggregator's clock now (Unix seconds), as its last answer in this process said it
-        and the monotonic clock has moved since; None when no answer said it."""
+        and time has passed since; None when no answer said it."""
         said = self.server_time
-        return None if said is None else said[0] + (time.monotonic() - said[1])
+        return None if said is None else said[0] + (_elapsed() - said[1])
 
     def resolution(self, spec: MetricSpec) -> int:
         """The granularity, in seconds, of when ``spec``'s reports were made (made_unix)."""
@@ -124,7 +134,7 @@ class SpecCache:
         """Install a fresh response from the aggregator and keep it on disk; an ``unchanged``
         one keeps the specs held."""
         if response.server_time_unix:
-            self.server_time = (response.server_time_unix, time.monotonic())
+            self.server_time = (response.server_time_unix, _elapsed())
         if response.max_lateness_seconds:
             self.max_lateness = response.max_lateness_seconds
         if response.unchanged:

@@ -1,11 +1,12 @@
 """Stores of integer counters: SqliteStore (the single-node default), RedisStore (shared by
-several aggregators) and MemoryStore (volatile: tests, and where losing everything is fine)."""
+several aggregators) and MemoryStore (volatile: tests, and where losing everything is fine); a
+SQLite file checked without being opened (check_database, describe_database: `veil store`)."""
 
 from ._base import BatchWrite, CountsKey, Store, Version
 from ._memory import MemoryStore
 from ._open import open_store, store_options
 from ._redis import RedisStore
-from ._sqlite import SqliteStore
+from ._sqlite import SqliteStore, check_database, describe_database
 
 __all__ = [
     "Store",
@@ -17,4 +18,6 @@ __all__ = [
     "SqliteStore",
     "open_store",
     "store_options",
+    "check_database",
+    "describe_database",
 ]

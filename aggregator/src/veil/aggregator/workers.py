@@ -37,9 +37,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._logging import say
 from .config import ENV_STORE_URL, AggregatorConfig
 from .errors import ConfigError
+from .logs import say
 
 __all__ = ["label_worker_logs", "supervise", "tell_supervisor_serving"]
 
