@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import urllib.error
 import urllib.request
 
@@ -148,6 +149,27 @@ def test_specs_over_http_in_json_and_protobuf_scoped_to_the_token(start_aggregat
     assert status == 200 and [s.name for s in specs.specs] == ["os"] and specs.max_batch > 0
     assert specs.specs[0].fingerprint == specs_of(METRICS)["os"].fingerprint
     assert get(aggregator, "/v1/specs")[0] == 401
+
+
+def test_a_current_specs_check_is_answered_while_every_route_thread_is_busy(start_aggregator):
+    """A device's daily check (If-None-Match naming the current version) is answered 304 on the
+    listener's loop, token checked, without waiting for a route thread; a check that is not
+    current (a full answer) waits for one."""
+    aggregator = start_aggregator(sections={"auth": auth_section()})
+    status, headers, _ = get(aggregator, "/v1/specs", bearer(UPLOAD_TOKEN))
+    etag = headers["ETag"]
+    release = threading.Event()
+    routes = aggregator._http._pool
+    busy = [routes.submit(release.wait) for _ in range(routes._max_workers)]
+    try:
+        assert get(aggregator, "/v1/specs", {**bearer(UPLOAD_TOKEN), "If-None-Match": etag})[0] == 304
+        assert get(aggregator, "/v1/specs", {"If-None-Match": etag})[0] == 401
+        waiting = routes.submit(lambda: None)
+        assert not waiting.done()  # the threads are still all busy
+    finally:
+        release.set()
+    assert all(f.result(10) for f in busy) and waiting.result(10) is None
+    assert get(aggregator, "/v1/specs", {**bearer(UPLOAD_TOKEN), "If-None-Match": '"stale"'})[0] == 200
 
 
 def test_fuzzed_uploads_count_exactly_what_was_accepted(start_aggregator):

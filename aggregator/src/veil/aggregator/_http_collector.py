@@ -26,6 +26,7 @@ from veil.wire.v1 import veil_pb2
 
 from ._auth import RETRY_AFTER_KEY, AccessInterceptor
 from ._calls import CallContext, Refused
+from ._upload_json import parse_batches_json, parse_upload_json
 from .decode import parse_batches, parse_upload
 from .ingest import STATUSES, Ingest, Outcome, http_status
 
@@ -59,12 +60,8 @@ class HttpCollector:
         request: Message | bytes
         if binary:
             request = parse_batches(body) if batches else parse_upload(body)
-        else:
-            message = veil_pb2.UploadBatchesRequest() if batches else veil_pb2.UploadRequest()
-            try:
-                request = json_format.Parse(body, message)
-            except (json_format.ParseError, UnicodeDecodeError, ValueError, RecursionError):
-                request = body  # the access checks answer it: not a valid message
+        else:  # the body itself when not a valid message: the access checks answer it
+            request = parse_batches_json(body) if batches else parse_upload_json(body)
         context = CallContext()  # read whole before the call: one that leaves retries the same id
         try:
             if batches:
@@ -85,6 +82,11 @@ class HttpCollector:
 
     def _batches(self, request: veil_pb2.UploadBatchesRequest, _context) -> veil_pb2.UploadBatchesResponse | Outcome:
         return self._ingest.upload_batches(request)
+
+    def current(self, if_none_match: str) -> bool:
+        """Whether If-None-Match names the current specs version: specs() then answers 304 (once
+        the token is checked), which costs little enough to answer on the listener's loop."""
+        return _matches(if_none_match, f'"{self._ingest.specs_version}"')
 
     def specs(self, authorization: list[str], metrics: list[str], accept: str, if_none_match: str = "") -> Answer:
         """GET /v1/specs: 304 when If-None-Match names the current version (its ETag)."""

@@ -24,7 +24,8 @@ on every route, gzip when the client asks (Accept-Encoding). The limits:
 - request lines and headers of at most 8 KiB each (aiohttp's limits).
 
 The routes' work (reading the store, computing estimates) runs on a small thread pool, never
-on the loop. Requests are not logged, with addresses or otherwise.
+on the loop; only a current conditional specs check (304: a token check) is answered on it.
+Requests are not logged, with addresses or otherwise.
 
 With TLS (ServerTls) every connection is HTTPS (and must present a client certificate from the
 client CA under mutual TLS); each handshake takes the current files (ServerTls reloads them when
@@ -36,6 +37,7 @@ read token); /healthz and the dashboard's static pages stay open.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
@@ -234,14 +236,18 @@ class HttpListener:
                     body,
                 )
         elif self._collector is not None and path == "/v1/specs" and request.method in ("GET", "HEAD"):
-            status, content_type, body, headers = await self._loop.run_in_executor(
-                self._pool,
+            if_none_match = request.headers.get("If-None-Match", "")
+            specs = functools.partial(
                 self._collector.specs,
                 authorization,
                 request.query.getall("metric", []),
                 request.headers.get("Accept", ""),
-                request.headers.get("If-None-Match", ""),
+                if_none_match,
             )
+            if self._collector.current(if_none_match):  # a device's daily check: a 304 costs no thread hand-off
+                status, content_type, body, headers = specs()
+            else:
+                status, content_type, body, headers = await self._loop.run_in_executor(self._pool, specs)
         elif request.method not in ("GET", "HEAD"):
             status, content_type, body, headers = _json(
                 405, {"error": "Only GET and HEAD are served here."}, {"Allow": "GET, HEAD"}
