@@ -76,7 +76,11 @@ def run_population(seed: int) -> tuple[list[float], list[bool], list[bool]]:
             reporters = list(
                 pool.map(
                     lambda d: Reporter(
-                        endpoint, tls=False, clock=clock, random_source=SeededRandomSource(seed * 1_000_003 + d)
+                        endpoint,
+                        tls=False,
+                        clock=clock,
+                        elapsed_clock=clock,  # time passes for the aggregator too
+                        random_source=SeededRandomSource(seed * 1_000_003 + d),
                     ),
                     range(DEVICES),
                 )
@@ -148,7 +152,7 @@ def test_one_device_reporting_5000_times_counts_once_and_the_all_time_window_say
     aggregator = Aggregator(config, clock=clock)
     aggregator.start()
     try:
-        with Reporter(f"127.0.0.1:{aggregator.grpc_port}", tls=False, clock=clock) as reporter:
+        with Reporter(f"127.0.0.1:{aggregator.grpc_port}", tls=False, clock=clock, elapsed_clock=clock) as reporter:
             assert reporter.wait_for_specs(10)
             for _day in range(3):
                 for _ in range(5_000):
