@@ -1,7 +1,8 @@
 """The Collector over HTTP (docs/protocol.md, section 5): POST /v1/upload and GET /v1/specs.
 
 The same calls as gRPC's, through the same parts: the AccessInterceptor's token, rate limits
-and upload checks (admit_upload, admit_specs), then the CollectorService itself. Those end a
+and upload checks (admit_upload_unread before the body is read, then admit_upload; admit_specs),
+then the CollectorService itself. Those end a
 refused call with context.abort; here a CallContext turns that into the HTTP status of the
 documented table, with the retry-after-ms hint as a header (and Retry-After in seconds).
 Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping (the default).
@@ -17,7 +18,7 @@ from google.protobuf import json_format
 
 from veil.wire.v1 import veil_pb2
 
-from ._auth import RETRY_AFTER_KEY, AccessInterceptor
+from ._auth import BUDGET_REFUSAL, BUDGET_RETRY_MS, RETRY_AFTER_KEY, AccessInterceptor, Reservation
 from ._calls import CallContext, Refused
 from .decode import parse_upload
 from .service import CollectorService
@@ -49,7 +50,28 @@ class HttpCollector:
     def __init__(self, access: AccessInterceptor, collector: CollectorService) -> None:
         self._access, self._collector = access, collector
 
-    def upload(self, authorization: list[str], content_type: str, body: bytes) -> Answer:
+    def admit(self, authorization: list[str]) -> tuple[str, None] | tuple[None, Answer]:
+        """An upload before its body is read: its token and upload rate. The token's name (for
+        reservation and upload), or the refusal."""
+        context = CallContext()
+        try:
+            return self._access.admit_upload_unread(authorization, context), None
+        except Refused as refused:
+            return None, _refusal(refused, context)
+
+    def reservation(self, name: str) -> Reservation:
+        """The in-flight budget the body of an upload admitted as `name` is read within."""
+        return self._access.reservation(name)
+
+    @staticmethod
+    def budget_refusal() -> Answer:
+        """The answer to an upload that found no room in the budget: 429, retry after a second."""
+        context = CallContext()
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(BUDGET_RETRY_MS)),))
+        return _refusal(Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, BUDGET_REFUSAL), context)
+
+    def upload(self, name: str, content_type: str, body: bytes) -> Answer:
+        """The upload admitted as token `name`, its body read."""
         binary = _wants_protobuf(content_type)
         if binary:
             request = parse_upload(body)
@@ -60,7 +82,7 @@ class HttpCollector:
                 request = body  # the interceptor answers it: not a valid UploadRequest
         context = CallContext()  # read whole before the call: one that leaves retries the same id
         try:
-            response = self._access.admit_upload(self._collector.Upload, authorization, request, context)
+            response = self._access.admit_upload(self._collector.Upload, name, request, context)
         except Refused as refused:
             return _refusal(refused, context)
         if binary:

@@ -124,8 +124,8 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
 
     def upload_many(self, requests: Sequence[veil_pb2.UploadRequest]) -> list[veil_pb2.UploadResponse | Refusal]:
         """Upload of each request, as if each had come alone, with the batches that pass their
-        checks written in as few store calls as the store can make (Store.add_many): the
-        native collector's entry, one call per set of uploads it has gathered."""
+        checks written in as few store calls as the store can make (Store.add_many): for a
+        caller holding several uploads at once."""
         started = time.perf_counter()
         now = self._clock()
         results: list[bool | Exception] = [False] * len(requests)
