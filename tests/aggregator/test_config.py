@@ -265,3 +265,26 @@ def test_the_read_timeout():
     assert parse_config({"metrics": [METRIC], "server": {"read_timeout": 2.5}}).read_timeout == 2.5
     with pytest.raises(ConfigError, match="server.read_timeout"):
         parse_config({"metrics": [METRIC], "server": {"read_timeout": 0}})
+
+
+def test_read_deadlines_fire_once_and_let_go_of_disarmed_calls():
+    import weakref
+
+    from veil.aggregator._calls import ReadDeadlines
+
+    class Call:
+        def __init__(self) -> None:
+            self.cancelled = threading.Event()
+
+        def cancel(self) -> None:
+            self.cancelled.set()
+
+    deadlines = ReadDeadlines(0.2)
+    stalled, answered = Call(), Call()
+    kept = weakref.ref(answered)
+    armed, disarmed = deadlines.arm(stalled.cancel), deadlines.arm(answered.cancel)
+    disarmed.disarm()
+    del answered
+    assert kept() is None  # a disarmed deadline holds nothing of its call (a flood of calls pins no memory)
+    assert stalled.cancelled.wait(30) and armed.fired and not disarmed.fired
+    deadlines.close()

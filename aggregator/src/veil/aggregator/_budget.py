@@ -8,9 +8,9 @@ its deadline, at most a few seconds) and is then refused with RESOURCE_EXHAUSTED
 the SDKs retry). Refused calls (no token, rate limits) reserve nothing: they are answered
 before their message is read.
 
-The share rule: no one holder (an upload token, by name) may hold more than `share` bytes at
-once (AccessInterceptor sets it: a quarter of the budget, and no more than a quarter of the
-gRPC worker threads' worth of largest uploads, at least one upload). A holder at its share is
+The share rule: no one holder (a token, by name) may hold more than `share` bytes at once
+(token_share: a quarter of the budget, and no more than a quarter of the gRPC worker threads'
+worth of largest uploads, at least one upload). A holder at its share is
 refused at once rather than made to wait: what it holds is its own calls, and a waiting call
 would hold a worker thread. Calls that name no holder (authentication off: callers cannot be
 told apart) share the whole budget; the read deadline (_calls.ReadDeadlines) bounds how long

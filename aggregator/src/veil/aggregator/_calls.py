@@ -53,14 +53,17 @@ class CallContext:
 class ReadDeadline:
     """One armed deadline: `expire` runs once it passes, unless disarm() came first."""
 
-    __slots__ = ("at", "expire", "fired", "disarmed")
+    __slots__ = ("at", "expire", "fired")
 
     def __init__(self, at: float, expire: Callable[[], None]) -> None:
-        self.at, self.expire = at, expire
-        self.fired = self.disarmed = False
+        self.at = at
+        self.expire: Callable[[], None] | None = expire
+        self.fired = False
 
     def disarm(self) -> None:
-        self.disarmed = True
+        # Let go of `expire` at once: it holds the call (a gRPC call's context, its buffers),
+        # and the queue may hold this deadline until it would have passed.
+        self.expire = None
 
 
 class ReadDeadlines:
@@ -101,13 +104,15 @@ class ReadDeadlines:
                 if self._closed:
                     return
                 now = time.monotonic()
-                while self._armed and (self._armed[0].disarmed or self._armed[0].at <= now):
+                while self._armed and (self._armed[0].expire is None or self._armed[0].at <= now):
                     deadline = self._armed.popleft()
-                    if not deadline.disarmed:
+                    if deadline.expire is not None:
                         expired.append(deadline)
                 if not expired:
                     wait = min(max(self._armed[0].at - now, _GRANULARITY), _SWEEP) if self._armed else None
                     self._changed.wait(wait)
             for deadline in expired:
-                deadline.fired = True
-                deadline.expire()
+                expire, deadline.expire = deadline.expire, None
+                if expire is not None:  # not disarmed meanwhile
+                    deadline.fired = True
+                    expire()
