@@ -556,8 +556,8 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
         def wrap(behavior):
             def stream(requests, context):
-                holder = None if budget is self._open_budget else self._holder(identity.name)
-                reading = _Reading(self, Reservation(budget, self._upload_bytes, holder), requests, context)
+                # No share: a kind's streams are at most its limit at once, on threads of its own.
+                reading = _Reading(self, Reservation(budget, self._upload_bytes, None), requests, context)
                 return self._stream(behavior, reading, one, context, identity.name, kind)
 
             stream.experimental_thread_pool = kind.pool  # type: ignore[attr-defined]  # grpcio runs the behaviour on this pool

@@ -13,8 +13,10 @@ The share rule: no one holder (a token, by name) may hold more than `share` byte
 worth of largest uploads, at least one upload). A holder at its share is
 refused at once rather than made to wait: what it holds is its own calls, and a waiting call
 would hold a worker thread. Calls that name no holder (authentication off: callers cannot be
-told apart) share the whole budget; the read deadline (_calls.ReadDeadlines) bounds how long
-any of them holds it.
+told apart) share the whole budget, as do streams (bounded by their own limits, on threads of
+their own); the read deadline (_calls.ReadDeadlines) bounds how long any of them holds it. A
+token's reads that overlap beyond its share, as a burst of its devices' uploads may, are
+refused too: the SDKs retry after the hint.
 """
 
 from __future__ import annotations
