@@ -10,6 +10,7 @@ call waiting for its message holds a worker thread and its reservation of the in
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from typing import NoReturn
 import grpc
 
 __all__ = ["CallContext", "ReadDeadline", "ReadDeadlines", "Refused"]
+
+log = logging.getLogger("veil.aggregator")
 
 # Deadlines are checked this often at most: they fire up to this late, and a steady stream of
 # calls wakes the checking thread no more than this often.
@@ -115,4 +118,7 @@ class ReadDeadlines:
                 expire, deadline.expire = deadline.expire, None
                 if expire is not None:  # not disarmed meanwhile
                     deadline.fired = True
-                    expire()
+                    try:
+                        expire()
+                    except Exception:  # one call's failure must not end the deadlines of all
+                        log.exception("a read deadline could not cancel its call")
