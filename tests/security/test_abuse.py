@@ -45,6 +45,8 @@ from veil.aggregator.errors import ConfigError
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 UPLOAD = "/veil.wire.v1.Collector/Upload"
+UPLOAD_BATCHES = "/veil.wire.v1.Collector/UploadBatches"
+UPLOAD_PATHS = ("/v1/upload", "/v1/uploads")  # one batch, several: the same path through the checks
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # open: read, within a budget of its own
 
 
@@ -224,21 +226,23 @@ def test_http_1_1_keep_alive_head_and_gzip(start_aggregator):
 SPECS = "/veil.wire.v1.Collector/GetMetricSpecs"
 
 
-def upload_head(port: int, length: int, token: str | None) -> bytes:
-    """The request line and headers of POST /v1/upload announcing a body of `length` bytes."""
+def upload_head(port: int, length: int, token: str | None, path: str = "/v1/upload") -> bytes:
+    """The request line and headers of a POST of `path` announcing a body of `length` bytes."""
     authorization = f"Authorization: Bearer {token}\r\n" if token else ""
     return (
-        f"POST /v1/upload HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-protobuf\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-protobuf\r\n"
         f"{authorization}Content-Length: {length}\r\n\r\n"
     ).encode()
 
 
-def http_upload(port: int, request: veil_pb2.UploadRequest, token: str | None) -> int:
-    """POST /v1/upload of `request` on a fresh connection; its status."""
+def http_upload(port: int, request: veil_pb2.UploadRequest, token: str | None, path: str = "/v1/upload") -> int:
+    """POST of `request` to `path` on a fresh connection (to /v1/uploads as its one batch); its
+    status."""
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    message = veil_pb2.UploadBatchesRequest(batches=[request]) if path == "/v1/uploads" else request
     try:
         headers = {"Content-Type": "application/x-protobuf", **({"Authorization": f"Bearer {token}"} if token else {})}
-        client.request("POST", "/v1/upload", body=request.SerializeToString(), headers=headers)
+        client.request("POST", path, body=message.SerializeToString(), headers=headers)
         response = client.getresponse()
         response.read()
         return response.status
@@ -270,8 +274,9 @@ def budget_of(aggregator):
     return aggregator.access._budget
 
 
-def test_half_sent_upload_bodies_that_close_free_their_connections_at_once(start_aggregator):
-    """Issue 26's outage: POST /v1/upload headers and 3 body bytes, then close, on more connections
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+def test_half_sent_upload_bodies_that_close_free_their_connections_at_once(start_aggregator, path):
+    """Issue 26's outage: POST /v1/upload (or /v1/uploads) headers and 3 body bytes, then close, on more connections
     than the listener takes at once (half with a token, whose body would be read, half without,
     refused unread), three rounds. Each connection is freed when its client closes, long before
     the request deadline (60 s here): /healthz and a device's upload are then served, counted
@@ -289,14 +294,14 @@ def test_half_sent_upload_bodies_that_close_free_their_connections_at_once(start
     for _round in range(3):
         for i in range(48):
             attacker = socket.create_connection(("127.0.0.1", port), timeout=10)
-            attacker.sendall(upload_head(port, 1000, UPLOAD_TOKEN if i % 2 else None) + b"\x0a\x01\x02")
+            attacker.sendall(upload_head(port, 1000, UPLOAD_TOKEN if i % 2 else None, path) + b"\x0a\x01\x02")
             attacker.close()
         assert until(healthy)
         # Every connection left waits for a request (the probes', half-closed: ones a new client
         # may close to make room); none is in a body.
         assert until(lambda: aggregator._http.connections == len(aggregator._http._waiting))
     assert budget.free == budget.total
-    assert http_upload(port, make_upload("os", 40, seed=3), UPLOAD_TOKEN) == 200
+    assert http_upload(port, make_upload("os", 40, seed=3), UPLOAD_TOKEN, path) == 200
     assert counted(aggregator, "os") == 40
 
 
@@ -336,9 +341,9 @@ def test_trickled_bodies_lose_their_connection_at_the_deadline_while_devices_are
     assert until(lambda: budget.free == budget.total)
 
 
-def stalled_uploads(aggregator, token: str, count: int) -> tuple[list, threading.Event]:
-    """`count` Upload calls with `token` that send their headers and never their message (the
-    request iterator waits on the event returned); their futures."""
+def stalled_uploads(aggregator, token: str, count: int, method: str = UPLOAD) -> tuple[list, threading.Event]:
+    """`count` calls of `method` (Upload or UploadBatches) with `token` that send their headers
+    and never their message (the request iterator waits on the event returned); their futures."""
     never = threading.Event()
 
     def message_never_sent():
@@ -346,12 +351,13 @@ def stalled_uploads(aggregator, token: str, count: int) -> tuple[list, threading
         yield from ()
 
     stalled = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}")
-    call = stalled.stream_unary(UPLOAD, request_serializer=None, response_deserializer=None)
+    call = stalled.stream_unary(method, request_serializer=None, response_deserializer=None)
     calls = [call.future(message_never_sent(), metadata=bearer(token), timeout=120) for _ in range(count)]
     return calls, never
 
 
-def test_one_token_cannot_pin_the_in_flight_budget_with_uploads_that_never_send(start_aggregator):
+@pytest.mark.parametrize("method", [UPLOAD, UPLOAD_BATCHES])
+def test_one_token_cannot_pin_the_in_flight_budget_with_uploads_that_never_send(start_aggregator, method):
     """Issue 26: 26 upload calls with one token that never send their message pinned the whole
     budget (other devices got DEADLINE_EXCEEDED). Now the token holds at most its share (the
     rest of its calls refused at once), the read deadline cancels the stalled calls and gives
@@ -360,7 +366,7 @@ def test_one_token_cannot_pin_the_in_flight_budget_with_uploads_that_never_send(
     aggregator = start_aggregator(max_inflight_bytes=8 * largest, read_timeout=3.0, sections={"auth": auth_section()})
     budget = budget_of(aggregator)
     assert budget.share == 2 * largest  # a quarter of the budget (fewer than a quarter of 16 workers' reads)
-    calls, never = stalled_uploads(aggregator, UPLOAD_TOKEN, 26)
+    calls, never = stalled_uploads(aggregator, UPLOAD_TOKEN, 26, method)
     try:
         assert until(lambda: budget.held("app-a") == budget.share)
         app = veil_pb2_grpc.CollectorStub(channel(aggregator))
@@ -379,10 +385,12 @@ def test_one_token_cannot_pin_the_in_flight_budget_with_uploads_that_never_send(
         never.set()
 
 
-def test_a_stalled_http_body_holds_its_tokens_share_at_most(start_aggregator):
-    """Upload bodies that stall after their headers, more than the token's share of the budget
-    holds: the ones beyond the share are refused at once with 429 (unread, their connection
-    closed), the rest are closed at the request deadline, and another token's uploads go on."""
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+def test_a_stalled_http_body_holds_its_tokens_share_at_most(start_aggregator, path):
+    """Upload bodies (of /v1/upload or /v1/uploads) that stall after their headers, more than
+    the token's share of the budget holds: the ones beyond the share are refused at once with 429
+    (unread, their connection closed), the rest are closed at the request deadline, and another
+    token's uploads go on."""
     largest = max_message_bytes(parse_config(config_dict()))
     aggregator = start_aggregator(
         max_inflight_bytes=8 * largest, http_request_timeout=3.0, sections={"auth": auth_section()}
@@ -391,10 +399,10 @@ def test_a_stalled_http_body_holds_its_tokens_share_at_most(start_aggregator):
     stalled = []
     for _ in range(6):
         attacker = socket.create_connection(("127.0.0.1", port), timeout=30)
-        attacker.sendall(upload_head(port, 1000, UPLOAD_TOKEN) + b"\x0a")
+        attacker.sendall(upload_head(port, 1000, UPLOAD_TOKEN, path) + b"\x0a")
         stalled.append(attacker)
     assert until(lambda: budget.held("app-a") == budget.share)
-    assert http_upload(port, make_upload("crash_screen", 10), OTHER_UPLOAD_TOKEN) == 200
+    assert http_upload(port, make_upload("crash_screen", 10), OTHER_UPLOAD_TOKEN, path) == 200
     answers = []
     for attacker in stalled:
         answers.append(attacker.recv(4096).split(b" ", 2)[1:2])  # an answer, or b"" once closed
