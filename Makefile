@@ -7,13 +7,12 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Root installs system packages directly; anyone else through sudo.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo native grpc-dev lint test test-oldest test-all dist bench bench-quick profile proto-check redis-server chromium node promtool clean help
+.PHONY: demo lint test test-oldest test-all dist bench bench-quick profile proto-check redis-server chromium node promtool clean help
 
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
 	@echo "               embedded SQLite store (a temporary file), simulated devices, the dashboard"
 	@echo "make test      lint, then run the test suite (installs what it needs)"
-	@echo "make native    build the native collector (server.native_grpc) from Debian's libgrpc++-dev"
 	@echo "make lint      ruff (lint and format check) and mypy, as configured in pyproject.toml"
 	@echo "make test-all  the test suite with the slow statistical tests"
 	@echo "make test-oldest  the SDK's tests on the oldest grpcio and protobuf it supports (make test runs it)"
@@ -78,21 +77,6 @@ node:
 	  echo "installing nodejs and npm (Debian packages)"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
 
-# The native collector (aggregator/native/collector.cc, server.native_grpc): a Python extension
-# module built against Debian's gRPC C++ library, installed where it is missing.
-NATIVE := aggregator/src/veil/aggregator/_native_collector$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-
-grpc-dev:
-	@{ command -v g++ >/dev/null 2>&1 && pkg-config --exists grpc++ 2>/dev/null; } || { \
-	  echo "installing libgrpc++-dev, pkg-config and g++ (Debian packages)"; \
-	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libgrpc++-dev pkg-config g++; }
-
-$(NATIVE): aggregator/native/collector.cc | grpc-dev $(VENV)/bin/python
-	g++ -O2 -std=c++17 -shared -fPIC -Wall -o $@ $< \
-	  -I$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['include'])") $$(pkg-config --cflags --libs grpc++)
-
-native: $(NATIVE)
-
 # client/js: its packages from the lockfile, then built (the Python tests run the built SDK; the
 # build puts client/js/proto/veil.proto, the package's copy of the wire contract, beside it for
 # gRPC, so it builds outside this repository too; tests/test_package.py fails when the copy drifts).
@@ -110,24 +94,24 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint $(VENV)/.dev $(NATIVE) redis-server chromium promtool client/js/dist/.built
+test: lint $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -m "not slow" -q
 	$(MAKE) test-oldest
 
-test-all: $(VENV)/.dev $(NATIVE) redis-server chromium promtool client/js/dist/.built
+test-all: $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
 	$(PY) -m pytest -q
 
 # Runs bench_randomize.py, bench_client.py, bench_ingest.py and bench_capacity.py (each writes its own JSON), then
 # combines them: bench/results/latest.json, bench/results/throughput.png and one table on stdout.
 # Exits non-zero when an exact-count or sanity check failed or a benchmark did not finish.
-bench: $(VENV)/.dev $(NATIVE) redis-server
+bench: $(VENV)/.dev redis-server
 	$(PY) bench/report.py --run
 
 # The same on smoke runs, in bench/results/quick/ (never over the real results); numbers mean nothing.
-bench-quick: $(VENV)/.dev $(NATIVE) redis-server
+bench-quick: $(VENV)/.dev redis-server
 	$(PY) bench/report.py --run --quick
 
-profile: $(VENV)/.dev $(NATIVE) redis-server
+profile: $(VENV)/.dev redis-server
 	$(PY) bench/profile_ingest.py
 
 # proto/generate.py installs its own pinned protoc (grpcio-tools) under .venv/.
@@ -145,5 +129,5 @@ dist: $(VENV)/.dev client/js/dist/.built
 	cd client/js && npm pack --ignore-scripts --pack-destination $(abspath $(DIST))
 
 clean:
-	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist $(NATIVE)
+	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist
 	find . -name __pycache__ -prune -exec rm -rf {} +

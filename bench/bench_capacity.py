@@ -1,10 +1,8 @@
 """A capacity model, measured: CPU per upload of the aggregator and of each Redis master, and what
-N aggregator cores and M masters would then carry, through the native listener.
-
-The aggregator runs with both gRPC listeners: server.grpc (grpcio's server, every service) and
-server.native_grpc (the Collector served by gRPC's C++ server, which hands the calls in flight to
-Python in sets: how devices should reach a busy aggregator). Uploads go to the native listener
-unless said otherwise.
+N aggregator cores and M masters would then carry, through the aggregator's gRPC listener
+(server.grpc: grpcio's server). (The native collector, a second listener on gRPC's C++ server
+that this benchmark used to measure, was removed: bench/PROFILES.md section 4 keeps its numbers
+and why it left.)
 
 For each store (memory, sqlite, redis, cluster: a real 3-master, 3-replica Redis Cluster this
 benchmark starts) and k in {16, 128, 1024}, bench_ingest's load processes (the same grpc.aio
@@ -20,18 +18,16 @@ prediction for N cores and M masters is the smaller of the two (reports/s: times
 
 Checks, where one machine allows: the per-master CPU of the cluster within 10% of its mean (the
 shards of each metric spread evenly), and 1 vs 2 aggregator processes (server.processes = 2, the
-workers sharing a fixed native port) on the cluster.
+workers sharing a fixed gRPC port) on the cluster.
 
 Efficiency (issue 17), on every store (sqlite: the default embedded store, a file in the scratch
 directory, every commit fsynced): 10-report uploads per aggregator CPU second as a ratio to the
 calls per CPU second of a grpcio server whose handler does nothing (bench/PROFILES.md section 4),
-through the native listener (checks.efficiency_<store>: the goal's check, ok at >= 75%) and, for
-comparison, through the grpcio listener of the same aggregator (checks.efficiency_<store>.grpcio:
-no goal). All get the same load from the same generator: after a warm-up of each, every round
-sends each the same number of calls, A-B-C-C-B-A (half to the do-nothing server, half to the
-native listener, half to the grpcio listener, the other halves in reverse order), each measured
-by the CPU time of its own server process; the ratios are taken per round and their medians
-reported with every round's, as the machine's load moves all of them.
+through the grpcio listener (checks.efficiency_<store>: the goal's check, ok at >= 75%). Both get
+the same load from the same generator: after a warm-up of each, every round sends each the same
+number of calls, A-B-B-A (half to the do-nothing server, half to the aggregator, the other halves
+in reverse order), each measured by the CPU time of its own server process; the ratios are taken
+per round and their medians reported with every round's, as the machine's load moves both.
 """
 
 from __future__ import annotations
@@ -108,7 +104,6 @@ class Masters:
 
 
 LISTENERS = {
-    "native": "server.native_grpc: the Collector on gRPC's C++ server, calls handed to Python in sets",
     "grpcio": "server.grpc: grpcio's sync server, a Python thread per call",
 }
 
@@ -123,7 +118,7 @@ def measure(
     rounds: int,
     ledger: Ledger,
     null: tuple[str, int] | None = None,
-    listeners: tuple[str, ...] = ("native",),
+    listeners: tuple[str, ...] = ("grpcio",),
 ) -> dict[str, Any]:
     """Median CPU per upload over the rounds through each of `listeners` (keys of LISTENERS; the
     first is the row's, the others' go under their names). With `null` (the do-nothing server's
@@ -133,12 +128,10 @@ def measure(
     ratios are taken per round."""
     shape = SHAPES[shape_name]
     metric = metric_name(k, 1.0)
-    endpoints = {name: aggregator.endpoint if name == "grpcio" else aggregator.native_endpoint for name in listeners}
-    for name, endpoint in endpoints.items():
-        if endpoint is None:
-            raise RuntimeError(f"the {aggregator.store} aggregator has no {name} listener")
+    endpoints = {"grpcio": aggregator.endpoint}
+    for name in listeners:
         # Warm-up: new connections, and the first uploads of a layout may compile a kernel.
-        run_once(load, aggregator, shape, metric, GRAIN, {}, ledger, endpoint)
+        run_once(load, aggregator, shape, metric, GRAIN, {}, ledger, endpoints[name])
     if null is not None:
         load.run(null[0], shape, GRAIN, {})  # its warm-up: new connections, a cold thread pool
     part = reports if null is None else max(GRAIN, reports // 2 // GRAIN * GRAIN)
@@ -222,8 +215,8 @@ def measure(
 
 
 def efficiency_check(row: dict[str, Any]) -> dict[str, Any]:
-    """checks.efficiency_<store>: the goal's ratio, through the native listener, with the grpcio
-    listener's beside it (for comparison: not the goal's)."""
+    """checks.efficiency_<store>: the goal's ratio, through the row's listener, with any other's
+    beside it (for comparison: not the goal's)."""
 
     def through(name: str, measured: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -346,34 +339,30 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.flush()  # the shard count is recorded in the cluster: each variant starts afresh
                     url, masters = cluster.url, Masters(cluster.masters())
                     config_store = {"shards": shards} if shards else {}
-                config = config_dict(args.ks, [1.0], url, native=True)
+                config = config_dict(args.ks, [1.0], url)
                 config["store"].update(config_store)
                 aggregator = AggregatorProcess(name, url, config, Path(scratch))
                 cleanup.append(aggregator.stop)
                 if store in ("redis", "cluster"):
                     aggregator.redis = RedisStore(url)
                 progress(
-                    f"{name}: aggregator pid {aggregator.pid}, native listener {aggregator.native_endpoint}, "
-                    f"grpcio listener {aggregator.endpoint}, {len(masters.nodes) if masters else 0} masters"
+                    f"{name}: aggregator pid {aggregator.pid}, grpcio listener {aggregator.endpoint}, "
+                    f"{len(masters.nodes) if masters else 0} masters"
                 )
                 for k in args.ks:
                     load.command("cell", {"k": k, "epsilon": 1.0, "seed": 20240601})
                     load.command("extend", large)
                     for shape, reports in (("small", small), ("large", large)):
-                        # At the first k the do-nothing server gets the same small uploads, interleaved,
-                        # and so does the aggregator's grpcio listener, for comparison.
+                        # At the first k the do-nothing server gets the same small uploads, interleaved.
                         beside = (null_endpoint, null.pid) if shape == "small" and k == args.ks[0] else None
                         calls = reports * EFFICIENCY_CALLS if beside else reports
-                        listeners = ("native", "grpcio") if beside else ("native",)
-                        row = measure(
-                            load, aggregator, masters, shape, k, calls, args.rounds, ledger, beside, listeners
-                        )
+                        row = measure(load, aggregator, masters, shape, k, calls, args.rounds, ledger, beside)
                         row["store"] = name
                         rows.append(row)
                         progress(
                             f"{name} k={k} {shape}: {row['uploads_per_second']:.0f} uploads/s, aggregator "
                             f"{row['aggregator_us_per_upload']:.0f} us/upload, masters "
-                            f"{[round(u) for u in row['master_us_per_upload']]} us/upload (native listener)"
+                            f"{[round(u) for u in row['master_us_per_upload']]} us/upload"
                         )
                         if "efficiency" in row:
                             check = checks[f"efficiency_{name}"] = efficiency_check(row)
@@ -397,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                     if shards != args.cluster_shards[0]:
                         continue
                     # 1 vs 2 aggregator processes on the cluster, 10-report uploads at the first k,
-                    # through the native listener (a fixed port both workers share).
-                    config = config_dict(args.ks, [1.0], url, processes=2, native=True)
+                    # (a fixed gRPC port both workers share).
+                    config = config_dict(args.ks, [1.0], url, processes=2)
                     config["store"].update(config_store)
                     two = AggregatorProcess(f"{name}-2", url, config, Path(scratch))
                     cleanup.append(two.stop)
@@ -409,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = measure(load, two, masters, "small", args.ks[0], small, args.rounds, ledger)
                     one = next(r for r in mine if r["k"] == args.ks[0] and r["shape"] == "small")
                     checks[f"{name}_processes"] = {
-                        "listener": "native",
+                        "listener": "grpcio",
                         "one": one["uploads_per_second"],
                         "two": row["uploads_per_second"],
                         "one_us": one["aggregator_us_per_upload"],
@@ -447,11 +436,9 @@ def main(argv: list[str] | None = None) -> int:
             "stores": args.stores,
             "cluster_shards": args.cluster_shards,
             "reports_per_process": {"small": small, "large": large},
-            # rows and predictions are measured through the native listener; each efficiency
-            # check has the grpcio listener's ratio beside the native one's.
             "listeners": LISTENERS,
-            "rows_listener": "native",
-            "efficiency_rounds": "A-B-C-C-B-A: do-nothing grpcio server, native listener, grpcio listener, "
+            "rows_listener": "grpcio",
+            "efficiency_rounds": "A-B-B-A: do-nothing grpcio server, the aggregator's grpcio listener, "
             "then the other halves in reverse order",
         },
         "rows": rows,
@@ -466,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(results: dict[str, Any]) -> None:
-    print("\nCPU per upload (median), us, through the native listener: aggregator | each master")
+    print("\nCPU per upload (median), us, through the grpcio listener: aggregator | each master")
     for row in results["rows"]:
         masters = " ".join(f"{u:.0f}" for u in row["master_us_per_upload"]) or "-"
         print(
@@ -485,7 +472,7 @@ def print_tables(results: dict[str, Any]) -> None:
         )
     print(
         "\nEfficiency: 10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing "
-        f"grpcio server, median (rounds); goal {EFFICIENCY_GOAL:.0%} through the native listener"
+        f"grpcio server, median (rounds); goal {EFFICIENCY_GOAL:.0%}"
     )
     for name, check in results["checks"].items():
         if name.startswith("efficiency_"):

@@ -87,7 +87,7 @@ PROTOCOLS = ("grpc", "http")
 SEED = 20240601
 SECONDS_PER_DAY = 86_400
 PEAK = 10  # the model's peak over the average
-FLEET = 100_000_000  # the devices the README sizes for
+FLEET = 100_000_000  # the devices docs/operating.md sizes for
 
 SERVICE = "veil.wire.v1.Collector"
 PATHS = {name: f"/{SERVICE}/{name}" for name in ("GetMetricSpecs", "Upload", "UploadBatches")}

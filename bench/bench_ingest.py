@@ -116,17 +116,12 @@ def labels(k: int) -> list[str]:
 # --- the aggregator -------------------------------------------------------------------------
 
 
-def config_dict(
-    ks: list[int], epsilons: list[float], store_url: str, processes: int = 1, native: bool = False
-) -> dict[str, Any]:
-    """Every cell's metric, three windows each; defaults otherwise. With `native`, the second gRPC
-    listener too (server.native_grpc: the Collector served by gRPC's C++ server). Ports are chosen
-    by the kernel, except with several worker processes, which need fixed gRPC ports to share."""
+def config_dict(ks: list[int], epsilons: list[float], store_url: str, processes: int = 1) -> dict[str, Any]:
+    """Every cell's metric, three windows each; defaults otherwise. Ports are chosen by the
+    kernel, except with several worker processes, which need fixed gRPC ports to share."""
     server: dict[str, Any] = {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"}
     if processes > 1:
         server = {"grpc": f"127.0.0.1:{free_port()}", "http": f"127.0.0.1:{free_port()}", "processes": processes}
-    if native:
-        server["native_grpc"] = f"127.0.0.1:{free_port() if processes > 1 else 0}"
     return {
         "server": server,
         "store": {"url": store_url},
@@ -223,10 +218,6 @@ class AggregatorProcess:
             raise RuntimeError(f"the {store} aggregator did not start: {err}") from None
         self.endpoint = self.server.endpoint  # server.grpc: grpcio's server
         self.http_port = self.server.http_port
-        # server.native_grpc, where configured: its port from the last "aggregator started" line.
-        started = [line for line in self.server.log_lines() if line.get("msg") == "aggregator started"]
-        native_port = started[-1].get("native_grpc_port") if started else None
-        self.native_endpoint = f"127.0.0.1:{native_port}" if native_port else None
         self.redis = None  # for the redis store: a RedisStore reading what the aggregator wrote
         self.redis_pid: int | None = None  # and the redis-server's pid, for its CPU use
 

@@ -24,8 +24,8 @@ Veil's 95% intervals of the population's shares (their mean over categories with
 least 5%). Mean reports per device ((sum c_i^2) / (sum c_i), the variance's own design effect,
 beside c) says why.
 
-Usage:  .venv/bin/python bench/bench_total_width.py [--runs R] [--update-readme]
-Writes bench/results/total_width.json; --update-readme puts the table into README.md between
+Usage:  .venv/bin/python bench/bench_total_width.py [--runs R] [--update-docs]
+Writes bench/results/total_width.json; --update-docs puts the table into docs/estimates.md between
 its markers. Seeded: the same command gives the same table.
 """
 
@@ -52,7 +52,7 @@ LIFETIME = 50  # mean days a device stays installed
 CHANGE = 0.02  # chance a day that a device's value changes
 RUNS = 300
 SEED = 20251127
-README = Path(__file__).resolve().parent.parent / "README.md"
+ESTIMATES_DOC = Path(__file__).resolve().parent.parent / "docs" / "estimates.md"
 BEGIN, END = "<!-- bench/bench_total_width.py: begin -->", "<!-- bench/bench_total_width.py: end -->"
 
 
@@ -137,7 +137,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=RUNS, help="repetitions per number of days")
-    parser.add_argument("--update-readme", action="store_true", help="put the table into README.md")
+    parser.add_argument("--update-docs", action="store_true", help="put the table into docs/estimates.md")
     args = parser.parse_args()
     rows = measure(args.runs)
     write_results(
@@ -154,8 +154,8 @@ def main() -> int:
     )
     text = table(rows)
     print(text)
-    if args.update_readme:
-        replace_marked(README, BEGIN, END, text)
+    if args.update_docs:
+        replace_marked(ESTIMATES_DOC, BEGIN, END, text)
     return 0
 
 

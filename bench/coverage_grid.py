@@ -11,8 +11,8 @@ repeated-report case is the population test's (tests/aggregator/test_device_popu
 Within a run the k estimates are tied (they sum to about 1), so a cell counts R (k - 1)
 independent-ish trials; R is chosen so that every cell has at least 2,000 (k = 2: R = 2,000).
 
-Usage:  .venv/bin/python bench/coverage_grid.py [--runs R] [--update-readme] [--from-results]
-Writes bench/results/coverage.json; --update-readme puts the table into README.md between the
+Usage:  .venv/bin/python bench/coverage_grid.py [--runs R] [--update-docs] [--from-results]
+Writes bench/results/coverage.json; --update-docs puts the table into docs/estimates.md between the
 markers of the "What the numbers mean" section. Seeded: the same command gives the same table.
 """
 
@@ -34,7 +34,7 @@ KS = (2, 16, 128, 1024)
 EPSILONS = (0.1, 1.0, 4.0, 8.0)
 NS = (200, 1000, 100_000)
 TRIALS = 2_000  # (k - 1) * runs per cell, at least
-README = Path(__file__).resolve().parent.parent / "README.md"
+ESTIMATES_DOC = Path(__file__).resolve().parent.parent / "docs" / "estimates.md"
 BEGIN, END = "<!-- bench/coverage_grid.py: begin -->", "<!-- bench/coverage_grid.py: end -->"
 
 
@@ -105,19 +105,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="runs per cell, at least (default 100)")
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--update-readme", action="store_true", help="put the table into README.md")
+    parser.add_argument("--update-docs", action="store_true", help="put the table into docs/estimates.md")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "coverage.json")
     parser.add_argument(
         "--from-results",
         action="store_true",
-        help="print (and --update-readme) the table of the results on disk, without simulating",
+        help="print (and --update-docs) the table of the results on disk, without simulating",
     )
     args = parser.parse_args()
     if args.from_results:
         table = markdown(json.loads(args.output.read_text())["cells"])
         print(table)
-        if args.update_readme:
-            replace_marked(README, BEGIN, END, table)
+        if args.update_docs:
+            replace_marked(ESTIMATES_DOC, BEGIN, END, table)
         return 0
     started = time.monotonic()
     cells = []
@@ -142,9 +142,9 @@ def main() -> int:
     )
     table = markdown(cells)
     print(table)
-    if args.update_readme:
-        replace_marked(README, BEGIN, END, table)
-        progress("updated README.md")
+    if args.update_docs:
+        replace_marked(ESTIMATES_DOC, BEGIN, END, table)
+        progress("updated docs/estimates.md")
     return 0 if all(c["coverage"] >= 0.93 for c in cells) else 1
 
 

@@ -1,8 +1,8 @@
 """Combine the benchmarks' results into one document, one table and one plot.
 
     .venv/bin/python bench/report.py                # bench/results/*.json (each benchmark's own)
-    .venv/bin/python bench/report.py --markdown     # the same table as Markdown (the README's)
-    .venv/bin/python bench/report.py --update-readme  # ... and put it into README.md's performance section
+    .venv/bin/python bench/report.py --markdown     # the same table as Markdown (bench/README.md's)
+    .venv/bin/python bench/report.py --update-readme  # ... and put it into bench/README.md's "The latest results"
     .venv/bin/python bench/report.py --run          # run the benchmarks first (`make bench`)
     .venv/bin/python bench/report.py --run --quick  # smoke runs in bench/results/quick/ (`make bench-quick`)
 
@@ -61,7 +61,8 @@ BENCHMARKS = {
     "footprint": "bench_footprint.py",
 }
 LATEST, PLOT = "latest.json", "throughput.png"
-# The README's performance table sits between these lines; --update-readme replaces what is between.
+# bench/README.md's tables sit between these lines; --update-readme replaces what is between (never
+# the front README: measured numbers change with every run).
 README_BEGIN = "<!-- bench/report.py --markdown: begin -->"
 README_END = "<!-- bench/report.py --markdown: end -->"
 
@@ -482,21 +483,32 @@ def cli_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str,
     return entries
 
 
+# The listener a capacity run measured, in words. "native": results recorded before the native
+# collector (server.native_grpc) was removed (bench/PROFILES.md section 4).
+_THROUGH = {
+    "native": " through the since removed native listener, server.native_grpc,",
+    "grpcio": " through the grpcio listener, server.grpc,",
+}
+
+
 def capacity_targets(data: dict[str, Any] | None, file: str | None) -> list[dict[str, Any]]:
-    """Issue 17's per-core efficiency, through the native listener (server.native_grpc), per
-    store variant measured; the grpcio listener's ratio beside it is for comparison only."""
+    """Issue 17's per-core efficiency, through the listener the rows were measured on, per store
+    variant measured; another listener's ratio beside it is for comparison only. (Results of
+    before the native collector's removal were measured through it: their listener says so.)"""
     entries = []
     checks = {} if data is None else data["checks"]
+    listener = None if data is None else data["settings"].get("rows_listener")
+    through = _THROUGH.get(listener, "").rstrip(",")
     for name, check in checks.items():
-        if not name.startswith("efficiency_") or check.get("listener") != "native":
+        if not name.startswith("efficiency_") or check.get("listener") != listener:
             continue
         store = name.removeprefix("efficiency_")
         grpcio = check.get("grpcio")
         entries.append(
             target(
-                "10-report uploads per aggregator CPU second / a do-nothing grpcio server's calls, native listener",
+                f"10-report uploads per aggregator CPU second / a do-nothing grpcio server's calls,{through}",
                 "10-report uploads per aggregator core >= 75% of the calls/s of a grpcio server with a do-nothing "
-                "handler, same run, same load generator (issue 17), through server.native_grpc",
+                f"handler, same run, same load generator (issue 17),{through}",
                 ">=",
                 EFFICIENCY_GOAL,
                 "%",
@@ -657,7 +669,7 @@ class Table:
 
     def render(self, markdown: bool) -> str:
         if markdown:
-            lines = [f"**{self.title}**", ""]
+            lines = [f"#### {self.title}", ""]
             if self.note:
                 lines += [self.note, ""]
             lines.append("| " + " | ".join(self.headers) + " |")
@@ -853,12 +865,12 @@ def capacity_table(data: dict[str, Any]) -> Table:
     """bench_capacity.py's predictions: N aggregator cores, the masters that keep up, uploads/s."""
     checks = data["checks"]
     efficiency = {name.removeprefix("efficiency_"): c for name, c in checks.items() if name.startswith("efficiency_")}
-    native = ", ".join(f"{store} {efficiency_text(c)}" for store, c in efficiency.items())
+    measured = ", ".join(f"{store} {efficiency_text(c)}" for store, c in efficiency.items())
     grpcio = ", ".join(f"{store} {efficiency_text(c['grpcio'])}" for store, c in efficiency.items() if "grpcio" in c)
     listener = data["settings"].get("rows_listener")
     even = next((check for name, check in checks.items() if name.endswith("_masters_even")), None)
     processes = next((check for name, check in checks.items() if name.endswith("_processes")), None)
-    through = {"native": " through the native listener, server.native_grpc,"}.get(listener, "")
+    through = _THROUGH.get(listener, "")
     table = Table(
         f"Capacity model (Redis Cluster, store.shards = {data['settings']['cluster_shards'][0]}): "
         "N one-core aggregators and the M masters that keep up",
@@ -869,10 +881,10 @@ def capacity_table(data: dict[str, Any]) -> Table:
         f"10-report uploads per aggregator CPU second / calls per CPU second of a do-nothing grpcio "
         f"server, median (and range) of the rounds"
         + (
-            f", through the native listener: {native} (goal 75%); through the grpcio listener (server.grpc), "
+            f",{through} {measured} (goal 75%); through the grpcio listener (server.grpc), "
             f"same rounds, for comparison: {grpcio}."
             if grpcio
-            else f": {native} (goal 75%)."
+            else f",{through} {measured} (goal 75%)."
         )
         + (f" Per-master CPU, the whole run: spread {even['overall_spread']:.0%} (goal <= 10%)." if even else "")
         + (
@@ -995,7 +1007,7 @@ def measured_text(entry: dict[str, Any]) -> str:
 
 def targets_table(targets: list[dict[str, Any]]) -> Table:
     table = Table(
-        "Targets (issue 7): met / entries, and the worst entry with its source",
+        "Targets: met / entries, and the worst entry with its source",
         ["target", "goal", "worst measured", "met", "source of the worst"],
         right={3},
         code={4},
@@ -1020,7 +1032,7 @@ def render(document: dict[str, Any], results: dict[str, Any], markdown: bool) ->
     machine = document["machine"]
     out: list[str] = []
     heading = f"Veil benchmarks: {machine_line(machine)}"
-    out.append(f"**{heading}**" if markdown else heading)
+    out.append(f"### {heading}" if markdown else heading)
     dates = ", ".join(f"{name} {date}" for name, date in machine["dates"].items())
     out.append(f"Results: {', '.join(s['file'] for s in document['sources'].values())} ({dates}).")
     if document["quick"]:
@@ -1268,15 +1280,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"where the benchmarks' JSON is read (and written with --run), and where {LATEST} and "
         f"{PLOT} go (default {shown(RESULTS_DIR)}, or {shown(QUICK_RESULTS_DIR)} with --quick)",
     )
-    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for bench/README.md)")
     parser.add_argument("--no-write", action="store_true", help=f"print only: write neither {LATEST} nor {PLOT}")
     parser.add_argument(
         "--update-readme",
         nargs="?",
         type=Path,
-        const=REPO / "README.md",
+        const=REPO / "bench" / "README.md",
         metavar="README",
-        help="also put the Markdown table into README (default README.md) between the lines "
+        help="also put the Markdown table into README (default bench/README.md) between the lines "
         f"{README_BEGIN} and {README_END}",
     )
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""Bytes a SQLite store takes per batch id and per bucket (the README's "Sizing").
+"""Bytes a SQLite store takes per batch id and per bucket (docs/operating.md, "Sizing the store").
 
 Batch ids: N batches of one metric ("browser", 16-byte random ids, the default 48 h dedupe TTL)
 into one bucket, the file's pages counted after a checkpoint, minus the file before them.

@@ -44,11 +44,7 @@ KNOWN_CYCLES = {
 }
 # Private modules or names one package imports from another, known and left for now, each named
 # by the importing file and the module: the test fails on any other, and on one of these gone.
-# Each wants a public home in veil.client (issue 30; left while the SDK's revision 2 is edited),
-# but veil.aggregator._native, which leaves with the native collector (issue 26).
-KNOWN_PRIVATE_IMPORTS = {
-    ("cli/src/veil/cli/_serve.py", "veil.aggregator._native"),  # load_module
-}
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def imports(path: Path, here: str) -> Iterator[tuple[str, list[str]]]:

@@ -238,3 +238,57 @@ def test_the_byte_budget():
     assert waiter == [True] and budget.free == 40
     with pytest.raises(ValueError):
         ByteBudget(0)
+
+
+def test_no_token_holds_more_than_its_share_of_the_byte_budget():
+    from veil.aggregator._budget import ByteBudget, token_share
+
+    assert (
+        token_share(64 << 20, 1 << 20, 16) == 4 << 20
+    )  # a quarter of 16 workers' reads, under a quarter of the budget
+    assert token_share(64 << 20, 100, 16) == 400
+    assert token_share(64 << 20, 4 << 20, 16) == 16 << 20  # a quarter of the budget
+    assert token_share(64 << 20, 40 << 20, 16) == 40 << 20  # always one read
+    budget = ByteBudget(100, share=25)
+    assert budget.reserve(20, 0, "a") and not budget.reserve(10, 10, "a")  # over its share: refused at once
+    assert budget.reserve(25, 0, "b") and budget.reserve(50, 0) and budget.free == 5  # no holder: no share
+    budget.release(20, "a")
+    assert budget.held("a") == 0 and budget.reserve(5, 0, "a") and budget.held("a") == 5
+
+
+def test_a_config_naming_the_native_collector_says_what_replaced_it():
+    with pytest.raises(ConfigError) as error:
+        parse_config({"metrics": [METRIC], "server": {"native_grpc": "0.0.0.0:50052"}})
+    message = str(error.value)
+    assert message.startswith("server.native_grpc: the native collector was removed") and message.count(". ") == 0
+    assert "server.grpc" in message and "server.http" in message and "pinned, patched sources" in message
+
+
+def test_the_read_timeout():
+    assert parse_config({"metrics": [METRIC]}).read_timeout == 10.0
+    assert parse_config({"metrics": [METRIC], "server": {"read_timeout": 2.5}}).read_timeout == 2.5
+    with pytest.raises(ConfigError, match="server.read_timeout"):
+        parse_config({"metrics": [METRIC], "server": {"read_timeout": 0}})
+
+
+def test_read_deadlines_fire_once_and_let_go_of_disarmed_calls():
+    import weakref
+
+    from veil.aggregator._calls import ReadDeadlines
+
+    class Call:
+        def __init__(self) -> None:
+            self.cancelled = threading.Event()
+
+        def cancel(self) -> None:
+            self.cancelled.set()
+
+    deadlines = ReadDeadlines(0.2)
+    stalled, answered = Call(), Call()
+    kept = weakref.ref(answered)
+    armed, disarmed = deadlines.arm(stalled.cancel), deadlines.arm(answered.cancel)
+    disarmed.disarm()
+    del answered
+    assert kept() is None  # a disarmed deadline holds nothing of its call (a flood of calls pins no memory)
+    assert stalled.cancelled.wait(30) and armed.fired and not disarmed.fired
+    deadlines.close()

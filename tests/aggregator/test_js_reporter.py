@@ -195,13 +195,3 @@ def test_the_memo_is_keyed_as_the_python_sdk_keys_it(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [python.key(*case).hex() for case in cases]
-
-
-def test_the_grpc_transport_reports_through_the_native_collector(start_aggregator, node_reporter):
-    aggregator = start_aggregator(native_grpc="127.0.0.1:0")
-    reporter = node_reporter(("", f"127.0.0.1:{aggregator.native_grpc_port}"), "grpc", maxBatchSize=64)
-    for metric, n in WANTED.items():
-        reporter.report(metric, 1, n)
-    answer = reporter.ask(do="flush", timeoutMs=60_000)
-    assert answer["ok"] is True and answer["counters"]["accepted"] == sum(WANTED.values()), answer
-    assert {m: counted(aggregator, m) for m in WANTED} == WANTED

@@ -98,7 +98,7 @@ def test_estimates_are_bounded_to_the_top_n_and_the_rest_as_a_group():
     assert info["big"]["mechanism"] == "subset" and info["big"]["k"] == "1024" and info["small"]["epsilon"] == "2.0"
     assert info["big"]["fingerprint"] == total.metric.spec.fingerprint and info["big"]["period_seconds"] == "86400"
     assert families["veil_store_up"].samples[0].value == 1
-    # The count the README states: 3 windows x (50 x (estimate, stderr, lower, upper) + the rest's 4).
+    # The count docs/operating.md states: 3 windows x (50 x (estimate, stderr, lower, upper) + the rest's 4).
     series = [line for line in text.splitlines() if line.startswith("veil_estimate")]
     assert len(series) == 3 * (4 * 50 + 4)
     assert promtool_lint(text) == ""

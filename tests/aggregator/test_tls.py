@@ -309,22 +309,22 @@ def served_certificate(port: int, pki: Pki) -> str:
 
 def test_a_rotated_certificate_is_served_without_a_restart(start_aggregator, tmp_path):
     pki = Pki(tmp_path / "pki")  # its own: the rotation must not touch the session's
-    aggregator = start(start_aggregator, pki, auth=False, native_grpc="127.0.0.1:0")
-    ports = (aggregator.grpc_port, aggregator.http_port, aggregator.native_grpc_port)
-    assert [served_certificate(p, pki) for p in ports] == ["veil aggregator"] * 3
+    aggregator = start(start_aggregator, pki, auth=False)
+    ports = (aggregator.grpc_port, aggregator.http_port)
+    assert [served_certificate(p, pki) for p in ports] == ["veil aggregator"] * 2
     channel = grpc.secure_channel(endpoint(aggregator), pki.channel_credentials())
     assert upload_over(channel).accepted == 100
     time.sleep(1.1)  # files are looked at again at most once a second
     pki.reissue_server("veil aggregator, rotated")
-    assert wait_until(lambda: [served_certificate(p, pki) for p in ports] == ["veil aggregator, rotated"] * 3)
+    assert wait_until(lambda: [served_certificate(p, pki) for p in ports] == ["veil aggregator, rotated"] * 2)
     assert upload_over(channel).accepted == 100  # the open connection carries on
     fresh = grpc.secure_channel(endpoint(aggregator), pki.channel_credentials())
     assert upload_over(fresh).accepted == 100 and counted(aggregator, "browser") == 300
     # A broken rotation (a key that does not match) keeps the last good files.
     time.sleep(1.1)
     pki.server_key.write_bytes(pki.client_key.read_bytes())
-    time.sleep(3.1)  # the native collector's copy is looked at every second, and gRPC's watcher reads it every second
-    assert [served_certificate(p, pki) for p in ports] == ["veil aggregator, rotated"] * 3
+    time.sleep(2.1)  # files are looked at again at most once a second, and gRPC's watcher reads them every second
+    assert [served_certificate(p, pki) for p in ports] == ["veil aggregator, rotated"] * 2
 
 
 def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path):
@@ -343,14 +343,13 @@ def test_an_expired_certificate_is_refused_at_start_and_by_check_config(tmp_path
 
 def test_a_rotation_to_an_expired_certificate_keeps_the_old_one_and_logs_an_error(start_aggregator, tmp_path, caplog):
     pki = Pki(tmp_path / "pki")
-    aggregator = start(start_aggregator, pki, auth=False, native_grpc="127.0.0.1:0")
+    aggregator = start(start_aggregator, pki, auth=False)
     time.sleep(1.1)  # files are looked at again at most once a second
     with caplog.at_level("INFO", logger="veil.aggregator"):
         pki.reissue_server("veil aggregator, expired", days=-1)
-        time.sleep(3.1)  # as long as the native collector's copy could take to follow
+        time.sleep(2.1)  # as long as gRPC's watcher, reading the files every second, could take to follow
         assert served_certificate(aggregator.grpc_port, pki) == "veil aggregator"
         assert served_certificate(aggregator.http_port, pki) == "veil aggregator"
-        assert served_certificate(aggregator.native_grpc_port, pki) == "veil aggregator"
     (refused,) = [r for r in caplog.records if r.getMessage().startswith("TLS files changed but cannot be used")]
     assert refused.levelname == "ERROR" and "expired on" in refused.problem
 

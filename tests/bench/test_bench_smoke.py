@@ -191,7 +191,7 @@ def test_report_runs_alone_on_existing_results(quick_run, report_module):
     assert code == 0
     assert (directory / "latest.json").read_bytes() == before  # --no-write
     assert "| k | eps | multi-freq-ldpy SS |" in markdown and "|---:|" in markdown
-    assert "**Targets (issue 7)" in markdown and "gRPC Estimates.Get" in markdown
+    assert "\n#### Targets: met / entries" in markdown and "gRPC Estimates.Get" in markdown
 
     code, _ = run_report(report_module, ["--results-dir", str(directory)])
     assert code == 0

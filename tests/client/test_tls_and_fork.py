@@ -17,7 +17,7 @@ from veil.client import Counters, Reporter
 
 HEAVY = ("numpy", "numba", "redis", "scipy", "cryptography")
 # grpcio before 1.80 cannot open a channel in a child forked from a process that used gRPC (the
-# README's "Processes"); `make test-oldest` runs these tests on such a grpcio.
+# docs/sdk.md, "Processes"); `make test-oldest` runs these tests on such a grpcio.
 fork_safe_grpc = pytest.mark.skipif(
     tuple(int(part) for part in grpc.__version__.split(".")[:2]) < (1, 80),
     reason=f"grpcio {grpc.__version__} cannot open a channel in a forked child (1.80 can)",

@@ -1,4 +1,4 @@
-"""The synthetic population of the README and the tests."""
+"""The synthetic population of docs/release-example.md and the tests."""
 
 from __future__ import annotations
 

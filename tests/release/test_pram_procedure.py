@@ -243,7 +243,7 @@ def test_errors(kwargs, error, message):
 
 
 def test_the_documented_example_numbers(paper_release):
-    """docs/release-example.md and the README show this release (population seed 2016, release
+    """docs/release-example.md shows this release (population seed 2016, release
     seed 7). If this fails after a numpy upgrade changed a generator's stream, regenerate them."""
     report = paper_release.report()
     assert report["cells"] == {

@@ -231,24 +231,38 @@ class Device:
 
     def _observe_duplicates(self) -> None:
         """Record acknowledged batches, and count acknowledgements of batches counted on an earlier
-        attempt (UploadResponse.duplicate), by wrapping the SDK's transport: an observation
-        only, the upload itself is unchanged."""
+        attempt (UploadResponse.duplicate, or a BatchResult's in an UploadBatches answer), by
+        wrapping the SDK's transport: an observation only, the uploads themselves are unchanged."""
         transport = self.reporter._processor.transport
-        upload = transport.upload
+        upload, upload_batches = transport.upload, transport.upload_batches
+
+        def acknowledge(payload: bytes, duplicate: bool) -> None:
+            self.duplicates += duplicate
+            self.acknowledged[veil_pb2.UploadRequest.FromString(payload).batch_id] = payload
 
         def observed(payload: bytes, timeout: float) -> grpc.Future:
             def record(future: grpc.Future) -> None:  # runs before the worker hears of the outcome
-                if future.exception() is not None:
-                    return
-                if future.result().duplicate:
-                    self.duplicates += 1
-                self.acknowledged[veil_pb2.UploadRequest.FromString(payload).batch_id] = payload
+                if future.exception() is None:
+                    acknowledge(payload, future.result().duplicate)
 
             future = upload(payload, timeout)
             future.add_done_callback(record)
             return future
 
-        transport.upload = observed
+        def observed_batches(payload: bytes, timeout: float) -> grpc.Future:
+            def record(future: grpc.Future) -> None:
+                if future.exception() is not None:
+                    return
+                batches = veil_pb2.UploadBatchesRequest.FromString(payload).batches
+                for batch, result in zip(batches, future.result().results):
+                    if result.code == 0:  # counted, or counted before
+                        acknowledge(batch.SerializeToString(), result.duplicate)
+
+            future = upload_batches(payload, timeout)
+            future.add_done_callback(record)
+            return future
+
+        transport.upload, transport.upload_batches = observed, observed_batches
 
     def report(self, metric: str, index: int) -> None:
         self.reporter.report(metric, LABELS[metric][index])

@@ -1,7 +1,7 @@
 """Redis faults under load: killed, stopped, stalled. Acknowledged batches are never lost or
 counted twice, uploads fail fast while Redis is away, health says so, and memory stays flat.
 
-Durability is Redis's own (README, "Durability"):
+Durability is Redis's own (docs/operating.md, "Durability"):
 
 - ``appendonly yes`` + ``appendfsync always``: Redis writes and fsyncs its AOF before it answers,
   so a batch the aggregator acknowledged survives a crash of Redis or of its host. Tested below
@@ -12,7 +12,7 @@ Durability is Redis's own (README, "Durability"):
   alone can lose that too). A process kill, the only crash a test can cause here, leaves the
   written data in the OS page cache, so that window is stated, not tested.
 - Replication is asynchronous; ``[store] wait_replicas`` makes the aggregator WAIT for replicas
-  after every batch (see the README).
+  after every batch (see docs/operating.md).
 
 Every test counts exactly: Redis must hold the counts of exactly the reports the devices saw
 acknowledged (see reliability_kit.assert_exact), plus the batches uploaded here directly.
@@ -327,8 +327,7 @@ def test_aggregator_memory_stays_flat_while_redis_is_down(make_redis_server, mak
     assert trend < TREND_BOUND_MIB, report
 
 
-@pytest.mark.parametrize("listener", ["grpc", "native_grpc"])
-def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_redis_server, listener):
+def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_redis_server):
     """With the cyclic garbage collector off, uploads refused while Redis is down (health
     already NOT_SERVING) leave no request object behind: they are freed by reference counting
     as soon as they are answered, so an outage costs no memory however long it lasts, whatever
@@ -338,7 +337,7 @@ def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_red
     redis = make_redis_server()
     config = parse_config(
         {
-            "server": {"grpc": "127.0.0.1:0", "native_grpc": "127.0.0.1:0", "http": ""},
+            "server": {"grpc": "127.0.0.1:0", "http": ""},
             "store": {"url": redis.url, "timeout": 1.0},
             "metrics": METRICS,
         }
@@ -346,9 +345,8 @@ def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_red
     aggregator = Aggregator(config)
     aggregator.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}")
-    uploads = grpc.insecure_channel(f"127.0.0.1:{getattr(aggregator, listener + '_port')}")
     try:
-        stub, health = veil_pb2_grpc.CollectorStub(uploads), health_pb2_grpc.HealthStub(channel)
+        stub, health = veil_pb2_grpc.CollectorStub(channel), health_pb2_grpc.HealthStub(channel)
         batch = RawBatch(config.metric("os").spec, 1000, seed=3)
         stub.Upload(batch.request(os.urandom(16)), timeout=10)  # warm: decoders ready, connections made
         redis.stop()
@@ -371,5 +369,4 @@ def test_refused_uploads_are_freed_without_the_cyclic_garbage_collector(make_red
         assert left == 0, f"{left} of 20 refused requests are still alive, held only by reference cycles"
     finally:
         channel.close()
-        uploads.close()
         aggregator.stop(grace=0)

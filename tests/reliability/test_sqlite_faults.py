@@ -3,7 +3,7 @@ serve, a second `veil serve` on the same file. Every count is exact: the file mu
 of exactly the reports the devices saw acknowledged (reliability_kit.assert_exact), plus the
 batches uploaded here directly.
 
-Durability (README, "Durability"): WAL with synchronous = FULL, so a commit is fsynced before the
+Durability (docs/operating.md, "Durability"): WAL with synchronous = FULL, so a commit is fsynced before the
 aggregator acknowledges the batch. A process kill leaves written data in the page cache, so
 what a test here can show is that nothing acknowledged is lost or doubled across a SIGKILL
 and the recovery of the WAL; a power loss is covered by the fsync of each commit, stated, not

@@ -109,7 +109,7 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
 
 def replace_marked(path: Path, begin: str, end: str, text: str) -> None:
     """Put ``text`` between the lines ``begin`` and ``end`` of the file (a table a benchmark keeps
-    in the README), nothing else changed; SystemExit when the file has no such markers."""
+    in a document), nothing else changed; SystemExit when the file has no such markers."""
     content = path.read_text()
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(content):

@@ -1,5 +1,6 @@
 """Running aggregators for the daemon tests: their metrics and configs, in-process aggregators
-(any store), configs for a `veil serve` process (processes.ServeProcess), tokens and uploads."""
+(any store) and the simulated time they and their devices can share (SimulatedTime), configs
+for a `veil serve` process (processes.ServeProcess), tokens and uploads."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ __all__ = [
     "TOKENS",
     "UPLOAD_TOKEN",
     "InProcessAggregators",
+    "SimulatedTime",
     "auth_section",
     "bearer",
     "collector",
@@ -89,6 +91,18 @@ def serve_config(store_url: str, *, sections: dict | None = None, **server: obje
     listens where its clients reconnect), server keys added (e.g. processes), and more tables of
     the config file in sections (e.g. tls, auth)."""
     return {**config_dict(store_url, free_port(), **server), **(sections or {})}
+
+
+class SimulatedTime:
+    """The time of a simulated world (Unix seconds, settable): the clock of in-process
+    aggregators (Aggregator(clock=)) and of their simulated devices, time passing for both
+    (Reporter(clock=, elapsed_clock=))."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class InProcessAggregators:

@@ -196,7 +196,7 @@ def test_read_many_reads_a_series_of_buckets_as_read_does(store, rng):
 
 
 def test_add_many_answers_each_batch_as_add_would(store, rng):
-    """A set as the native collector hands it over: new batches, one id twice, an id counted
+    """A set as a caller holding several uploads hands it over: new batches, one id twice, an id counted
     before, and another metric's batch, each answered on its own, each counted once."""
     earlier = batch(random_counts((1,), 8, rng), key())
     assert store.add(earlier)

@@ -21,9 +21,12 @@ unary request whole before the handler runs, and a streaming one only when asked
 refused here is answered without its message being read (a tokenless flood of large uploads
 costs no memory for their bodies), and every other call reads its requests within the
 in-flight bytes budget (_Reading; tokenless health and reflection calls within a budget of
-their own). An upload's own checks run in its wrapped handler, on the worker thread, before
-the servicer, in this order: the token's upload rate (before the message is read), its
-reservation of the budget, then the message is read and parsed; an
+their own), a token within its share of it (_budget: the share rule), each message within
+server.read_timeout of being asked for (_calls.ReadDeadlines: a call whose message does not
+come is cancelled, freeing its thread and its reservation). An upload's own checks run in its
+wrapped handler, on the worker thread, before the servicer, in this order: the token's upload
+rate (before the message is read), its reservation of the budget, then the message is read and
+parsed; an
 undeclared metric goes on to the servicer (FAILED_PRECONDITION, as for every caller), a
 declared metric outside the token's scope is PERMISSION_DENIED; then the token's report rate,
 charged with the reports the payload holds (decode.reports_held), not the count it claims.
@@ -64,12 +67,25 @@ from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2
 
 from ._budget import ByteBudget
+from ._calls import ReadDeadline, ReadDeadlines
 from ._ratelimit import RateLimiter
 from .config import AuthConfig, TokenConfig, token_digest
 from .decode import UNPARSEABLE, parse_batches, parse_upload, reports_held
 from .errors import ConfigError, quoted
 
-__all__ = ["ANONYMOUS", "AccessInterceptor", "Authenticator", "Limits", "RETRY_AFTER_KEY", "caller", "token_limits"]
+__all__ = [
+    "ANONYMOUS",
+    "AccessInterceptor",
+    "Authenticator",
+    "BUDGET_REFUSAL",
+    "BUDGET_RETRY_MS",
+    "BUDGET_WAIT",
+    "Limits",
+    "RETRY_AFTER_KEY",
+    "Reservation",
+    "caller",
+    "token_limits",
+]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -92,12 +108,12 @@ _BEARER = "bearer "
 _END = object()  # the end of a stream's responses
 _SPARE_STREAM_THREADS = 2  # per stream kind: they only refuse streams over its limit
 # An upload waits this long at most for the in-flight bytes budget, then is refused with this
-# message and hint (the native collector's listener too).
+# message and hint (the HTTP listener's too); one over its token's share is refused at once.
 BUDGET_WAIT = 5.0
 BUDGET_RETRY_MS = 1000
 BUDGET_REFUSAL = (
-    "The aggregator is reading as much as its memory allows (server.max_inflight_bytes); "
-    "retry (an upload with the same batch id). Nothing was counted."
+    "The aggregator is reading as much as its memory allows (server.max_inflight_bytes, of which "
+    "one token may hold a quarter); retry (an upload with the same batch id). Nothing was counted."
 )
 
 # A token's limits: (reports per second, report burst, uploads per second, upload burst).
@@ -247,11 +263,14 @@ class AccessInterceptor(grpc.ServerInterceptor):
         max_health_streams: int,
         upload_bytes: int,
         budget: ByteBudget,
+        read_timeout: float,
         limits: Mapping[str, Limits] | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         """metrics: the declared metrics' specs by name; upload_bytes: what each upload reserves
-        of the budget (the largest valid upload); limits: token_limits of this process's share."""
+        of the budget (the largest valid upload); budget: with its share per token (_budget);
+        read_timeout: seconds a call has to deliver a message once it is asked for;
+        limits: token_limits of this process's share."""
         self._auth = Authenticator(auth)
         limits = token_limits(auth) if limits is None else limits
         self._report_limiter = RateLimiter(_reports(limits))
@@ -262,6 +281,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
         # Tokenless reads (health, reflection) have a budget of their own: a flood of them can
         # take neither memory nor the uploads' budget.
         self._open_budget = ByteBudget(upload_bytes * max_health_streams)
+        self._read_deadlines = ReadDeadlines(read_timeout)
         self._watches = _StreamKind(max_streams, "server.max_streams", "watch")
         self._probes = _StreamKind(max_health_streams, "server.max_health_streams", "health")
         registry = registry if registry is not None else CollectorRegistry()
@@ -297,9 +317,11 @@ class AccessInterceptor(grpc.ServerInterceptor):
         self._upload_limiter.set_limits(_uploads(limits))
 
     def close(self) -> None:
-        """Let the stream pools' threads go (the server has stopped: its streams have ended)."""
+        """Let the stream pools' threads and the read deadlines' go (the server has stopped: its
+        calls have ended)."""
         for kind in (self._watches, self._probes):
             kind.pool.shutdown(wait=False)
+        self._read_deadlines.close()
 
     # -- on the polling thread: decide, wrap, never block ------------------------------------
 
@@ -311,7 +333,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if method.startswith(_OPEN):
             if handler.response_streaming:
                 return self._bounded(handler, ANONYMOUS, self._probes, self._open_budget)
-            return self._read_first(handler, lambda behavior: behavior, self._open_budget)
+            return self._read_first(handler, lambda behavior: behavior, self._open_budget, None)
         values = [
             m.value
             for m in handler_call_details.invocation_metadata or ()
@@ -329,9 +351,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
             )
         if handler.response_streaming:
             return self._bounded(handler, identity, self._watches, self._budget)
+        holder = self._holder(identity.name)
         if method == _SPECS and identity.role == "upload":
-            return self._read_first(handler, lambda behavior: self._scoped_specs(behavior, identity), self._budget)
-        return self._read_first(handler, lambda behavior: self._as(behavior, identity), self._budget)
+            return self._read_first(
+                handler, lambda behavior: self._scoped_specs(behavior, identity), self._budget, holder
+            )
+        return self._read_first(handler, lambda behavior: self._as(behavior, identity), self._budget, holder)
 
     def _identify(self, method: str, authorization: list[str]) -> tuple[TokenConfig | None, grpc.StatusCode, str]:
         """Who calls `method` with these authorization values, or None with the refusal's code
@@ -352,19 +377,23 @@ class AccessInterceptor(grpc.ServerInterceptor):
             )
         return identity, grpc.StatusCode.OK, ""
 
-    # -- calls outside grpcio's server (HTTP, the native collector): the same checks ---------
+    # -- calls outside grpcio's server (HTTP): the same checks ----------------------------------
 
-    def admit_upload(self, behavior, authorization: list[str], request, context):
-        """An upload arriving outside grpcio's server (`request` parsed, or its bytes when it does
-        not parse): the gRPC Upload's token, rate limits and checks, then `behavior` (the
-        servicer's Upload). Refusals end in context.abort, as over gRPC."""
-        return self.admit_read(behavior, _UPLOAD, self.admit_unread(_UPLOAD, authorization, context), request, context)
+    def admit_upload_unread(self, authorization: list[str], context, *, batches: bool = False) -> str:
+        """An upload arriving outside grpcio's server (Upload, or UploadBatches with `batches`),
+        before its body is read: its token and one upload of its upload rate, as over gRPC
+        (refusals end in context.abort). The token's name, for reservation() and admit_upload."""
+        return self.admit_unread(_UPLOAD_BATCHES if batches else _UPLOAD, authorization, context)
 
-    def admit_upload_batches(self, behavior, authorization: list[str], request, context):
-        """UploadBatches arriving outside grpcio's server (`request` parsed, or its bytes), as
-        admit_upload."""
-        method = _UPLOAD_BATCHES
-        return self.admit_read(behavior, method, self.admit_unread(method, authorization, context), request, context)
+    def admit_upload(self, behavior, name: str, request, context, *, batches: bool = False):
+        """The rest of that upload, once its body is read (`request` parsed, or its bytes when it
+        does not parse), as token `name`: the scope of every batch's metric, the report rate
+        (and for UploadBatches one upload per further batch), then `behavior`."""
+        return self.admit_read(behavior, _UPLOAD_BATCHES if batches else _UPLOAD, name, request, context)
+
+    def reservation(self, name: str) -> Reservation:
+        """The in-flight budget for a body token `name` reads (its share, see _budget)."""
+        return Reservation(self._budget, self._upload_bytes, self._holder(name))
 
     def admit_specs(self, behavior, authorization: list[str], request, context):
         """GetMetricSpecs arriving outside grpcio's server: an upload token sees the specs of its
@@ -373,8 +402,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
     def admit_unread(self, method: str, authorization: list[str], context) -> str:
         """The checks of a call (Upload or GetMetricSpecs) before its message is read: its token,
-        and for an upload one of the token's upload rate. The token's name, for admit_read; the
-        native collector calls the two halves apart, reading only the messages of calls admitted."""
+        and for an upload one of the token's upload rate. The token's name, for admit_read."""
         identity, code, problem = self._identify(method, authorization)
         if identity is None:
             self._deny(context, method, code, problem)
@@ -394,13 +422,18 @@ class AccessInterceptor(grpc.ServerInterceptor):
             return self._scoped_specs(behavior, identity)(request, context)
         return self._as(behavior, identity)(request, context)
 
-    def _read_first(self, handler, wrap: Callable, budget: ByteBudget):
+    def _holder(self, name: str) -> str | None:
+        """Whose share of the budget a call of token `name` takes: none with authentication off,
+        where callers cannot be told apart (_budget)."""
+        return name if self._auth.enabled else None
+
+    def _read_first(self, handler, wrap: Callable, budget: ByteBudget, holder: str | None):
         """A unary-request handler, its behaviour wrapped, whose request is read within the
-        budget (see _Reading)."""
+        budget, as `holder` (see _Reading)."""
 
         def budgeted(behavior):
             def call(requests, context):
-                reading = _Reading(self, budget, requests, context)
+                reading = _Reading(self, Reservation(budget, self._upload_bytes, holder), requests, context)
                 try:
                     return behavior(reading.one(), context)
                 finally:
@@ -462,7 +495,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
     def _upload(self, behavior, identity: TokenConfig):
         def upload(requests, context):
             self._take_upload(identity, context)  # before the message is read
-            reading = _Reading(self, self._budget, requests, context)
+            reading = _Reading(self, self.reservation(identity.name), requests, context)
             try:
                 return self._admit(behavior, reading.one(), context, identity)
             finally:
@@ -536,7 +569,8 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
         def wrap(behavior):
             def stream(requests, context):
-                reading = _Reading(self, budget, requests, context)
+                # No share: a kind's streams are at most its limit at once, on threads of its own.
+                reading = _Reading(self, Reservation(budget, self._upload_bytes, None), requests, context)
                 return self._stream(behavior, reading, one, context, identity.name, kind)
 
             stream.experimental_thread_pool = kind.pool  # type: ignore[attr-defined]  # grpcio runs the behaviour on this pool
@@ -569,29 +603,68 @@ class AccessInterceptor(grpc.ServerInterceptor):
             kind.slots.release()
 
 
-class _Reading:
-    """A call's requests, read within the in-flight bytes budget (_budget): before each read the
-    largest message's size is reserved (waiting up to BUDGET_WAIT, within the call's deadline,
-    then RESOURCE_EXHAUSTED); once read, the message keeps its own size until the next read or
-    close(). gRPC reads a request only when asked (next), so nothing is read unreserved."""
+class Reservation:
+    """A call's bytes of the in-flight budget, as its holder (_budget): take() the largest
+    message's size before a read, keep() the message's own size once it is read, close() when
+    the call is answered."""
 
-    def __init__(self, access: AccessInterceptor, budget: ByteBudget, requests: Iterator, context) -> None:
-        self._access, self._budget, self._requests, self._context = access, budget, requests, context
+    def __init__(self, budget: ByteBudget, largest: int, holder: str | None) -> None:
+        self._budget, self._largest, self._holder = budget, largest, holder
         self._held = 0
+
+    def take(self, timeout: float) -> bool:
+        """The largest message's size (after letting go of what was held), or False: none free
+        within the timeout, or the holder at its share (at once)."""
+        self.close()
+        if not self._budget.reserve(self._largest, timeout, self._holder):
+            return False
+        self._held = self._largest
+        return True
+
+    def keep(self, size: int) -> None:
+        self._release(self._held - min(size, self._held))
+
+    def _release(self, n: int) -> None:
+        self._held -= n
+        self._budget.release(n, self._holder)
+
+    def close(self) -> None:
+        self._release(self._held)
+
+
+class _Reading:
+    """A call's requests, read within the in-flight bytes budget (a Reservation): before each
+    read the largest message's size is reserved (waiting up to BUDGET_WAIT, within the call's
+    deadline, then RESOURCE_EXHAUSTED; at once when the token holds its share); once read, the
+    message keeps its own size until the next read or close(). gRPC reads a request only when
+    asked (next), so nothing is read unreserved; a message that does not come within the read
+    deadline cancels the call."""
+
+    def __init__(self, access: AccessInterceptor, reservation: Reservation, requests: Iterator, context) -> None:
+        self._access, self._reservation, self._requests, self._context = access, reservation, requests, context
 
     def __iter__(self) -> _Reading:
         return self
 
     def __next__(self):
-        self.close()
-        access = self._access
-        if not self._budget.reserve(access._upload_bytes, min(BUDGET_WAIT, self._context.time_remaining() or 0.0)):
-            self._context.set_trailing_metadata(((RETRY_AFTER_KEY, str(BUDGET_RETRY_MS)),))
-            access._deny(self._context, "(read)", grpc.StatusCode.RESOURCE_EXHAUSTED, BUDGET_REFUSAL)
-        self._held = access._upload_bytes
-        request = next(self._requests, None)
+        access, context = self._access, self._context
+        if not self._reservation.take(min(BUDGET_WAIT, context.time_remaining() or 0.0)):
+            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(BUDGET_RETRY_MS)),))
+            access._deny(context, "(read)", grpc.StatusCode.RESOURCE_EXHAUSTED, BUDGET_REFUSAL)
+        deadline: ReadDeadline = access._read_deadlines.arm(context.cancel)
+        try:
+            request = next(self._requests, None)
+        finally:
+            deadline.disarm()
+        if deadline.fired:
+            access._deny(
+                context,
+                "(read)",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "The call's message did not arrive within server.read_timeout; it was cancelled.",
+            )
         size = len(request) if isinstance(request, bytes) else request.ByteSize() if request is not None else 0
-        self._release(self._held - min(size, self._held))
+        self._reservation.keep(size)
         if request is None:
             self.close()
             raise StopIteration
@@ -606,9 +679,5 @@ class _Reading:
             )
         return request
 
-    def _release(self, n: int) -> None:
-        self._held -= n
-        self._budget.release(n)
-
     def close(self) -> None:
-        self._release(self._held)
+        self._reservation.close()

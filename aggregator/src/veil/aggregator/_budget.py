@@ -1,46 +1,87 @@
-"""The in-flight upload bytes budget: how many bytes of uploads may be read at once.
+"""The in-flight upload bytes budget: how many bytes of uploads may be read at once, and by whom.
 
 gRPC reads an upload's whole message before its handler sees it, so the memory uploads take
 is bounded by how many are read at once. Each upload reserves the largest valid upload's size
-(max_message_bytes) before its message is read, keeps its own size once read, and gives that
-back when its handler returns;
-when the budget is spent, an upload waits (up to its deadline, at most a few seconds) and is
-then refused with RESOURCE_EXHAUSTED (the SDK retries). Refused calls (no token, rate limits)
-reserve nothing: they are answered before their message is read.
+(max_message_bytes) before its message (or HTTP body) is read, keeps its own size once read,
+and gives that back when its handler returns; when the budget is spent, an upload waits (up to
+its deadline, at most a few seconds) and is then refused with RESOURCE_EXHAUSTED (HTTP 429;
+the SDKs retry). Refused calls (no token, rate limits) reserve nothing: they are answered
+before their message is read.
+
+The share rule: no one holder (a token, by name) may hold more than `share` bytes at once
+(token_share: a quarter of the budget, and no more than a quarter of the gRPC worker threads'
+worth of largest uploads, at least one upload). A holder at its share is
+refused at once rather than made to wait: what it holds is its own calls, and a waiting call
+would hold a worker thread. Calls that name no holder (authentication off: callers cannot be
+told apart) share the whole budget, as do streams (bounded by their own limits, on threads of
+their own); the read deadline (_calls.ReadDeadlines) bounds how long any of them holds it. A
+token's reads that overlap beyond its share, as a burst of its devices' uploads may, are
+refused too: the SDKs retry after the hint.
 """
 
 from __future__ import annotations
 
 import threading
 
-__all__ = ["ByteBudget"]
+__all__ = ["ByteBudget", "token_share"]
+
+SHARE = 4  # a token holds at most 1/SHARE of the budget, and of the worker threads' reads
+
+
+def token_share(total: int, largest: int, workers: int) -> int:
+    """The bytes one token may hold of a budget of `total` where each read reserves `largest`:
+    a quarter of the budget, and no more than a quarter of the `workers` gRPC threads' worth
+    of reads (a call waiting for its message holds a thread), but always one read."""
+    return max(largest, min(total // SHARE, largest * max(1, workers // SHARE)))
 
 
 class ByteBudget:
-    """reserve(n, timeout) -> True once n bytes are reserved (release(n) gives them back),
-    False when they could not be within the timeout."""
+    """reserve(n, timeout, holder) -> True once n bytes are reserved (release(n, holder) gives
+    them back), False when they could not be: over the holder's share (at once), or not free
+    within the timeout."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, share: int | None = None) -> None:
         if total <= 0:
             raise ValueError(f"A byte budget needs a positive size, not {total}.")
         self.total = total
+        self.share = total if share is None else min(total, share)
         self._free = total
+        self._held: dict[str, int] = {}  # by holder, those holding anything
         self._changed = threading.Condition()
 
     @property
     def free(self) -> int:
         return self._free
 
-    def reserve(self, n: int, timeout: float) -> bool:
+    def held(self, holder: str) -> int:
+        return self._held.get(holder, 0)
+
+    def reserve(self, n: int, timeout: float, holder: str | None = None) -> bool:
         if n > self.total:
             return False
         with self._changed:
-            if not self._changed.wait_for(lambda: self._free >= n, timeout=max(0.0, timeout)):
+            if holder is not None and self._held.get(holder, 0) + n > self.share:
+                return False
+
+            def fits() -> bool:  # the share again: the holder's other calls may take it meanwhile
+                return self._free >= n and (holder is None or self._held.get(holder, 0) + n <= self.share)
+
+            if not self._changed.wait_for(fits, timeout=max(0.0, timeout)):
                 return False
             self._free -= n
+            if holder is not None:
+                self._held[holder] = self._held.get(holder, 0) + n
             return True
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, holder: str | None = None) -> None:
+        if n == 0:
+            return
         with self._changed:
             self._free += n
+            if holder is not None:
+                left = self._held[holder] - n
+                if left:
+                    self._held[holder] = left
+                else:
+                    del self._held[holder]
             self._changed.notify_all()

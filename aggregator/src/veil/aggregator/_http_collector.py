@@ -5,12 +5,13 @@
     GET /v1/specs      the specs (Collector/GetMetricSpecs); ETag, If-None-Match -> 304
 
 The same calls as gRPC's, through the same parts: the AccessInterceptor's token, rate limits
-and upload checks (admit_upload, admit_upload_batches, admit_specs), then the ingest core
-(ingest.Ingest). The access checks end a refused call with context.abort; here a CallContext
-turns that into a Refused, answered with the HTTP status of ingest.STATUSES, the retry-after-ms
-hint as a header (and Retry-After in seconds). Bodies are binary protobuf
-(application/x-protobuf) or the proto3 JSON mapping (application/json, the default when no
-Content-Type is sent); any other Content-Type is 415. Refusals are JSON {"error", "code"}.
+and upload checks (admit_upload_unread before the body is read, then admit_upload, for both
+upload paths alike; admit_specs), then the ingest core (ingest.Ingest). The access checks end a
+refused call with context.abort; here a CallContext turns that into a Refused, answered with the
+HTTP status of ingest.STATUSES, the retry-after-ms hint as a header (and Retry-After in
+seconds). Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping
+(application/json, the default when no Content-Type is sent); any other Content-Type is 415,
+before the token is checked. Refusals are JSON {"error", "code"}.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from google.protobuf.message import Message
 
 from veil.wire.v1 import veil_pb2
 
-from ._auth import RETRY_AFTER_KEY, AccessInterceptor
+from ._auth import BUDGET_REFUSAL, BUDGET_RETRY_MS, RETRY_AFTER_KEY, AccessInterceptor, Reservation
 from ._calls import CallContext, Refused
 from ._upload_json import parse_batches_json, parse_upload_json
 from .decode import parse_batches, parse_upload
@@ -47,15 +48,35 @@ class HttpCollector:
     def __init__(self, access: AccessInterceptor, ingest: Ingest) -> None:
         self._access, self._ingest = access, ingest
 
-    def upload(self, path: str, authorization: list[str], content_type: str, body: bytes) -> Answer:
-        """POST of one of UPLOAD_PATHS, its body read whole."""
+    def admit(self, path: str, authorization: list[str], content_type: str) -> tuple[str, None] | tuple[None, Answer]:
+        """A POST of one of UPLOAD_PATHS before its body is read: its media type, then its token
+        and upload rate. The token's name (for reservation and upload), or the refusal."""
         media = _media_type(content_type)
         if media not in ("", _JSON, PROTOBUF):
-            return _refused(
+            return None, _refused(
                 "unsupported_media_type",
                 f"Send the body as {PROTOBUF} or {_JSON} (proto3 JSON), not {content_type[:64]!r}.",
             )
-        binary = media == PROTOBUF
+        context = CallContext()
+        try:
+            return self._access.admit_upload_unread(authorization, context, batches=path == "/v1/uploads"), None
+        except Refused as refused:
+            return None, _refusal(refused, context)
+
+    def reservation(self, name: str) -> Reservation:
+        """The in-flight budget the body of an upload admitted as `name` is read within."""
+        return self._access.reservation(name)
+
+    @staticmethod
+    def budget_refusal() -> Answer:
+        """The answer to an upload that found no room in the budget: 429, retry after a second."""
+        context = CallContext()
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(BUDGET_RETRY_MS)),))
+        return _refusal(Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, BUDGET_REFUSAL), context)
+
+    def upload(self, path: str, name: str, content_type: str, body: bytes) -> Answer:
+        """The POST of one of UPLOAD_PATHS admitted as token `name`, its body read whole."""
+        binary = _media_type(content_type) == PROTOBUF
         batches = path == "/v1/uploads"
         request: Message | bytes
         if binary:
@@ -65,9 +86,9 @@ class HttpCollector:
         context = CallContext()  # read whole before the call: one that leaves retries the same id
         try:
             if batches:
-                answer = self._access.admit_upload_batches(self._batches, authorization, request, context)
+                answer = self._access.admit_upload(self._batches, name, request, context, batches=True)
             else:
-                answer = self._access.admit_upload(self._one, authorization, request, context)
+                answer = self._access.admit_upload(self._one, name, request, context)
         except Refused as refused:
             return _refusal(refused, context)
         if isinstance(answer, Outcome):  # refused by the core

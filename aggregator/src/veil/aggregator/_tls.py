@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import shutil
 import ssl
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from pathlib import Path
 from ._secrets import check_private_file
 from .errors import ConfigError
 
-__all__ = ["TlsConfig", "TlsFiles", "ServerTls", "TlsCopy", "load_tls"]
+__all__ = ["TlsConfig", "TlsFiles", "ServerTls", "load_tls"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -111,8 +110,6 @@ def load_tls(config: TlsConfig) -> TlsFiles:
 def _load_chain(context: ssl.SSLContext, chain: bytes, key: bytes) -> None:
     """SSLContext.load_cert_chain from bytes, through a private temporary file (the key never
     lands anywhere others may read)."""
-    import os
-    import tempfile
 
     fd, name = tempfile.mkstemp(prefix="veil-tls-", suffix=".pem")  # created 0600
     try:
@@ -216,48 +213,3 @@ class ServerTls:
             with self._lock:
                 self._context, self._context_version = context, version
         return self._context
-
-
-class TlsCopy:
-    """The files a ServerTls serves, copied into a private directory (mode 0700, in TMPDIR) for a
-    server that reads its files itself: the native collector's gRPC C++ server, whose file
-    watcher reads them again every second. So it serves only what ServerTls accepted: a rotation
-    to an expired certificate, a key others may read or a key that does not match keeps the last
-    good files there as here. refresh() (once a second) copies a version ServerTls has taken
-    since; close() removes the directory. ConfigError when it cannot be written."""
-
-    def __init__(self, tls: ServerTls) -> None:
-        self._tls = tls
-        try:
-            self.directory = Path(tempfile.mkdtemp(prefix="veil-tls-"))
-        except OSError as err:
-            raise ConfigError(
-                f"tls: cannot make a private copy of the TLS files for server.native_grpc in "
-                f"{tempfile.gettempdir()} ({err.strerror or err}); set TMPDIR to a writable directory."
-            ) from None
-        self.cert_file = self.directory / "cert.pem"
-        self.key_file = self.directory / "key.pem"
-        self.client_ca_file = self.directory / "client-ca.pem" if tls.mutual else None
-        self._version: int | None = None
-        self.refresh()
-
-    def refresh(self) -> None:
-        files, version = self._tls._refresh()
-        if version == self._version:
-            return
-        for path, data in (
-            (self.key_file, files.key),
-            (self.cert_file, files.cert_chain),
-            (self.client_ca_file, files.client_ca),
-        ):
-            if path is None or data is None:
-                continue
-            fresh = path.with_suffix(".new")
-            descriptor = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(descriptor, "wb") as out:
-                out.write(data)
-            fresh.replace(path)  # atomic: the watcher reads a whole file, old or new
-        self._version = version
-
-    def close(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)

@@ -15,7 +15,8 @@
     max_health_streams = 2        # tokenless health Watch and reflection streams at once (threads of their own)
     max_inflight_bytes = 67108864 # upload bytes read at once (each reserves the largest upload's size); default 64 MiB
     http_max_connections = 256    # HTTP connections at once; more are closed on accept
-    http_request_timeout = 10.0   # seconds a connection has for each request's headers (and to read its answer)
+    http_request_timeout = 10.0   # seconds a connection has for each request, body included (and to read its answer)
+    read_timeout = 10.0           # seconds an admitted gRPC call has to deliver its message
     cors_origins = []             # browser apps' origins that may fetch specs and upload over HTTP (CORS)
     processes = 1                 # worker processes sharing the gRPC port (SO_REUSEPORT); > 1 needs Redis
     metrics_top = 50              # /metrics: categories per metric and window (the largest; the rest as one)
@@ -132,6 +133,7 @@ _DEFAULT_UPLOAD_RATE_LIMIT = 1_000  # uploads per second per upload token: each 
 _DEFAULT_HEALTH_STREAMS = 2
 _DEFAULT_HTTP_CONNECTIONS = 256
 _DEFAULT_HTTP_REQUEST_TIMEOUT = 10.0
+_DEFAULT_READ_TIMEOUT = 10.0
 _BURST_SECONDS = 2.0  # the default burst: this many seconds of the rate
 _MIN_TOKEN_LENGTH = 16
 _MAX_TOKEN_LENGTH = 4096
@@ -244,8 +246,6 @@ class AggregatorConfig:
     metrics: tuple[MetricConfig, ...]
     grpc_address: str = _DEFAULT_GRPC
     http_address: str = _DEFAULT_HTTP
-    # The native collector's listener (Collector only, gRPC's C++ server; see _native); "" is none.
-    native_grpc_address: str = ""
     store_url: str = _DEFAULT_STORE_URL
     min_n: int = _DEFAULT_MIN_N
     max_batch: int = _DEFAULT_MAX_BATCH
@@ -262,6 +262,7 @@ class AggregatorConfig:
     max_inflight_bytes: int | None = None  # None: 64 MiB, or the largest valid upload (daemon.inflight_bytes)
     http_max_connections: int = _DEFAULT_HTTP_CONNECTIONS
     http_request_timeout: float = _DEFAULT_HTTP_REQUEST_TIMEOUT
+    read_timeout: float = _DEFAULT_READ_TIMEOUT
     cors_origins: tuple[str, ...] = ()
     processes: int = 1  # worker processes sharing the gRPC port; workers, limits and streams are per process
     metrics_top: int = _DEFAULT_METRICS_TOP  # categories per metric and window exported to /metrics
@@ -349,12 +350,17 @@ def parse_config(
     _only(data, {"server", "store", "metrics", "tls", "auth"}, "")
     server = _table(data, "server")
     store = _table(data, "store")
+    if "native_grpc" in server:
+        raise ConfigError(
+            "server.native_grpc: the native collector was removed (its gRPC core lacked the HTTP/2 Rapid "
+            "Reset fix); devices reach the Collector on server.grpc and over HTTP on server.http, and a "
+            "compiled transport may return only as a package built from pinned, patched sources."
+        )
     _only(
         server,
         {
             "grpc",
             "http",
-            "native_grpc",
             "min_n",
             "max_batch",
             "dedupe_ttl",
@@ -368,6 +374,7 @@ def parse_config(
             "max_inflight_bytes",
             "http_max_connections",
             "http_request_timeout",
+            "read_timeout",
             "processes",
             "cors_origins",
             "metrics_top",
@@ -394,8 +401,6 @@ def parse_config(
     dedupe_ttl = _dedupe_ttl(server.get("dedupe_ttl", _DEFAULT_DEDUPE_TTL))
     grpc_address = _address(server.get("grpc", _DEFAULT_GRPC), "server.grpc", allow_empty=False)
     processes = _processes(server.get("processes", 1) if processes is None else processes, url, grpc_address)
-    native_grpc_address = _address(server.get("native_grpc", ""), "server.native_grpc", allow_empty=True)
-    _shared_port(native_grpc_address, "server.native_grpc", processes)
     max_streams = _whole(server.get("max_streams", max(1, workers // 2)), "server.max_streams", low=1)
     max_health_streams = _whole(
         server.get("max_health_streams", _DEFAULT_HEALTH_STREAMS), "server.max_health_streams", low=1
@@ -413,7 +418,6 @@ def parse_config(
         metrics=metrics,
         grpc_address=grpc_address,
         http_address=_address(server.get("http", _DEFAULT_HTTP), "server.http", allow_empty=True),
-        native_grpc_address=native_grpc_address,
         store_url=url,
         store_options=_store_options(store, url),
         min_n=_whole(server.get("min_n", _DEFAULT_MIN_N), "server.min_n", low=0),
@@ -439,6 +443,9 @@ def parse_config(
             server.get("http_request_timeout", _DEFAULT_HTTP_REQUEST_TIMEOUT),
             "server.http_request_timeout",
             above_zero=True,
+        ),
+        read_timeout=_seconds(
+            server.get("read_timeout", _DEFAULT_READ_TIMEOUT), "server.read_timeout", above_zero=True
         ),
         cors_origins=_origins(server.get("cors_origins", [])),
         processes=processes,

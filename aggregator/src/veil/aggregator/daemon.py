@@ -1,5 +1,4 @@
-"""The aggregator daemon: gRPC (Collector, Estimates, health, reflection) and HTTP on one store;
-with server.native_grpc, a second gRPC listener serving the Collector in C++ (see _native).
+"""The aggregator daemon: gRPC (Collector, Estimates, health, reflection) and HTTP on one store.
 
     aggregator = Aggregator(load_config("veil.toml"))
     aggregator.start()
@@ -17,16 +16,17 @@ them while serving (`veil serve` on SIGHUP). The limits on abuse, each bounding 
 threads whatever a caller sends:
 - gRPC refuses, unread, any message larger than the largest valid upload (max_message_bytes);
   a call refused by the access checks is answered without its message being read (_auth);
-- requests being read reserve at most server.max_inflight_bytes (_budget), each the largest
-  valid upload's size until read (tokenless health and reflection calls from a budget of their
-  own; the native collector keeps one of its own of the same size, see _native); HTTP/2
-  windows stay small for messages not yet asked for (_GRPC_OPTIONS);
+- requests and HTTP bodies being read reserve at most server.max_inflight_bytes (_budget), each
+  the largest valid upload's size until read, one token at most its share (a quarter; tokenless
+  health and reflection calls from a budget of their own); HTTP/2 windows stay small for
+  messages not yet asked for (_GRPC_OPTIONS); a gRPC message not sent within
+  server.read_timeout of being asked for cancels its call (_calls.ReadDeadlines);
 - at most server.max_concurrent_rpcs calls are in progress or queued (more get
   RESOURCE_EXHAUSTED at once); streams run on pools of their own, at most server.max_streams
   Estimates/Watch and server.max_health_streams health and reflection streams;
 - each upload token has rate limits in uploads and in reports per second;
 - HTTP: at most server.http_max_connections connections, each with server.http_request_timeout
-  for every request (see http).
+  for every request, its body included (see http).
 
 With server.processes = N > 1 this class is one of N worker processes started by `veil serve`
 (see workers): its gRPC socket sets SO_REUSEPORT so all N share the port, its rate limits are
@@ -56,9 +56,8 @@ from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
 from ._auth import AccessInterceptor, Limits, token_limits
-from ._budget import ByteBudget
+from ._budget import ByteBudget, token_share
 from ._http_collector import HttpCollector
-from ._native import NativeCollector
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from .errors import ConfigError, StoreError, StoreMisconfigured
@@ -200,7 +199,8 @@ class Aggregator:
             max_streams=config.max_streams,
             max_health_streams=config.max_health_streams,
             upload_bytes=limit,
-            budget=ByteBudget(budget),
+            budget=ByteBudget(budget, token_share(budget, limit, config.workers)),
+            read_timeout=config.read_timeout,
             limits=_worker_limits(config.auth, config.processes),
             registry=self.instruments.registry,
         )
@@ -231,17 +231,6 @@ class Aggregator:
             self.grpc_port = 0
         if self.grpc_port == 0:
             raise ConfigError(f"server.grpc: cannot listen on {config.grpc_address}.")
-        self._native = None
-        if config.native_grpc_address:
-            self._native = NativeCollector(
-                config.native_grpc_address,
-                self.access,
-                collector,
-                max_message_bytes=limit,
-                max_inflight_bytes=budget,
-                reuse_port=config.processes > 1,
-                tls=self.tls,
-            )
         self._http = None
         if config.http_address:
             try:
@@ -287,15 +276,9 @@ class Aggregator:
     def http_port(self) -> int | None:
         return self._http.port if self._http else None
 
-    @property
-    def native_grpc_port(self) -> int | None:
-        return self._native.port if self._native else None
-
     def start(self) -> None:
         self._check_store(starting=True)
         self._grpc.start()
-        if self._native:
-            self._native.start()
         if self._http:
             self._http.start()
         self._pinger.start()
@@ -303,7 +286,6 @@ class Aggregator:
             "aggregator started",
             extra={
                 "grpc_port": self.grpc_port,
-                "native_grpc_port": self.native_grpc_port,
                 "http_port": self.http_port,
                 "metrics": len(self.config.metrics),
             },
@@ -314,7 +296,7 @@ class Aggregator:
         """Say how the listeners are protected; loudly when they are not."""
         config = self.config
         if self.tls is None:
-            listeners = (config.grpc_address, config.native_grpc_address, config.http_address)
+            listeners = (config.grpc_address, config.http_address)
             exposed = [a for a in listeners if a and not is_loopback(a)]
             log.log(
                 logging.WARNING if exposed else logging.INFO,
@@ -383,10 +365,7 @@ class Aggregator:
         self._health.enter_graceful_shutdown()
         self._estimates.stop()
         grace = self.config.grace_period if grace is None else grace
-        stopped = self._grpc.stop(grace)
-        if self._native:
-            self._native.stop(grace)
-        stopped.wait()
+        self._grpc.stop(grace).wait()
         self.access.close()
         if self._http:
             self._http.stop()

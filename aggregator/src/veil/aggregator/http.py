@@ -19,8 +19,15 @@ on every route, gzip when the client asks (Accept-Encoding). The limits:
   clients go first, and a new client is served whatever slow ones hold); when every
   connection is being answered, the new one is closed instead;
 - `request_timeout` seconds for each request: from the connection's start (its TLS handshake
-  included), or from the start of the previous answer, until the request's headers are in, and
-  for the answer to be read; a connection that misses it is closed (keep-alive idles likewise);
+  included), or from the start of the previous answer, until the request's headers and body
+  are in, and for the answer to be read; a connection that misses it is closed (keep-alive
+  idles likewise, and so do clients that stall or never read their answer). A connection
+  half-closed in the middle of a body is closed at once (its request can never be whole);
+  one half-closed after its request still gets the answer;
+- an upload's body is read only once its token and upload rate are checked, within the
+  in-flight bytes budget (_budget: its token's share of it); without room it is refused at
+  once with 429 and Retry-After, unread. A refusal before the body closes the connection
+  after the answer, so its body is never read;
 - request lines and headers of at most 8 KiB each (aiohttp's limits).
 
 The routes' work (reading the store, computing estimates) runs on a small thread pool, never
@@ -192,10 +199,11 @@ class HttpListener:
 
     @web.middleware
     async def _deadline(self, request: web.Request, handler):
-        """No deadline while a request is being answered; the next starts when the answer does."""
+        """No deadline while a request is being answered, once its body is in (see _upload); the
+        next starts when the answer does."""
         connection = self._by_transport.get(request.transport)
         if connection is not None:
-            connection.answering()
+            connection.started(request)
         try:
             return await handler(request)
         finally:
@@ -207,6 +215,7 @@ class HttpListener:
         authorization = request.headers.getall("Authorization", [])
         collector_route = self._collector is not None and path in (*UPLOAD_PATHS, "/v1/specs")
         cors = self._cors(request) if collector_route else {}
+        unread = False  # a body left unread: the connection closes after the answer
         if collector_route and request.method == "OPTIONS":  # a browser's CORS preflight
             status, content_type, body, headers = (
                 204,
@@ -222,19 +231,7 @@ class HttpListener:
                 else {},
             )
         elif self._collector is not None and path in UPLOAD_PATHS and request.method == "POST":
-            try:
-                body = await request.read()  # at most client_max_size
-            except web.HTTPRequestEntityTooLarge:
-                status, content_type, body, headers = self._collector.oversize(self._body_limit)
-            else:
-                status, content_type, body, headers = await self._loop.run_in_executor(
-                    self._pool,
-                    self._collector.upload,
-                    path,
-                    authorization,
-                    request.headers.get("Content-Type", ""),
-                    body,
-                )
+            (status, content_type, body, headers), unread = await self._upload(request, path, authorization)
         elif self._collector is not None and path == "/v1/specs" and request.method in ("GET", "HEAD"):
             if_none_match = request.headers.get("If-None-Match", "")
             specs = functools.partial(
@@ -272,7 +269,38 @@ class HttpListener:
             response.headers["Vary"] = "Accept-Encoding"
             if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
                 response.enable_compression(web.ContentCoding.gzip)
+        if unread:
+            response.force_close()  # rather than read (and throw away) a body refused unread
         return response
+
+    async def _upload(
+        self, request: web.Request, path: str, authorization: list[str]
+    ) -> tuple[tuple[int, str, bytes, dict], bool]:
+        """POST of one of UPLOAD_PATHS: its media type, token and upload rate (headers only), then
+        its body, read within the in-flight budget and the request's deadline, then the upload on
+        a route thread. The answer, and whether it left the body unread."""
+        collector = self._collector
+        assert collector is not None  # the route exists only with a collector
+        content_type = request.headers.get("Content-Type", "")
+        name, refusal = collector.admit(path, authorization, content_type)
+        if refusal is not None:
+            return refusal, True
+        reservation = collector.reservation(name)
+        if not reservation.take(0.0):  # never waits: a waiting body would hold its connection's bytes
+            return collector.budget_refusal(), True
+        try:
+            try:
+                body = await request.read()  # at most client_max_size; within the deadline
+            except web.HTTPRequestEntityTooLarge:
+                return collector.oversize(self._body_limit), True
+            reservation.keep(len(body))
+            connection = self._by_transport.get(request.transport)
+            if connection is not None:
+                connection.answering()
+            answer = await self._loop.run_in_executor(self._pool, collector.upload, path, name, content_type, body)
+            return answer, False
+        finally:
+            reservation.close()
 
 
 class _Connection(asyncio.Protocol):
@@ -284,6 +312,8 @@ class _Connection(asyncio.Protocol):
         self._inner = inner
         self._transport: asyncio.Transport | None = None  # a stream protocol's
         self._timer: asyncio.TimerHandle | None = None
+        self._body: web.BaseRequest | None = None  # a request whose body is due (within the deadline)
+        self._ended = False  # the client half-closed: no more bytes will come
         self._refused = False
         if len(listener._connections) >= listener._max_connections:
             if listener._waiting:
@@ -302,13 +332,26 @@ class _Connection(asyncio.Protocol):
         self.waiting()
         self._inner.connection_made(transport)
 
+    def started(self, request: web.BaseRequest) -> None:
+        """A request's headers are in. Answered from now on when its body is in too; otherwise its
+        body stays due within the same deadline (the route calls answering() once it is read)."""
+        if request.content.is_eof():
+            self.answering()
+        elif self._ended:
+            self.abort()  # half-closed before its body was whole: it never will be
+        else:
+            self._body = request
+
     def waiting(self) -> None:
         """The next request's headers (and the answer being read) are due within the timeout."""
         self.answering()
+        if self not in self._listener._connections:
+            return  # closed while its request was handled (aborted, or lost): nothing is due
         self._listener._waiting[self] = None
         self._timer = self._listener._loop.call_later(self._listener._timeout, self.abort)
 
     def answering(self) -> None:
+        self._body = None
         self._listener._waiting.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
@@ -324,8 +367,14 @@ class _Connection(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool:
+        self._ended = True
+        if self._body is not None and not self._body.content.is_eof():
+            self.abort()  # half-closed in the middle of a body: aiohttp would wait for the rest forever
+            return False
         self._inner.eof_received()
-        return True  # half-closed after its request, a client still gets the answer (within the deadline)
+        # Half-closed after its request, a client still gets the answer; an idle one waits for the
+        # deadline, or for a new connection to make room (it is among the waiting).
+        return True
 
     def pause_writing(self) -> None:
         self._inner.pause_writing()

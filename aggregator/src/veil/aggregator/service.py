@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import grpc
 
@@ -29,21 +28,12 @@ __all__ = [
     "MAX_WATCH_INTERVAL",
     "CollectorService",
     "EstimatesService",
-    "Refusal",
     "add_estimates_to_server",
 ]
 
 log = logging.getLogger("veil.aggregator")
 
 MAX_WATCH_INTERVAL = 3600.0  # seconds: a longer WatchRequest.min_interval_seconds is taken as this
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """An upload refused: the gRPC status it ends with, and the message for the caller."""
-
-    code: grpc.StatusCode
-    message: str
 
 
 class CollectorService(veil_pb2_grpc.CollectorServicer):
@@ -67,14 +57,6 @@ class CollectorService(veil_pb2_grpc.CollectorServicer):
         if isinstance(answer, Outcome):
             context.abort(grpc.StatusCode[answer.grpc], answer.message)
         return answer
-
-    def upload_many(self, requests: Sequence[veil_pb2.UploadRequest]) -> list[veil_pb2.UploadResponse | Refusal]:
-        """Upload of each request, as if each had come alone, written in one store call
-        (Ingest.upload_many): the native collector's entry, one call per set of uploads."""
-        return [
-            self.ingest.response(o) if o.counted else Refusal(grpc.StatusCode[o.grpc], o.message)
-            for o in self.ingest.upload_many(requests)
-        ]
 
 
 class EstimatesService(veil_pb2_grpc.EstimatesServicer):

@@ -161,7 +161,6 @@ def supervise(config: AggregatorConfig, command: list[str]) -> int:
             worker.start(command, env)
         say(
             f"veil: {config.processes} worker processes share gRPC {config.grpc_address}"
-            + (f" and the native collector {config.native_grpc_address}" if config.native_grpc_address else "")
             + (f"; worker 0 serves HTTP on {config.http_address}" if config.http_address else "")
         )
         gave_up = _watch(workers, stop, hangup, command, env)

@@ -12,8 +12,8 @@ period), and holds its own true value of each metric, drawn from a hidden distri
 period's turn a few devices draw a new value. The devices share one Reporter's queue and gRPC
 connection, as behind one gateway, so tens of thousands cost little more than their ledgers and
 memos. The app calls report() again and again; what leaves each device is the metric's rule: one
-randomized report per period. So the estimates are of the share of devices, as the README's
-"What the numbers mean" describes, and the all-time window's intervals allow for each device
+randomized report per period. So the estimates are of the share of devices, as docs/estimates.md
+describes, and the all-time window's intervals allow for each device
 reporting in every period."""
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
     from veil.mechanism import parse_duration
 
     # The period's window, and the 1h and 1d ones the README's tour reads: by span, the
-    # README's names winning (a --period of 1h or 24h is one of them).
+    # tour's names winning (a --period of 1h or 24h is one of them).
     windows = {parse_duration(span): span for span in (args.period, "1h", "1d")}
     return parse_config(
         {

@@ -3,7 +3,7 @@
     veil release pram     post-randomize key variables with identification risk <= xi (Nayak, Zhang & You)
     veil release dp-pram  epsilon-DP PRAM of categorical columns, most informative keep-probabilities (004)
     veil release mask     Warner masking of 0/1 columns, with unbiased estimates (Kim, 002)
-    veil release example  write the synthetic population the README and tests use
+    veil release example  write the synthetic population docs/release-example.md and the tests use
 
 Each reads a CSV file (a header row, then one row per record), writes the released CSV with the
 same columns in the same order, and can write a JSON report. The report describes the original
@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     example = methods.add_parser(
         "example",
-        help="write the synthetic population table of the README and the tests",
+        help="write the synthetic population table of docs/release-example.md and the tests",
         description="Write a seeded synthetic person-level population: sex, age, race, marital, area (the five key "
         "variables), education, work, smoker, insured.",
     )

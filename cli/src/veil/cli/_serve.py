@@ -91,10 +91,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.check_config:
         inflight_bytes(config)  # a budget no upload fits in is a config error
-        if config.native_grpc_address:
-            from veil.aggregator._native import load_module
-
-            load_module()  # the native collector must be built here
         if config.store_url.startswith("sqlite:"):
             # Checked, never opened: opening would create the file (as whoever runs the check) and
             # a running aggregator holds its lock.
@@ -154,7 +150,6 @@ def _serve(config, worker: int | None, reload, ready_fd: int | None = None) -> i
     scheme = " with TLS" if config.tls else ""
     say(
         f"veil: {'' if worker is None else f'worker {worker}: '}serving gRPC{scheme} on port {aggregator.grpc_port}"
-        + (f", the native collector on port {aggregator.native_grpc_port}" if aggregator.native_grpc_port else "")
         + (f", HTTP{'S' if config.tls else ''} on port {aggregator.http_port}" if aggregator.http_port else "")
         + f" ({_access(config)})"
     )

@@ -5,7 +5,7 @@ reused, so reporting the same value again sends the same response and spends no 
 (RAPPOR's permanent randomized response). The memo is keyed by
 HMAC-SHA256(device secret, canonical(metric, fingerprint, index)), so the store itself names
 no value; whoever holds both the secret and the store can still recompute which categories
-this device reported (see the README).
+this device reported (docs/sdk.md, "Repeated reports").
 
 With a queue directory the secret (32 random bytes, created once) and the memo persist there,
 owner-only (0600). The memo is an append-only log of records

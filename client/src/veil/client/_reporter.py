@@ -68,8 +68,11 @@ class Reporter:
     ``period_budget`` and ``lifetime_budget`` (epsilon, or a mapping of metric name to epsilon)
     lower the aggregator's budgets for this app; they never raise them.
 
-    ``random_source`` and ``clock`` are for simulation and tests only: reports are private only
-    with the default source, the operating system's CSPRNG, and periods follow the wall clock.
+    ``random_source``, ``clock`` and ``elapsed_clock`` are for simulation and tests only: reports
+    are private only with the default source, the operating system's CSPRNG, and periods follow
+    the wall clock. ``clock`` is the device's clock, which may jump; ``elapsed_clock`` measures
+    time passing (by default one that cannot be set and counts sleep), by which the aggregator's
+    clock has moved since its last answer: a simulation in which time passes moves both.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Reporter:
         lifetime_budget: float | Mapping[str, float] | None = None,
         random_source: RandomSource | None = None,
         clock: Callable[[], float] | None = None,
+        elapsed_clock: Callable[[], float] | None = None,
     ) -> None:
         config = resolve_config(
             endpoint=endpoint,
@@ -130,7 +134,7 @@ class Reporter:
         directory = self._queue_dir(config.queue_dir, log)
         if not config.tls and config.token and not config.loopback:
             logger.warning("The Veil token travels without TLS to a remote endpoint.")
-        self._specs = SpecCache(directory, log)
+        self._specs = SpecCache(directory, log, elapsed_clock)
         # Periods and made times: the device's clock, bounded by the aggregator's (see _clock).
         self._clock = bounded_clock(clock or time.time, self._specs.server_now)
         self._specs.load()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -88,8 +88,9 @@ class SpecCache:
 
     FILE = "specs.pb"
 
-    def __init__(self, directory: Path | None, log: LogOnce) -> None:
+    def __init__(self, directory: Path | None, log: LogOnce, elapsed: Callable[[], float] | None = None) -> None:
         self._path = directory / self.FILE if directory is not None else None
+        self._elapsed = elapsed or _elapsed  # seconds on a clock that only moves as time passes
         self._log = log
         self.specs: Mapping[str, MetricSpec] = {}
         # name -> (spec, label -> index): what report() needs, replaced whole with `specs`.
@@ -101,7 +102,7 @@ class SpecCache:
         # fingerprint -> the granularity (seconds) of made_unix: time_resolution_seconds or the period
         self.resolutions: Mapping[str, int] = {}
         self.max_lateness: int | None = None  # seconds after a slot's end the aggregator still counts it
-        # (server_time_unix, _elapsed() when it arrived), from the last answer that said it
+        # (server_time_unix, self._elapsed() when it arrived), from the last answer that said it
         self.server_time: tuple[int, float] | None = None
         self.ready = threading.Event()  # set once specs have been obtained (disk or network)
 
@@ -109,7 +110,7 @@ class SpecCache:
         """The aggregator's clock now (Unix seconds), as its last answer in this process said it
         and time has passed since; None when no answer said it."""
         said = self.server_time
-        return None if said is None else said[0] + (_elapsed() - said[1])
+        return None if said is None else said[0] + (self._elapsed() - said[1])
 
     def resolution(self, spec: MetricSpec) -> int:
         """The granularity, in seconds, of when ``spec``'s reports were made (made_unix)."""
@@ -134,7 +135,7 @@ class SpecCache:
         """Install a fresh response from the aggregator and keep it on disk; an ``unchanged``
         one keeps the specs held."""
         if response.server_time_unix:
-            self.server_time = (response.server_time_unix, _elapsed())
+            self.server_time = (response.server_time_unix, self._elapsed())
         if response.max_lateness_seconds:
             self.max_lateness = response.max_lateness_seconds
         if response.unchanged:

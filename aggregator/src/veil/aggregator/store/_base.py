@@ -86,8 +86,8 @@ class Store(abc.ABC):
         StoreUnavailable when it cannot tell whether the batch was applied."""
 
     def add_many(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
-        """add() of each write, in as few write calls as the store can make (the native
-        collector hands over a whole set of uploads at once): for each, True or False as add
+        """add() of each write, in as few write calls as the store can make (a caller may hold a
+        whole set of uploads at once): for each, True or False as add
         answers, or the StoreError that add would have raised for it. This default adds them
         one by one; SqliteStore and RedisStore write them as groups."""
         results: list[bool | StoreError] = []

@@ -15,7 +15,7 @@ caller retries its own batch with the same id, and the store counts an id at mos
 
 ``submit_many`` queues several batches as one entry, which goes out whole in one group (with
 what else is queued, up to ``max_batches`` in all, though an entry larger than that goes alone):
-a caller holding a set of calls, such as the native collector, waits once for all of them.
+a caller holding a set of calls waits once for all of them.
 """
 
 from __future__ import annotations

@@ -679,7 +679,7 @@ def _connect(path: str, busy_timeout: float, *, readonly: bool = False) -> sqlit
 
 def _lock(path: str) -> int:
     """An exclusive flock on <path>.lock, held while the store is open (the file descriptor);
-    StoreError when another process holds it."""
+    StoreError when another process holds it. The store's files are then owner-only (_owner_only)."""
     directory = os.path.dirname(path)
     try:
         if not os.path.isdir(directory):
@@ -699,7 +699,24 @@ def _lock(path: str) -> int:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        _owner_only(fd, path)
+    except OSError as error:
+        os.close(fd)
+        raise StoreError(f"Cannot make the SQLite store {path} owner-only: {error.strerror or error}.") from None
     return fd
+
+
+def _owner_only(lock_fd: int, path: str) -> None:
+    """The store's files readable and writable by their owner only (0600), whatever the umask
+    and whatever mode files already there had: the lock, the database (created empty here if
+    missing, so SQLite never creates it under the umask), and its -wal and -shm, which SQLite
+    creates with the database's mode."""
+    os.fchmod(lock_fd, 0o600)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for name in (path, path + "-wal", path + "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, 0o600)
 
 
 def _open_checked(path: str, busy_timeout: float) -> sqlite3.Connection:
