@@ -103,6 +103,7 @@ def test_the_cli_knows_each_extra_by_the_packages_pyproject_gives_it():
     base = {Requirement(spec).name for spec in project["dependencies"]}
     # A distribution's name -> the module it installs, where the two differ.
     module_of = {
+        "grpcio": "grpc",
         "grpcio-health-checking": "grpc_health",
         "grpcio-reflection": "grpc_reflection",
         "prometheus-client": "prometheus_client",

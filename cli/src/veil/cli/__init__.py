@@ -2,9 +2,9 @@
 
 The command comes with the SDK, so it is there in every install; what a subcommand needs is
 imported only when it runs. `veil privacy` needs nothing but the standard library; `veil specs`
-and `veil estimates` need only the SDK's gRPC; `serve`, `demo`, `simulate`, `store` and `health`
-need the aggregator (`pip install 'veil[aggregator]'`), `release` needs numpy (`veil[release]`),
-and without them they say so in one sentence.
+and `veil estimates` need only gRPC (`pip install 'veil[grpc]'`); `serve`, `demo`, `simulate`,
+`store` and `health` need the aggregator (`pip install 'veil[aggregator]'`), `release` needs
+numpy (`veil[release]`), and without them they say so in one sentence.
 """
 
 from __future__ import annotations
@@ -45,10 +45,14 @@ _EXTRAS = {
     "store": "aggregator",
     "health": "aggregator",
     "release": "release",
+    "specs": "grpc",
+    "estimates": "grpc",
 }
 EXTRA_MODULES = {
+    "grpc": ("grpc",),
     "release": ("numpy",),
     "aggregator": (
+        "grpc",
         "numpy",
         "numba",
         "redis",

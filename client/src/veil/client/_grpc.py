@@ -17,7 +17,7 @@ import grpc
 from veil.wire.v1 import veil_pb2
 
 from ._config import Config
-from ._status import Refusal, hint_seconds
+from ._status import TRANSPORT_MADE, Refusal, hint_seconds
 
 __all__ = ["GrpcTransport"]
 
@@ -102,7 +102,8 @@ class GrpcTransport:
         name, hint, detail = None, 0.0, ""
         try:
             name = error.code().name  # type: ignore[attr-defined]
-            detail = error.details() or ""  # type: ignore[attr-defined]
+            if name not in TRANSPORT_MADE:  # the aggregator's own message (it names no address)
+                detail = error.details() or ""  # type: ignore[attr-defined]
             for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
                 if key == _RETRY_AFTER_KEY:
                     hint = hint_seconds(value)

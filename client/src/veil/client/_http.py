@@ -101,7 +101,7 @@ class HttpTransport:
         timeout DEADLINE_EXCEEDED (unknown whether counted: retried like it)."""
         if isinstance(error, Refused):
             return Refusal(error.name, error.hint, error.message)
-        detail = f"{type(error).__name__}: {error}"
+        detail = type(error).__name__  # its text may name the host: never logged
         if isinstance(error, TimeoutError | socket.timeout):
             return Refusal("DEADLINE_EXCEEDED", 0.0, detail)
         if isinstance(error, OSError | http.client.HTTPException):

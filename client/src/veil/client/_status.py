@@ -22,6 +22,7 @@ __all__ = [
     "UNIMPLEMENTED",
     "FINAL",
     "TOKEN_REFUSED",
+    "TRANSPORT_MADE",
     "CODE_NAMES",
     "HTTP_NAMES",
     "http_name",
@@ -39,6 +40,9 @@ _OVERSIZE, _METHOD_NOT_ALLOWED, _UNSUPPORTED_MEDIA_TYPE = "OVERSIZE", "METHOD_NO
 
 FINAL = frozenset({"INVALID_ARGUMENT", STALE_SPEC, TOO_LATE, _OVERSIZE, _METHOD_NOT_ALLOWED, _UNSUPPORTED_MEDIA_TYPE})
 TOKEN_REFUSED = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
+# Statuses a client's own transport makes up (no connection, a deadline, a reset): their details
+# name addresses and hosts, which the SDK never logs, so only the status name is kept.
+TRANSPORT_MADE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
 
 # gRPC status numbers (a BatchResult's code) -> names.
 CODE_NAMES = {
