@@ -246,7 +246,8 @@ def test_a_refused_token_keeps_the_batches_and_says_so_not_outage(ready_reporter
     assert reporter.counters().queued == 5 and reporter.counters().failed == 0
     messages = [r.getMessage() for r in caplog.records]
     assert any("refused the Veil token (UNAUTHENTICATED)" in m for m in messages)
-    assert not any("retrying the same batch" in m for m in messages)
+    # Never told as an outage (a call that times out under load may be, as what it is).
+    assert not any(m.startswith("Veil upload failed (UNAUTHENTICATED") for m in messages)
     state.token = "the-first-token"  # the operator puts it back: the kept batches go
     assert reporter.force_flush(10) and state.total("browser") == 5
 
