@@ -186,6 +186,18 @@ def test_no_package_imports_another_packages_private_modules_or_names(package):
     assert not gone, f"known private imports no longer there (remove them from KNOWN_PRIVATE_IMPORTS): {sorted(gone)}"
 
 
+# The aggregator's parts both listeners share, and the HTTP listener's own: grpcio stays in the
+# gRPC adapters (service, _interceptor) and the daemon that wires them.
+GRPC_FREE = ("ingest", "_access", "_budget", "_calls", "_http_collector", "http")
+
+
+@pytest.mark.parametrize("module", GRPC_FREE)
+def test_the_access_policy_the_ingest_core_and_http_import_no_grpcio(module):
+    path = PACKAGES["veil.aggregator"] / f"{module}.py"
+    found = {name for name, _ in imports(path, "veil.aggregator") if name.partition(".")[0] == "grpc"}
+    assert not found, f"veil.aggregator.{module} imports {sorted(found)}"
+
+
 def test_the_cycle_check_sees_a_cycle_hidden_in_a_function(monkeypatch, tmp_path):
     (tmp_path / "a.py").write_text("from .b import x\n")
     (tmp_path / "b.py").write_text("def f():\n    from .a import y\n")
