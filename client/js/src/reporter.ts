@@ -279,14 +279,14 @@ export class Reporter {
   /** report() of a call made at `now` (Unix ms): a category of its metric, or a number reported as
    * a category of each part of its numeric metric. */
   private process(name: string, value: string | number, now: number): void {
-    const metric = this.metrics.get(name);
-    const parts = metric ? undefined : this.numeric.get(name);
-    if (!metric && !parts) {
-      return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
-    }
     const unknown = () => this.drop(`unknown-category:${name}`,
       `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
-    if (parts) {
+    const metric = this.metrics.get(name);
+    if (metric === undefined) {
+      const parts = this.numeric.get(name);
+      if (parts === undefined) {
+        return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
+      }
       if (typeof value !== "number") return unknown();  // held before the specs said it is numeric
       let clipped = false;
       for (const part of parts) {
@@ -299,13 +299,13 @@ export class Reporter {
       if (clipped) this.counts.clipped += 1;
       return;
     }
-    if (metric!.numeric) {
+    if (metric.numeric) {
       return this.drop(`part:${name}`, `Veil: ${JSON.stringify(name)} is a part of the numeric metric ` +
-        `${JSON.stringify(metric!.numeric.metric)}; report the number under that name. Dropped.`);
+        `${JSON.stringify(metric.numeric.metric)}; report the number under that name. Dropped.`);
     }
-    const index = typeof value === "string" ? metric!.labels.indexOf(value) : value;
-    if (!Number.isInteger(index) || index < 0 || index >= metric!.labels.length) return unknown();
-    this.admit(metric!, index, now);
+    const index = typeof value === "string" ? metric.labels.indexOf(value) : value;
+    if (!Number.isInteger(index) || index < 0 || index >= metric.labels.length) return unknown();
+    this.admit(metric, index, now);
   }
 
   /** The category `index` of `metric`, called at `now`: its period, ledger, memo and batch. */
