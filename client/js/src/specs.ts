@@ -33,7 +33,7 @@ const MECHANISM_NAMES: Record<string, string> = {
 const PART_NAMES: Record<string, NumericPart> = { NUMERIC_MEAN: "mean", NUMERIC_DISTRIBUTION: "distribution" };
 
 /** MetricSpec.numeric in proto3 JSON (fields at their default are absent), checked; undefined for
- * a metric of categories; VeilUsageError for a part this SDK does not know or reproduce. */
+ * a metric of categories; throws for a part this SDK does not know or reproduce. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 function numericOf(s: any): Numeric | undefined {
   const n = s.numeric;
