@@ -5,7 +5,8 @@
 
 Every other implementation (client/js) reads these files and must reproduce them: fingerprints
 of specs, thresholds, reports from given random words, encoded uploads (one batch, and several
-in an UploadBatchesRequest), memo keys, and estimates from counts. Needs the aggregator extra (numpy) for the estimates.
+in an UploadBatchesRequest), memo keys, numeric values' categories and rounding thresholds, and
+estimates from counts. Needs the aggregator extra (numpy) for the estimates.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from google.protobuf import json_format
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import estimate
 from veil.client import encode_batch, encode_batches
-from veil.client._memo import memo_key
-from veil.mechanism import MetricSpec, WordRandomSource, encoding
+from veil.client._memo import alpha_message, memo_key, rounding_alpha
+from veil.mechanism import DISTRIBUTION, MEAN, MetricSpec, NumericSpec, WordRandomSource, encoding, mean_levels
 from veil.wire.v1 import veil_pb2
 
 OUT = Path(__file__).resolve().parent / "veil" / "wire" / "v1" / "vectors"
@@ -92,6 +93,7 @@ def fingerprints() -> list[dict]:
         )
     )
     cases.append(MetricSpec.create("big", [str(j) for j in range(300)], "krr", 3.0, period=31622400))
+    cases += [MetricSpec.numeric_part(numeric, "subset", 2.0) for numeric in _NUMERIC_PARTS]
     out = []
     for spec in cases:
         canonical = json.dumps(spec.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -278,6 +280,74 @@ def memo_keys() -> list[dict]:
     ]
 
 
+# Numeric parts whose canonical numbers exercise the float spelling (exponents, fractions).
+_NUMERIC_PARTS = (
+    NumericSpec("load_ms", MEAN, 0.0, 10000.0, (), mean_levels(2.0)),
+    NumericSpec("load_ms", DISTRIBUTION, 0.0, 10000.0, (100.0, 250.0, 500.0, 1000.0, 2500.0)),
+    NumericSpec("temp", MEAN, -40.5, 1e-05, (), 17),
+    NumericSpec("tiny", DISTRIBUTION, 1e-07, 1.5e16, (2.5e-05, 0.1, 0.30000000000000004, 7e15)),
+    NumericSpec("bits", MEAN, 0.0, 1.0, (), 2),
+)
+
+
+def numeric_values() -> list[dict]:
+    """A number's category in a numeric part, for given rounding thresholds (section 9): clipped
+    values, exact points and boundaries, ties (f equal to alpha rounds down), both range ends."""
+    out = []
+    alphas = (0.0, 0.5, 0.25, 1 - 2**-53, 0.7071067811865476)
+    for numeric in _NUMERIC_PARTS:
+        low, high = numeric.low, numeric.high
+        values = [
+            low - abs(low) - 1.0,
+            low,
+            high,
+            high + abs(high) + 1.0,
+            (low + high) / 2,
+            low + (high - low) / 3,
+            -0.0,
+        ]
+        values += list(numeric.boundaries) + list(numeric.points if numeric.part == MEAN else ())
+        values += [b - abs(b) * 1e-15 for b in numeric.boundaries]
+        cases = [(value, alphas[i % len(alphas)]) for i, value in enumerate(values)]
+        if numeric.part == MEAN:  # the fraction f equal to alpha: rounds down
+            step = (high - low) / (numeric.levels - 1)
+            cases += [(low + step * 0.5, 0.5), (low + step * 0.25, 0.25)]
+        for value, alpha in cases:
+            clipped, was_clipped = numeric.clip(value)
+            out.append(
+                {
+                    "numeric": numeric.canonical(),
+                    "value": value,
+                    "alpha": alpha,
+                    "clipped_value": clipped,
+                    "clipped": was_clipped,
+                    "category": numeric.category(clipped, alpha),
+                }
+            )
+    return out
+
+
+def numeric_alphas() -> list[dict]:
+    """Rounding thresholds from a device secret (section 9)."""
+    secret = bytes(range(32))
+    cases = (
+        ("load_ms.mean", "0123456789abcdef0123456789abcdef"),
+        ("température.mean", "fedcba9876543210fedcba9876543210"),
+        ("😀.mean", ""),
+    )
+    return [
+        {
+            "secret": secret.hex(),
+            "metric": metric,
+            "fingerprint": fingerprint,
+            "message_hex": alpha_message(metric, fingerprint).hex(),
+            "alpha": rounding_alpha(secret, metric, fingerprint),
+            "alpha_53": int(rounding_alpha(secret, metric, fingerprint) * 2**53),
+        }
+        for metric, fingerprint in cases
+    ]
+
+
 def estimates() -> list[dict]:
     rng = random.Random(191919)
     out = []
@@ -326,6 +396,8 @@ _FILES = {
     "encodings.json": encodings,
     "upload_batches.json": upload_batches,
     "memo_keys.json": memo_keys,
+    "numeric_values.json": numeric_values,
+    "numeric_alphas.json": numeric_alphas,
     "estimates.json": estimates,
 }
 

@@ -40,6 +40,15 @@
     lifetime_budget = 30.0        # epsilon a device may spend in its lifetime (default: no cap)
     windows = ["total", "1h", { span = "1d", retention = "30d" }]
 
+    [[metrics]]                   # a numeric metric: apps report numbers (docs/estimates.md)
+    name = "load_ms"
+    type = "numeric"              # "categories" (the default) or "numeric"
+    range = [0, 10000]            # values outside are clipped to it (and counted on the device)
+    buckets = [100, 250, 500, 1000, 2500]  # the distribution's bucket boundaries (for quantiles)
+    estimate = ["mean", "distribution"]    # default: the mean, and the distribution when buckets are given
+    mean_share = 0.5              # with both: the mean's share of epsilon (and of the budgets)
+    epsilon = 2.0                 # per report, both parts together; period, budgets, windows as above
+
     [tls]                         # TLS on both listeners (gRPC and HTTP); absent: plaintext
     cert_file = "/etc/veil/tls/server.crt"      # the certificate chain, PEM
     key_file = "/etc/veil/tls/server.key"       # its private key, PEM, owner-only
@@ -79,9 +88,22 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-from veil.mechanism import DEFAULT_MECHANISM, EPSILON_RANGE, MAX_PERIOD, MECHANISMS, MechanismError, MetricSpec
+from veil.mechanism import (
+    DEFAULT_MECHANISM,
+    DISTRIBUTION,
+    EPSILON_RANGE,
+    MAX_PERIOD,
+    MEAN,
+    MECHANISMS,
+    MechanismError,
+    MetricSpec,
+    NumericSpec,
+    check_epsilon,
+    mean_levels,
+)
 from veil.mechanism import parse_duration as mechanism_duration
 
 from ._secrets import check_private_file
@@ -384,11 +406,17 @@ def parse_config(
     raw_metrics = data.get("metrics")
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise ConfigError("metrics: declare at least one [[metrics]] table.")
-    metrics = tuple(_metric(m, f"metrics[{i}]") for i, m in enumerate(raw_metrics))
-    names = [m.name for m in metrics]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
+    declared: dict[str, tuple[str, ...]] = {}  # a name tokens may list -> the wire metrics it covers
+    metrics_list: list[MetricConfig] = []
+    for i, entry in enumerate(raw_metrics):
+        parts = _metric(entry, f"metrics[{i}]")
+        names = {m.name for m in parts} | {m.spec.numeric.metric for m in parts if m.spec.numeric is not None}
+        for name in sorted(names):
+            if name in declared:
+                raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
+            declared[name] = tuple(m.name for m in parts) if name not in {m.name for m in parts} else (name,)
+        metrics_list += parts
+    metrics = tuple(metrics_list)
     url = (
         store_url
         or os.environ.get(ENV_STORE_URL)
@@ -450,7 +478,7 @@ def parse_config(
         cors_origins=_origins(server.get("cors_origins", [])),
         processes=processes,
         tls=_tls(data, base_dir),
-        auth=_auth(data, base_dir, {m.name for m in metrics}, max_batch),
+        auth=_auth(data, base_dir, declared, max_batch),
         source=source,
     )
 
@@ -513,7 +541,9 @@ def _tls(data: Mapping[str, object], base: Path) -> TlsConfig | None:
     return config
 
 
-def _auth(data: Mapping[str, object], base: Path, declared: set[str], max_batch: int) -> AuthConfig:
+def _auth(
+    data: Mapping[str, object], base: Path, declared: Mapping[str, tuple[str, ...]], max_batch: int
+) -> AuthConfig:
     auth = _table(data, "auth")
     _only(auth, {"tokens_file", *_LIMIT_KEYS, "upload_tokens", "read_tokens"}, "auth.")
     limits = _limits(auth, "auth.", _DEFAULT_LIMITS, max_batch)
@@ -594,7 +624,11 @@ def _rate(
 
 
 def _tokens(
-    table: Mapping[str, object], prefix: str, declared: set[str], limits: tuple[float, ...], max_batch: int
+    table: Mapping[str, object],
+    prefix: str,
+    declared: Mapping[str, tuple[str, ...]],
+    limits: tuple[float, ...],
+    max_batch: int,
 ) -> list[tuple[TokenConfig, str]]:
     found = []
     for role in ("upload", "read"):
@@ -624,9 +658,11 @@ def _tokens(
             for j, metric in enumerate(metrics):
                 if metric not in declared:
                     raise ConfigError(f"{key}.metrics[{j}]: {metric!r} is not a declared metric.")
+            # A numeric metric's name stands for its parts, the metrics its reports travel as.
+            scope = frozenset(part for metric in metrics for part in declared[metric])
             found.append(
                 (
-                    TokenConfig(name, role, digest, frozenset(metrics), *_limits(entry, f"{key}.", limits, max_batch)),
+                    TokenConfig(name, role, digest, scope, *_limits(entry, f"{key}.", limits, max_batch)),
                     key,
                 )
             )
@@ -654,39 +690,57 @@ def _store_options(store: Mapping[str, object], url: str) -> dict[str, object]:
         raise ConfigError(str(err)) from None
 
 
-def _metric(raw: object, key: str) -> MetricConfig:
+def _metric(raw: object, key: str) -> list[MetricConfig]:
+    """A [[metrics]] table: one metric of categories, or the parts of a numeric metric."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{key}: expected a table with name, labels, mechanism, epsilon and windows.")
+    kind = raw.get("type", CATEGORIES)
+    if kind not in (CATEGORIES, NUMERIC):
+        raise ConfigError(f'{key}.type: expected "{CATEGORIES}" (the default) or "{NUMERIC}", got {kind!r}.')
     _only(
         raw,
-        {
-            "name",
-            "labels",
-            "mechanism",
-            "epsilon",
-            "windows",
-            "period",
-            "reports_per_period",
-            "period_budget",
-            "lifetime_budget",
-        },
+        {"name", "type", "mechanism", "epsilon", "windows", *_RULE_KEYS}
+        | ({"labels"} if kind == CATEGORIES else {"range", "buckets", "estimate", "mean_share"}),
         f"{key}.",
     )
     name = _text(raw.get("name"), f"{key}.name")
-    labels = raw.get("labels")
-    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
-        raise ConfigError(f"{key}.labels: expected a list of category labels (strings).")
     mechanism = raw.get("mechanism", DEFAULT_MECHANISM)
     if mechanism not in MECHANISMS:
         raise ConfigError(f"{key}.mechanism: expected one of {', '.join(MECHANISMS)}, got {mechanism!r}.")
     epsilon = raw.get("epsilon")
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
         raise ConfigError(f"{key}.epsilon: expected a number from %g to %g, got {epsilon!r}." % EPSILON_RANGE)
+    rules = _rules(raw, key, float(epsilon))
+    windows = _windows(raw, key)
+    try:
+        if kind == NUMERIC:
+            return [
+                MetricConfig(
+                    MetricSpec.numeric_part(numeric, mechanism, share * epsilon, **_split(rules, share)), windows
+                )
+                for numeric, share in _numeric_parts(raw, key, name, float(epsilon))
+            ]
+        labels = raw.get("labels")
+        if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+            raise ConfigError(f"{key}.labels: expected a list of category labels (strings).")
+        return [MetricConfig(MetricSpec.create(name, labels, mechanism, float(epsilon), **rules), windows)]
+    except MechanismError as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+CATEGORIES = "categories"
+NUMERIC = "numeric"
+_RULE_KEYS = ("period", "reports_per_period", "period_budget", "lifetime_budget")
+_DEFAULT_MEAN_SHARE = 0.5
+
+
+def _rules(raw: Mapping[str, object], key: str, epsilon: float) -> dict[str, Any]:
+    """The device's reporting rule: period, reports per period, budgets."""
     period = parse_duration(raw.get("period", "1d"), f"{key}.period")
     if period > MAX_PERIOD:
         raise ConfigError(f"{key}.period: expected at most 366 days, got {raw.get('period')!r}.")
     reports_per_period = _whole(raw.get("reports_per_period", 1), f"{key}.reports_per_period", low=1)
-    budgets = {}
+    rules: dict[str, Any] = {"period": period, "reports_per_period": reports_per_period}
     for budget in ("period_budget", "lifetime_budget"):
         value = raw.get(budget)
         if value is not None and (
@@ -698,20 +752,75 @@ def _metric(raw: object, key: str) -> MetricConfig:
             raise ConfigError(
                 f"{key}.{budget}: expected an epsilon of at least the metric's ({epsilon!r}), got {value!r}."
             )
-        budgets[budget] = None if value is None else float(value)
-    try:
-        spec = MetricSpec.create(
-            name, labels, mechanism, float(epsilon), period=period, reports_per_period=reports_per_period, **budgets
+        rules[budget] = None if value is None else float(value)
+    return rules
+
+
+def _split(rules: Mapping[str, Any], share: float) -> dict[str, Any]:
+    """A numeric part's rule: the metric's, its budgets scaled by the part's share of epsilon
+    (the parts' spending adds up to the metric's: basic composition)."""
+    return {
+        key: value * share if key.endswith("_budget") and value is not None else value for key, value in rules.items()
+    }
+
+
+def _numeric_parts(raw: Mapping[str, object], key: str, name: str, epsilon: float) -> list[tuple[NumericSpec, float]]:
+    """A numeric metric's parts with their shares of epsilon: the mean and/or the distribution over
+    the buckets (default: the mean, and the distribution when buckets are given)."""
+    bounds = raw.get("range")
+    if (
+        not isinstance(bounds, list)
+        or len(bounds) != 2
+        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in bounds)
+        or not bounds[0] < bounds[1]
+    ):
+        raise ConfigError(f"{key}.range: expected [low, high], two finite numbers with low < high, got {bounds!r}.")
+    low, high = float(bounds[0]), float(bounds[1])
+    buckets = raw.get("buckets", [])
+    if not isinstance(buckets, list) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in buckets
+    ):
+        raise ConfigError(f"{key}.buckets: expected a list of bucket boundaries (numbers), got {buckets!r}.")
+    wanted = raw.get("estimate", [MEAN, DISTRIBUTION] if buckets else [MEAN])
+    if (
+        not isinstance(wanted, list)
+        or not wanted
+        or not set(wanted) <= {MEAN, DISTRIBUTION}
+        or len(set(wanted)) != len(wanted)
+    ):
+        raise ConfigError(f'{key}.estimate: expected ["mean"], ["distribution"] or both, got {wanted!r}.')
+    if DISTRIBUTION in wanted and not buckets:
+        raise ConfigError(f"{key}.buckets: the distribution needs bucket boundaries, e.g. [100, 250, 500, 1000].")
+    if DISTRIBUTION not in wanted and buckets:
+        raise ConfigError(f'{key}.buckets: given, but estimate does not ask for the "distribution".')
+    share = raw.get("mean_share", _DEFAULT_MEAN_SHARE if len(wanted) == 2 else None)
+    if len(wanted) == 1:
+        if "mean_share" in raw:
+            raise ConfigError(f"{key}.mean_share: only for a metric estimating both the mean and the distribution.")
+        share = 1.0
+    elif isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise ConfigError(
+            f"{key}.mean_share: expected the share of epsilon the mean gets, above 0 and below 1, got {share!r}."
         )
-    except MechanismError as err:
-        raise ConfigError(f"{key}: {err}") from None
+    parts: list[tuple[NumericSpec, float]] = []
+    if MEAN in wanted:
+        mean_epsilon = check_epsilon(share * epsilon)
+        parts.append((NumericSpec(name, MEAN, low, high, (), mean_levels(mean_epsilon)), share))
+    if DISTRIBUTION in wanted:
+        parts.append(
+            (NumericSpec(name, DISTRIBUTION, low, high, tuple(buckets)), 1.0 - share if MEAN in wanted else 1.0)
+        )
+    return parts
+
+
+def _windows(raw: Mapping[str, object], key: str) -> tuple[Window, ...]:
     raw_windows = raw.get("windows", list(_DEFAULT_WINDOWS))
     if not isinstance(raw_windows, list) or not raw_windows:
         raise ConfigError(f'{key}.windows: expected a list such as ["total", "1h", "1d"].')
     windows = tuple(_window(w, f"{key}.windows[{i}]") for i, w in enumerate(raw_windows))
     if len({w.name for w in windows}) != len(windows):
         raise ConfigError(f"{key}.windows: a window is declared twice.")
-    return MetricConfig(spec, windows)
+    return windows
 
 
 def _window(raw: object, key: str) -> Window:

@@ -17,7 +17,7 @@ from ._encoding import encode_batch, encode_batches
 from ._errors import ConfigError, ReporterError, UnknownCategoryError, UnknownMetricError
 from ._ledger import PrivacySpent
 from ._reporter import Reporter
-from ._specs import spec_from_proto, spec_to_proto
+from ._specs import numeric_to_proto, spec_from_proto, spec_to_proto
 from ._status import FINAL, TOKEN_REFUSED
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "RETRY_HORIZON_SECONDS",
     "spec_from_proto",
     "spec_to_proto",
+    "numeric_to_proto",
     # For tools that speak the protocol beside the Reporter (veil simulate, the aggregator's checks):
     "encode_batch",
     "encode_batches",

@@ -27,12 +27,14 @@ from pathlib import Path
 from ._fs import FILE_MODE, DeviceFileOwner, DeviceLog, create_once, write_atomic
 from ._log import LogOnce
 
-__all__ = ["MemoStore", "SECRET_BYTES", "memo_key"]
+__all__ = ["MemoStore", "SECRET_BYTES", "memo_key", "alpha_message", "rounding_alpha"]
 
 SECRET_BYTES = 32
 _KEY = 32
 _HEAD = struct.Struct("<I")
 _DOMAIN = b"veil.memo.v1\x00"
+_ALPHA_DOMAIN = b"veil.alpha.v1\x00"
+_ALPHA_BITS = 53  # a double holds them exactly: alpha is a multiple of 2^-53 in [0, 1)
 
 Report = tuple[int, ...]
 
@@ -43,6 +45,22 @@ def memo_key(secret: bytes, metric: str, fingerprint: str, index: int) -> bytes:
     name, print_ = metric.encode(), fingerprint.encode()
     message = b"".join((_DOMAIN, _HEAD.pack(len(name)), name, _HEAD.pack(len(print_)), print_, _HEAD.pack(index)))
     return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def alpha_message(metric: str, fingerprint: str) -> bytes:
+    """domain | u32 len | metric | u32 len | fingerprint (lengths in bytes of UTF-8, little-endian)."""
+    name, print_ = metric.encode(), fingerprint.encode()
+    return b"".join((_ALPHA_DOMAIN, _HEAD.pack(len(name)), name, _HEAD.pack(len(print_)), print_))
+
+
+def rounding_alpha(secret: bytes, metric: str, fingerprint: str) -> float:
+    """The device's alpha-point rounding threshold for a numeric mean part (docs/protocol.md
+    section 9; numeric_alphas.json): the first 8 bytes of HMAC-SHA256(secret, alpha_message) as a
+    little-endian uint64, its top 53 bits over 2^53. Uniform on [0, 1) across devices, so rounding
+    is unbiased over the population; fixed for one device and spec, so a value that stays put keeps
+    its point, and its memoized response."""
+    digest = hmac.new(secret, alpha_message(metric, fingerprint), hashlib.sha256).digest()
+    return (int.from_bytes(digest[:8], "little") >> (64 - _ALPHA_BITS)) / (1 << _ALPHA_BITS)
 
 
 def _load_secret(path: Path, log: LogOnce) -> bytes:
@@ -96,6 +114,10 @@ class MemoStore(DeviceFileOwner):
 
     def key(self, metric: str, fingerprint: str, index: int) -> bytes:
         return memo_key(self._secret, metric, fingerprint, index)
+
+    def alpha(self, metric: str, fingerprint: str) -> float:
+        """This device's rounding threshold for a numeric mean part (rounding_alpha)."""
+        return rounding_alpha(self._secret, metric, fingerprint)
 
     def known(self, key: bytes) -> bool:
         """Whether a response is memoized under ``key`` (in this process's view)."""

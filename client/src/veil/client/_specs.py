@@ -23,13 +23,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
-from veil.mechanism import DEFAULT_PERIOD, MechanismError, MetricSpec, spec_for, wire_shape, wire_shape_of
+from veil.mechanism import (
+    DEFAULT_PERIOD,
+    DISTRIBUTION,
+    MEAN,
+    MechanismError,
+    MetricSpec,
+    NumericSpec,
+    spec_for,
+    wire_shape,
+    wire_shape_of,
+)
 from veil.wire.v1 import veil_pb2
 
 from ._fs import write_atomic
 from ._log import LogOnce, logger
 
-__all__ = ["SpecCache", "spec_from_proto", "spec_to_proto"]
+__all__ = ["SpecCache", "spec_from_proto", "spec_to_proto", "numeric_to_proto"]
 
 
 def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
@@ -47,10 +57,35 @@ def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
         message.reports_per_period or 1,
         message.period_budget or None,
         message.lifetime_budget or None,
+        _numeric_from_proto(message) if message.HasField("numeric") else None,
     )
     if spec.fingerprint != message.fingerprint or (spec.mechanism.q or 0) != message.q:
         raise MechanismError(f"Metric {message.name!r} has a fingerprint this device does not reproduce.")
     return spec
+
+
+_PARTS = {veil_pb2.NUMERIC_MEAN: MEAN, veil_pb2.NUMERIC_DISTRIBUTION: DISTRIBUTION}
+
+
+def _numeric_from_proto(message: veil_pb2.MetricSpec) -> NumericSpec:
+    numeric = message.numeric
+    part = _PARTS.get(numeric.part)
+    if part is None:
+        raise MechanismError(f"Metric {message.name!r} is a part of a numeric metric this device does not know.")
+    return NumericSpec(numeric.metric, part, numeric.low, numeric.high, tuple(numeric.boundaries), numeric.levels)
+
+
+def numeric_to_proto(numeric: NumericSpec) -> veil_pb2.NumericSpec:
+    """The proto of a numeric metric's part (specs and estimates carry it)."""
+    part = next(value for value, name in _PARTS.items() if name == numeric.part)
+    return veil_pb2.NumericSpec(
+        metric=numeric.metric,
+        part=part,
+        low=numeric.low,
+        high=numeric.high,
+        boundaries=numeric.boundaries,
+        levels=numeric.levels,
+    )
 
 
 def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
@@ -69,6 +104,7 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
         reports_per_period=spec.reports_per_period,
         period_budget=spec.period_budget or 0.0,
         lifetime_budget=spec.lifetime_budget or 0.0,
+        numeric=None if spec.numeric is None else numeric_to_proto(spec.numeric),
     )
 
 

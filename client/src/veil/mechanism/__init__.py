@@ -3,15 +3,29 @@
 Specs for every mechanism Veil supports and the registry of their wire shapes (MECHANISMS,
 register: how each travels and is drawn, read by the SDK and the aggregator alike), one-report
 randomization from an injected random source (the OS CSPRNG by default), exact transition
-matrices for small k, the privacy calculus, and the exact risk of each mechanism's minimax
-estimator. The SDK embeds this
-package; the aggregator's estimators read their coefficients from it.
+matrices for small k, the privacy calculus, the exact risk of each mechanism's minimax
+estimator, and numeric metrics (a number's category in each part, the mean part's exact
+variance). The SDK embeds this package; the aggregator's estimators read their coefficients
+from it.
 """
 
 from ._epsilon import EPSILON_RANGE, check_epsilon, epsilon_to_gamma, gamma_to_epsilon
 from ._errors import MechanismError
 from ._law import PROJECTION_NOTE, LinearEstimator, WeightLaw
 from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MetricSpec, parse_duration, spec_for
+from ._numeric import (
+    DISTRIBUTION,
+    MAX_LEVELS,
+    MEAN,
+    PARTS,
+    NumericSpec,
+    checked_number,
+    mean_levels,
+    mean_variance,
+    number_text,
+    part_name,
+    worst_mean_variance,
+)
 from ._privacy import (
     is_admissible,
     parity,
@@ -47,6 +61,17 @@ __all__ = [
     "RapporSpec",
     "AdmissibleRapporSpec",
     "MetricSpec",
+    "NumericSpec",
+    "MEAN",
+    "DISTRIBUTION",
+    "PARTS",
+    "MAX_LEVELS",
+    "part_name",
+    "mean_levels",
+    "mean_variance",
+    "worst_mean_variance",
+    "checked_number",
+    "number_text",
     "MECHANISMS",
     "WireShape",
     "register",

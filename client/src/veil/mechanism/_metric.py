@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ._errors import MechanismError
-from ._specs import MechanismSpec, SubsetSpec, fingerprint_of
+from ._numeric import MEAN, NumericSpec
+from ._specs import KrrSpec, MechanismSpec, SubsetSpec, fingerprint_of
 from ._wire import wire_shape
 
 __all__ = ["DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec", "parse_duration"]
@@ -65,10 +66,19 @@ class MetricSpec:
     # responses spend) and over its lifetime (None: no lifetime cap).
     period_budget: float | None = None
     lifetime_budget: float | None = None
+    # A part of a numeric metric (revision 3): how a number becomes one of this spec's
+    # categories. Its name, labels and k are then the part's (NumericSpec).
+    numeric: NumericSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise MechanismError("A metric needs a non-empty name.")
+        if self.numeric is not None:
+            numeric = self.numeric
+            if self.name != numeric.name or tuple(self.labels) != numeric.labels:
+                raise MechanismError(f"Metric {self.name!r} is not named and labelled as its numeric part says.")
+            if numeric.part == MEAN and type(self.mechanism) is not KrrSpec:
+                raise MechanismError(f"The mean part {self.name!r} is reported with k-ary randomized response.")
         labels = tuple(self.labels)
         if len(set(labels)) != len(labels) or not all(isinstance(x, str) and x for x in labels):
             raise MechanismError(f"Metric {self.name!r} needs distinct, non-empty category labels.")
@@ -126,6 +136,32 @@ class MetricSpec:
             lifetime_budget,
         )
 
+    @classmethod
+    def numeric_part(
+        cls,
+        numeric: NumericSpec,
+        mechanism: str = DEFAULT_MECHANISM,
+        epsilon: float = 1.0,
+        *,
+        period: int = DEFAULT_PERIOD,
+        reports_per_period: int = 1,
+        period_budget: float | None = None,
+        lifetime_budget: float | None = None,
+    ) -> MetricSpec:
+        """The spec of one part of a numeric metric: the mean's design is always k-RR over its
+        rounding points; the distribution's is ``mechanism`` over its buckets."""
+        name = KrrSpec.name if numeric.part == MEAN else mechanism
+        return cls(
+            numeric.name,
+            numeric.labels,
+            spec_for(name, numeric.k, epsilon),
+            period,
+            reports_per_period,
+            period_budget,
+            lifetime_budget,
+            numeric,
+        )
+
     @property
     def k(self) -> int:
         return self.mechanism.k
@@ -153,6 +189,7 @@ class MetricSpec:
             **self.mechanism.canonical(),
             "period": self.period,
             "reports_per_period": self.reports_per_period,
+            **({"numeric": self.numeric.canonical()} if self.numeric is not None else {}),
         }
 
     @cached_property

@@ -14,15 +14,24 @@ class Mechanism(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RAPPOR_ADMISSIBLE: _ClassVar[Mechanism]
     KRR: _ClassVar[Mechanism]
     WARNER: _ClassVar[Mechanism]
+
+class NumericPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NUMERIC_PART_UNSPECIFIED: _ClassVar[NumericPart]
+    NUMERIC_MEAN: _ClassVar[NumericPart]
+    NUMERIC_DISTRIBUTION: _ClassVar[NumericPart]
 MECHANISM_UNSPECIFIED: Mechanism
 SUBSET: Mechanism
 RAPPOR: Mechanism
 RAPPOR_ADMISSIBLE: Mechanism
 KRR: Mechanism
 WARNER: Mechanism
+NUMERIC_PART_UNSPECIFIED: NumericPart
+NUMERIC_MEAN: NumericPart
+NUMERIC_DISTRIBUTION: NumericPart
 
 class MetricSpec(_message.Message):
-    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget", "time_resolution_seconds")
+    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget", "time_resolution_seconds", "numeric")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +43,7 @@ class MetricSpec(_message.Message):
     PERIOD_BUDGET_FIELD_NUMBER: _ClassVar[int]
     LIFETIME_BUDGET_FIELD_NUMBER: _ClassVar[int]
     TIME_RESOLUTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUMERIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     labels: _containers.RepeatedScalarFieldContainer[str]
     mechanism: Mechanism
@@ -45,7 +55,24 @@ class MetricSpec(_message.Message):
     period_budget: float
     lifetime_budget: float
     time_resolution_seconds: int
-    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ..., time_resolution_seconds: _Optional[int] = ...) -> None: ...
+    numeric: NumericSpec
+    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ..., time_resolution_seconds: _Optional[int] = ..., numeric: _Optional[_Union[NumericSpec, _Mapping]] = ...) -> None: ...
+
+class NumericSpec(_message.Message):
+    __slots__ = ("metric", "part", "low", "high", "boundaries", "levels")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARIES_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    part: NumericPart
+    low: float
+    high: float
+    boundaries: _containers.RepeatedScalarFieldContainer[float]
+    levels: int
+    def __init__(self, metric: _Optional[str] = ..., part: _Optional[_Union[NumericPart, str]] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., boundaries: _Optional[_Iterable[float]] = ..., levels: _Optional[int] = ...) -> None: ...
 
 class GetMetricSpecsRequest(_message.Message):
     __slots__ = ("metrics", "if_version")
@@ -180,7 +207,7 @@ class CategoryEstimate(_message.Message):
     def __init__(self, label: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ..., projected: _Optional[float] = ...) -> None: ...
 
 class WindowEstimate(_message.Message):
-    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group", "provisional", "periods")
+    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group", "provisional", "periods", "numeric", "mean", "quantiles")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +225,9 @@ class WindowEstimate(_message.Message):
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     PERIODS_FIELD_NUMBER: _ClassVar[int]
+    NUMERIC_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    QUANTILES_FIELD_NUMBER: _ClassVar[int]
     metric: str
     window: str
     start_unix: int
@@ -215,7 +245,34 @@ class WindowEstimate(_message.Message):
     group: GroupEstimate
     provisional: bool
     periods: int
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: bool = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: bool = ..., periods: _Optional[int] = ...) -> None: ...
+    numeric: NumericSpec
+    mean: MeanEstimate
+    quantiles: _containers.RepeatedCompositeFieldContainer[QuantileEstimate]
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: bool = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: bool = ..., periods: _Optional[int] = ..., numeric: _Optional[_Union[NumericSpec, _Mapping]] = ..., mean: _Optional[_Union[MeanEstimate, _Mapping]] = ..., quantiles: _Optional[_Iterable[_Union[QuantileEstimate, _Mapping]]] = ...) -> None: ...
+
+class MeanEstimate(_message.Message):
+    __slots__ = ("estimate", "stderr", "lower", "upper")
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    estimate: float
+    stderr: float
+    lower: float
+    upper: float
+    def __init__(self, estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ...) -> None: ...
+
+class QuantileEstimate(_message.Message):
+    __slots__ = ("q", "estimate", "lower", "upper")
+    Q_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    q: float
+    estimate: float
+    lower: float
+    upper: float
+    def __init__(self, q: _Optional[float] = ..., estimate: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ...) -> None: ...
 
 class SeriesRequest(_message.Message):
     __slots__ = ("metric", "window", "from_unix", "to_unix", "merged", "group")
