@@ -180,6 +180,7 @@ def test_mean_levels_are_in_range_grow_with_epsilon_and_match_the_documented_fig
     assert all(2 <= x <= MAX_LEVELS for x in levels)
     assert levels == sorted(levels)  # more points as epsilon grows, never fewer
     assert mean_levels(1e-4) == 2 and mean_levels(1.0) == 2 and mean_levels(4.0) == 5
+    assert mean_levels(11.0) < MAX_LEVELS == mean_levels(13.0)  # the cap binds from about epsilon 12
     for epsilon in (1.0, 2.0, 4.0):  # the choice is the least worst case among 2 .. MAX_LEVELS
         best = mean_levels(epsilon)
         assert all(
