@@ -73,9 +73,9 @@ BUCKETS = (100.0, 200.0, 300.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0, 50
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 NS = (1_000, 100_000)
 DISTINCT = 250  # distinct values in a population at most (each a binomial draw per repetition)
-REPS = 20_000  # repetitions of the mean part per cell: n x MSE to about 1% (sqrt(2 / R))
-QUANTILE_REPS = 1_000  # repetitions of the distribution part: coverage to about 0.7%
-PEER_DRAWS = 5_000_000  # report draws per peer and cell (repetitions = this / n, at least 100)
+REPS = 10_000  # repetitions of the mean part per cell: n x MSE to about 1.4% (sqrt(2 / R))
+QUANTILE_REPS = 500  # repetitions of the distribution part: coverage to about 1%
+PEER_DRAWS = 2_000_000  # report draws per peer and cell (repetitions = this / n, at least 100)
 LEVEL_EPSILONS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 SEED = 20261127
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +255,7 @@ def pm_variance(epsilon: float, t: np.ndarray) -> np.ndarray:
 
 def hm_share(epsilon: float) -> float:
     """HM's probability of using PM: 1 - e^(-eps/2) above eps* (about 0.61), else 0 (Duchi):
-    the choice with the smaller worst case (Wang et al. sec. III-C)."""
+    the choice with the smaller worst case (Wang et al., ICDE 2019)."""
     beta = -math.expm1(-epsilon / 2.0)
     worst = beta * float(pm_variance(epsilon, np.ones(1))[0]) + (1.0 - beta) * (duchi_bound(epsilon) ** 2 - 1.0)
     return beta if worst < duchi_bound(epsilon) ** 2 else 0.0
