@@ -58,8 +58,8 @@ class Reporter:
     ``memoize`` (default True) reuses one randomized response per (metric, spec, value): a
     value reported again sends the same response and spends no new privacy. Pass False to draw
     a fresh response for every report of every metric, or a mapping of metric name to bool to
-    choose per metric (unlisted metrics memoize). Fresh responses compose: each spends the
-    metric's epsilon.
+    choose per metric (unlisted metrics memoize; a numeric metric's name covers its parts). Fresh
+    responses compose: each spends the metric's epsilon.
 
     Each metric's spec carries its reporting rule, which the Reporter enforces: at most
     ``reports_per_period`` reports of the metric leave the device per reporting period (the
