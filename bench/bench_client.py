@@ -31,8 +31,8 @@ spec has the same design, in the same run, for epsilon in {1, 4}, memoization of
                 category of each part's shape (per part), and beside one category (whole call).
 
 Numbers are drawn uniformly over the range, labels uniformly; memoization on is measured in the
-steady state (every point and bucket reported before). The series alternate in rounds, so
-drift on a shared machine falls on both alike.
+steady state (every point and bucket reported before). The series take turns, 50 calls at a
+time in a rotating order, so the worker's batches and drift on a shared machine fall on all alike.
 
 Upload throughput: reports per second from the first report() to the end of force_flush()
 (randomize, queue, batch, encode, upload, acknowledge), memoization on so that report() is
@@ -66,7 +66,8 @@ EPSILONS = (1.0, 4.0)
 MECHANISM = "subset"
 NUMERIC_RANGE = (0.0, 10_000.0)
 NUMERIC_BUCKETS = (100.0, 250.0, 500.0, 1000.0, 2500.0)
-ROUNDS = 4  # the numeric series alternate with their category peers in this many rounds
+ROUNDS = 4  # the numeric series alternate with their category peers in this many rounds,
+CHUNK = 50  # a few calls of each series at a time, in a rotating order
 
 
 def metric_name(k: int, epsilon: float) -> str:
@@ -174,8 +175,9 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
     return {"median_us": statistics.median(ordered) / 1000, "p99_us": p99 / 1000, "calls": len(ordered)}
 
 
-def time_calls(call, metric: str, values: list[str]) -> list[int]:
-    gc.collect()  # start each series from the same heap; collections during it are counted
+def time_calls(call, metric: str, values: list, collect: bool = True) -> list[int]:
+    if collect:
+        gc.collect()  # start each series from the same heap; collections during it are counted
     clock = time.perf_counter_ns
     samples = []
     for value in values:
@@ -295,10 +297,15 @@ def run_numeric(endpoint: str, calls: int, seed: int) -> dict:
                     else:
                         for label in spec.labels:
                             reporter.report(spec.name, label)
-            samples: dict[str, list[int]] = {name: [] for name in calls_of}
-            for _ in range(ROUNDS):
-                for name, (metric, values) in calls_of.items():
-                    samples[name] += time_calls(reporter.report, metric, values)
+            names = list(calls_of)
+            samples: dict[str, list[int]] = {name: [] for name in names}
+            for round_ in range(ROUNDS):
+                gc.collect()
+                for chunk, start in enumerate(range(0, calls, CHUNK)):
+                    shift = (round_ + chunk) % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        metric, values = calls_of[name]
+                        samples[name] += time_calls(reporter.report, metric, values[start : start + CHUNK], False)
                 reporter.force_flush(60)
             counters = reporter.counters()
             reporter.shutdown(0)

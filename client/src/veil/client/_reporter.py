@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from veil.mechanism import MEAN, MetricSpec, RandomSource
+from veil.mechanism import MetricSpec, RandomSource
 
 from ._clock import bounded_clock
 from ._config import resolve_config
@@ -25,6 +25,7 @@ from ._fs import private_dir
 from ._ledger import PERIOD, Ledger, PrivacySpent
 from ._log import LogOnce, logger
 from ._memo import MemoStore
+from ._parts import DevicePart
 from ._processor import BatchProcessor
 from ._specs import SpecCache
 
@@ -145,10 +146,7 @@ class Reporter:
         self._clock = bounded_clock(clock or time.time, self._specs.server_now)
         self._specs.load()
         self._memo = MemoStore(directory, log)
-        # Per numeric part (by fingerprint), from this device's secret: its alpha (a mean part's),
-        # and its categories' memo keys.
-        self._alphas: dict[str, float] = {}
-        self._part_keys: dict[str, dict[int, bytes]] = {}
+        self._parts: dict[str, DevicePart] = {}  # by fingerprint: this device's, of its secret
         self._ledger = Ledger(directory, log)
         self._processor = BatchProcessor(
             replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log
@@ -205,17 +203,16 @@ class Reporter:
             number = _number(value)
         clipped = False
         for spec, numeric in parts:
+            part = self._parts.get(spec.fingerprint)
+            if part is None or part.spec is not spec:  # first used, or served again (budgets may change)
+                part = self._parts[spec.fingerprint] = DevicePart(
+                    spec, numeric, self._memo, self._memoizes(spec), self._budgets(spec)
+                )
             if numeric.low <= number <= numeric.high:  # the common case, without a call
                 inside = number
             else:
                 inside, clipped = numeric.clip(number)[0], True
-            if numeric.part == MEAN:
-                alpha = self._alphas.get(spec.fingerprint)
-                if alpha is None:  # this device's, computed once per spec
-                    alpha = self._alphas[spec.fingerprint] = self._memo.alpha(spec.name, spec.fingerprint)
-                self._send(spec, numeric.category(inside, alpha), now)
-            else:
-                self._send(spec, numeric.category(inside, 0.0), now)
+            self._send(spec, numeric.category(inside, part.alpha), now, part)
         if clipped:
             self._processor.count_clipped()
 
@@ -233,40 +230,29 @@ class Reporter:
             return self._processor.drop_logged("numeric-part", metric=metric)
         return self._processor.drop_logged("unknown-metric", metric=metric)
 
-    def _send(self, spec: MetricSpec, index: int, now: float) -> None:
-        """Admit, randomize (or resend the memoized response) and queue a report of a category."""
+    def _send(self, spec: MetricSpec, index: int, now: float, part: DevicePart | None = None) -> None:
+        """Admit, randomize (or resend the memoized response) and queue a report of a category
+        (of a numeric metric's ``part``, with what this device keeps for it)."""
         try:
             period = spec.period_index(now)
             if self._ledger.full(spec.name, period, spec.reports_per_period):
                 return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
                 return self._processor.drop_logged("closed" if self._processor.stopped else "full")
-            memo_key = None
-            if self._memoizes(spec):
-                memo_key = (
-                    self._memo.key(spec.name, spec.fingerprint, index)
-                    if spec.numeric is None
-                    else self._part_key(spec, index)
-                )
+            if part is None:
+                memo_key = self._memo.key(spec.name, spec.fingerprint, index) if self._memoizes(spec) else None
+                budgets = self._budgets(spec)
+            else:
+                memo_key = part.memo_key(index) if part.memoize else None
+                budgets = part.budgets
             # A new randomized response spends epsilon; one memoized before, nothing new.
             cost = 0.0 if memo_key is not None and self._memo.known(memo_key) else spec.mechanism.epsilon
-            refused = self._ledger.admit(spec, period, cost, *self._budgets(spec))
+            refused = self._ledger.admit(spec, period, cost, *budgets)
             if refused is not None:
                 return self._processor.refuse(refused)
             self._processor.submit(spec, self._randomize(spec, index, memo_key), now)
         except Exception:  # noqa: BLE001 (never raised into the app: the report is dropped, counted)
             self._processor.drop_logged("error")
-
-    def _part_key(self, spec: MetricSpec, index: int) -> bytes:
-        """The memo key of a numeric part's category, kept: a number's few points or buckets come
-        back again and again, and the HMAC is a good part of a report()'s cost."""
-        keys = self._part_keys.get(spec.fingerprint)
-        if keys is None:
-            keys = self._part_keys[spec.fingerprint] = {}
-        key = keys.get(index)
-        if key is None:
-            key = keys[index] = self._memo.key(spec.name, spec.fingerprint, index)
-        return key
 
     def _memoizes(self, spec: MetricSpec) -> bool:
         memoize = self._memoize.get(spec.name)
@@ -354,7 +340,7 @@ class Reporter:
         source = self._source
         secret = None if source is None else b"".join(source.bits64().to_bytes(8, "little") for _ in range(4))
         device._memo, device._ledger = MemoStore(None, log, secret), Ledger(None, log)
-        device._alphas, device._part_keys = {}, {}  # its own secret's
+        device._parts = {}  # its own secret's
         return device
 
 
