@@ -47,9 +47,8 @@ class Reporter:
     that is no index of a metric of categories, and every problem of the network, the
     aggregator or the disk (see ``counters()``). A number reported for a numeric metric is
     reported in each of its parts (docs/protocol.md section 9), clipped to its range (counted as
-    ``clipped``). Settings not given fall
-    back to the VEIL_* environment variables (``veil.client.environment_variables``), then to
-    defaults.
+    ``clipped``). Settings not given fall back to the VEIL_* environment variables
+    (``veil.client.environment_variables``), then to defaults.
 
     ``endpoint`` is the aggregator's HTTP listener as a URL (``https://agg.example.com``, or
     ``http://127.0.0.1:8080`` for plaintext): standard library only; or its gRPC address,
