@@ -30,10 +30,12 @@ its own client under its own id. A group whose command fails in Redis (data that
 Veil's) fails its own batches only. ``coalesce`` caps the batches per call; 1 sends every
 ``add`` on its own.
 
-On a cluster, a call spans the slots of the shards one master holds (the script's
-``allow-cross-slot-keys`` flag; all its keys declared): Redis runs it there whole or, when a
-slot has moved or is moving (MOVED, ASK, TRYAGAIN), not at all, and the call then goes again
-per slot, as the slot map has it when read again.
+On a cluster there is one call per master, all written before any answer is read (so a set
+waits once, however many masters its batches' shards are on), each spanning the slots of the
+shards its master holds (the script's ``allow-cross-slot-keys`` flag; the keys in its
+arguments, one declared to route it). A call whose routing key's slot has moved or is moving
+(MOVED, ASK, TRYAGAIN) runs nowhere, and a group whose slot is not its master's fails there
+before any write of it; those go again per slot, as the slot map has it when read again.
 
 Durability is Redis's own:
 
@@ -78,6 +80,7 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
+    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
@@ -340,46 +343,23 @@ class RedisStore(Store):
         """True when this call applied the batch. A retry after an attempt that was applied but
         not acknowledged answers False (already counted), as for any duplicate."""
         check_write(write)
-        if self._coalescer is None:
-            result = self._observed([write])[0]
-        else:
-            result = self._coalescer.submit(self._node_of(write), write)
+        result = self._observed([write])[0] if self._coalescer is None else self._coalescer.submit(None, write)
         if isinstance(result, StoreError):
             raise result
         return result
 
     def add_many(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
-        """One script call for all the writes, with whatever else is queued for the same Redis
-        (on a cluster one per master they go to, one after another); a group (_group_of)
-        that fails in Redis fails its own writes only."""
-        results: list[bool | StoreError] = [False] * len(writes)
-        nodes: dict[str | None, list[int]] = {}
-        for i, write in enumerate(writes):
+        """One script call for all the writes (on a cluster one per master, side by side), with
+        whatever else is queued meanwhile; a group (_group_of) that fails in Redis, or whose
+        master's call fails, fails its own writes only."""
+        for write in writes:
             check_write(write)
-            try:
-                nodes.setdefault(self._node_of(write), []).append(i)
-            except StoreError as err:
-                results[i] = err
-        for node, members in nodes.items():
-            batch = [writes[i] for i in members]
-            try:
-                if self._coalescer is None:
-                    answers: Sequence[bool | StoreError] = self._observed(batch)
-                else:
-                    answers = self._coalescer.submit_many(node, batch)
-            except StoreError as err:
-                answers = [err] * len(members)
-            for i, answer in zip(members, answers):
-                results[i] = answer
-        return results
-
-    def _node_of(self, write: BatchWrite) -> str | None:
-        """Where a write goes, which the writes sharing a script call share: None on one Redis;
-        on a cluster the master of its shard's slot, as the client's map of the slots has it."""
-        if not self._cluster:
-            return None
-        tags = self._shard_tags(write.metric)
-        return self._master_of(tags[shard_of(write.batch_id, len(tags))])[0]
+        try:
+            if self._coalescer is None:
+                return self._observed(writes)
+            return list(self._coalescer.submit_many(None, writes))
+        except StoreError as err:
+            return [err] * len(writes)
 
     def _master_of(self, tag: str) -> tuple[str, redis.Redis]:
         """The name and the node's own client of the master of a shard tag's slot: redis-py's
@@ -506,33 +486,58 @@ class RedisStore(Store):
         )
 
     def _run_script(self, sections: list[_Section], batches: int) -> list[Any]:
-        """The script's answer for these sections (with WAIT when asked); on a cluster, on
-        their master, and the sections whose slots turn out to be elsewhere or moving again
-        per slot, each slot's answered by the StoreError that failed them if theirs failed.
-        A lost connection fails the whole call (it may have run: the retries find out)."""
+        """The script's answer for these sections (with WAIT when asked). On a cluster, one call
+        per master, all written before any answer is read (one wait for all), and the sections
+        whose slots turn out to be elsewhere or moving again per slot; the sections of a master
+        or slot whose call failed are answered by the StoreError that failed them."""
         script = self._script()
         if not self._cluster:
             client = self._redis
             assert isinstance(client, redis.Redis)  # one Redis: not a cluster's client
             return self._call(script, client, sections, batches)
-        replies: list[Any] = [None] * len(sections)
-        elsewhere = list(range(len(sections)))
-        if len({self._master_of(section.tag)[0] for section in sections}) == 1:
+        masters: dict[str, list[int]] = {}
+        for n, section in enumerate(sections):
+            masters.setdefault(self._master_of(section.tag)[0], []).append(n)
+        parts = [(self._master_of(sections[m[0]].tag)[1], [sections[n] for n in m]) for m in masters.values()]
+        if len(parts) == 1:
             try:
-                replies = self._call(script, self._master_of(sections[0].tag)[1], sections, batches)
-                # A group of a slot this master no longer serves failed before any write of it.
-                elsewhere = [n for n, reply in enumerate(replies) if reply[0] == -2 and _misrouted(reply[1])]
-            except (AskError, TryAgainError, ClusterCrossSlotError):
-                pass  # a redirection of the call's routing key: it ran nowhere
-            except (redis.ConnectionError, redis.TimeoutError):
-                self._masters.clear()  # a failover, maybe: the next call asks the cluster again
-                with suppress(Exception):
-                    self._redis_cluster.nodes_manager.initialize()
-                raise
-            if elsewhere:
-                self._masters.clear()
-                with suppress(Exception):
-                    self._redis_cluster.nodes_manager.initialize()
+                answers: list[Any] = [self._call(script, parts[0][0], parts[0][1], batches)]
+            except (redis.ConnectionError, redis.TimeoutError, ResponseError) as error:
+                answers = [error]
+        else:
+            answers = self._call_masters(script, parts)
+            for i, answer in enumerate(answers):
+                if isinstance(answer, (redis.ConnectionError, redis.TimeoutError)):
+                    # Again through redis-py, with the retries its own calls get (a script applied
+                    # but not answered finds its ids applied: the batches answer duplicate).
+                    try:
+                        answers[i] = self._call(script, parts[i][0], parts[i][1], batches)
+                    except (redis.ConnectionError, redis.TimeoutError, ResponseError) as error:
+                        answers[i] = error
+        replies: list[Any] = [None] * len(sections)
+        elsewhere: list[int] = []
+        for members, answer in zip(masters.values(), answers):
+            if isinstance(answer, (AskError, TryAgainError, ClusterCrossSlotError)):
+                elsewhere += members  # a redirection of the call's routing key: it ran nowhere
+            elif isinstance(answer, BaseException):
+                if isinstance(answer, (redis.ConnectionError, redis.TimeoutError)):
+                    self._masters.clear()  # a failover, maybe: the next call asks the cluster again
+                    with suppress(Exception):
+                        self._redis_cluster.nodes_manager.initialize()
+                if len(parts) == 1:
+                    raise answer
+                failed = self._translated(answer)
+                for n in members:
+                    replies[n] = failed
+            else:
+                for n, reply in zip(members, answer):
+                    replies[n] = reply
+                    if reply[0] == -2 and _misrouted(reply[1]):
+                        elsewhere.append(n)  # its slot is not this master's: it failed before any write
+        if elsewhere:
+            self._masters.clear()
+            with suppress(Exception):
+                self._redis_cluster.nodes_manager.initialize()
         slots: dict[str, list[int]] = {}
         for n in elsewhere:
             slots.setdefault(sections[n].tag, []).append(n)
@@ -546,6 +551,67 @@ class RedisStore(Store):
             for n, reply in zip(members, answer):
                 replies[n] = reply
         return replies
+
+    def _translated(self, error: BaseException) -> StoreError:
+        """The StoreError that _boundary makes of a redis-py error."""
+        try:
+            with self._boundary("add"):
+                raise error
+        except StoreError as translated:
+            return translated
+        raise AssertionError("unreachable")
+
+    def _call_masters(self, script: Script, parts: list[tuple[redis.Redis, list[_Section]]]) -> list[Any]:
+        """_call on several masters at once: every call (and its WAIT) written on a connection of
+        its master before any answer is read, so that they run side by side and the caller
+        waits once. For each, its answer, or the redis-py error it ended with."""
+        answers: list[Any] = [None] * len(parts)
+        taken: list[redis.Connection | None] = [None] * len(parts)
+        try:
+            for i, (client, sections) in enumerate(parts):
+                try:
+                    taken[i] = client.connection_pool.get_connection()
+                    self._send(taken[i], script.sha, sections)  # type: ignore[arg-type]  # taken just now
+                except redis.RedisError as error:
+                    if taken[i] is not None:
+                        taken[i].disconnect()  # type: ignore[union-attr]  # taken just now
+                    answers[i] = error
+            for i, (held, (_, sections)) in enumerate(zip(taken, parts)):
+                if answers[i] is None and held is not None:
+                    try:
+                        answers[i] = self._receive(held, script, sections)
+                    except redis.RedisError as error:
+                        answers[i] = error
+        finally:
+            for (client, _), held in zip(parts, taken):
+                if held is not None:
+                    client.connection_pool.release(held)
+        return answers
+
+    def _send(self, connection: redis.Connection, sha: str, sections: list[_Section]) -> None:
+        args = [arg for section in sections for arg in section.args]
+        connection.send_command("EVALSHA", sha, 1, sections[0].route, *([joined(args)] if self._packed else args))
+        if self._wait_replicas:
+            connection.send_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+
+    def _receive(self, connection: redis.Connection, script: Script, sections: list[_Section]) -> Any:
+        """The answer to what _send sent (loading the script and sending again on NOSCRIPT);
+        error replies raised once every reply sent for is read, so the connection stays in step."""
+        answer = _reply(connection)
+        acked = _reply(connection) if self._wait_replicas else 0
+        if isinstance(answer, NoScriptError):
+            connection.send_command("SCRIPT", "LOAD", script.script)
+            script.sha = connection.read_response().decode()
+            self._send(connection, script.sha, sections)
+            answer = _reply(connection)
+            acked = _reply(connection) if self._wait_replicas else 0
+        for reply in (answer, acked):
+            if isinstance(reply, ResponseError):
+                raise reply
+        if acked < self._wait_replicas:
+            batches = sum(section.batches for section in sections)
+            raise StoreUnavailable(self._unacknowledged(acked, batches))
+        return answer
 
     def _call(self, script: Script, client: redis.Redis, sections: list[_Section], batches: int) -> list[Any]:
         """One call of the script with the sections' keys and arguments on this client, and
@@ -561,13 +627,15 @@ class RedisStore(Store):
         pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
         answer, acked = pipe.execute()
         if acked < self._wait_replicas:
-            what = "the batch" if batches == 1 else f"a group of {batches} batches"
-            raise StoreUnavailable(
-                f"Redis at {self._where}: {acked} of {self._wait_replicas} replicas acknowledged {what} "
-                f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at "
-                "most once"
-            )
+            raise StoreUnavailable(self._unacknowledged(acked, batches))
         return answer
+
+    def _unacknowledged(self, acked: int, batches: int) -> str:
+        what = "the batch" if batches == 1 else f"a group of {batches} batches"
+        return (
+            f"Redis at {self._where}: {acked} of {self._wait_replicas} replicas acknowledged {what} "
+            f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at most once"
+        )
 
     def _run_on_master(self, script: Script, sections: list[_Section]) -> list[Any]:
         """The script for sections of one slot, on its master. A MOVED (the slot has moved: the
@@ -868,6 +936,14 @@ class _Section:
     counted: list[CountsKey]
     version: int
     added: Counts
+
+
+def _reply(connection: redis.Connection) -> Any:
+    """The next reply on the connection; an error reply returned, not raised."""
+    try:
+        return connection.read_response()
+    except ResponseError as error:
+        return error
 
 
 def _misrouted(message: bytes) -> bool:
