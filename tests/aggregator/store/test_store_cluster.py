@@ -141,3 +141,60 @@ def test_each_shard_records_the_periods_of_its_own_batches_and_reads_join_them(s
         recorded = {int(p) for p in held.decode().split(",") if p} if held else set()
         assert recorded == by_shard.get(shard, set()), shard
     assert store.read(key(), (1,), 4).periods == {30_000 + i for i in range(12)}
+
+
+def test_a_set_of_many_metrics_takes_one_call_per_master_across_their_slots(redis_cluster, stores, rng):
+    """add_many of 30 batches of 10 metrics: one script call per master, side by side, each
+    spanning the slots of every metric's shard there (allow-cross-slot-keys), none sent again
+    slot by slot; each batch counts once, and again answers duplicate."""
+    store = stores()
+    calls: list[int] = []
+    store.observe_flushes(lambda batches, seconds, failed: calls.append(batches))
+    per_slot: list[object] = []
+    run_on_master = store._run_on_master
+    store._run_on_master = lambda *args: per_slot.append(args) or run_on_master(*args)  # the fallback
+    writes = [batch(random_counts((1,), 4, rng), key(metric=f"m{i % 10}")) for i in range(30)]
+    assert store.add_many(writes) == [True] * 30
+    masters = {redis_cluster.owner(key_slot(tag.encode())).port for tag in map(tag_of, writes)}
+    assert len(masters) == 3  # 30 batches' shards: on every master
+    assert calls == [30] and per_slot == []  # one write of the set: a call per master, side by side
+    assert store.add_many(writes) == [False] * 30
+    for master in redis_cluster.masters():
+        master.command("SCRIPT", "FLUSH")  # a restart's loss: each call loads the script again
+    more = [batch(random_counts((1,), 4, rng), key(metric=f"m{i % 10}")) for i in range(30)]
+    assert store.add_many(more) == [True] * 30 and per_slot == []
+    writes += more
+    for i in range(10):
+        counted = [w for w in writes if w.metric == f"m{i}"]
+        total = Counts((1,), sum(w.counts.n for w in counted), sum(w.counts.v for w in counted))
+        assert store.read(key(metric=f"m{i}"), (1,), 4) == total
+        assert batches_added(store, [key(metric=f"m{i}")]) == [len(counted)]
+
+
+def tag_of(write) -> str:
+    """The hash tag of a write's shard (of 3)."""
+    return shard_tags(write.metric, 3)[shard_of(write.batch_id, 3)]
+
+
+def test_groups_sent_to_a_master_that_does_not_serve_their_slot_go_again_per_slot(redis_cluster, stores, rng):
+    """A map of the slots out of date (as after a resharding): the groups of slots the master
+    does not serve fail there before any write of theirs and go again slot by slot, to the
+    right masters; the others count in the first call. Each batch counts once."""
+    store = stores()
+    writes = [batch(random_counts((1,), 4, rng), key(metric=f"m{i}")) for i in range(12)]
+    tags = [tag_of(w) for w in writes]
+    wrong = store._master_of(tags[0])
+    for tag in tags:
+        store._masters[tag] = wrong  # every group sent to the first one's master
+    owners = [redis_cluster.owner(key_slot(tag.encode())).port for tag in tags]
+    elsewhere = {tag for tag, port in zip(tags, owners) if port != owners[0]}
+    assert elsewhere  # 12 groups over 3 masters: some are not the first one's
+    per_slot: list[object] = []
+    run_on_master = store._run_on_master
+    store._run_on_master = lambda script, sections: per_slot.append(sections[0].tag) or run_on_master(script, sections)
+    assert store.add_many(writes) == [True] * 12
+    assert set(per_slot) == elsewhere and len(per_slot) == len(elsewhere)
+    assert store.add_many(writes) == [False] * 12
+    for write in writes:
+        assert store.read(key(metric=write.metric), (1,), 4) == write.counts
+        assert batches_added(store, [key(metric=write.metric)]) == [1]

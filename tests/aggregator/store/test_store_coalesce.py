@@ -227,6 +227,13 @@ def raw(redis_server):
         yield client
 
 
+def dedupe_keys(args) -> list[bytes]:
+    """The dedupe keys among a script call's arguments (one Resp when pre-encoded)."""
+    if len(args) == 1 and hasattr(args[0], "data"):
+        return [a for a in args[0].data.split(b"\r\n") if b":b:" in a]
+    return [a.encode() for a in args if isinstance(a, str) and ":b:" in a]
+
+
 def hold_first_script_call(store: RedisStore) -> tuple[threading.Event, threading.Event, list[int]]:
     """Make the store's first script call wait until `release` is set (`entered` says it is
     waiting); records how many batch ids every call carries."""
@@ -234,7 +241,7 @@ def hold_first_script_call(store: RedisStore) -> tuple[threading.Event, threadin
     script = store._add_batch  # noqa: SLF001
 
     def held(keys, args, client=None):
-        sizes.append(int(args[0]))
+        sizes.append(len(dedupe_keys(args)))
         if len(sizes) == 1:
             entered.set()
             assert release.wait(WAIT)
@@ -422,7 +429,27 @@ def test_wait_without_replicas_fails_a_group_that_counts_once(stores, rng):
     assert batches_added(store, [key()]) == [5]
 
 
-def test_batches_for_other_buckets_or_designs_never_share_a_call(stores, rng):
+def test_a_set_of_many_metrics_goes_in_one_call_and_a_failing_group_fails_alone(stores, raw, rng):
+    """add_many of a device's batches, one per metric: one script call; a metric whose hash
+    holds data that is not Veil's fails its own batch only, and the others count once."""
+    store = stores()
+    calls: list[int] = []
+    store.observe_flushes(lambda batches, seconds, failed: calls.append(batches))
+    writes = [
+        batch(random_counts((1,), 4, rng), key(metric=f"m{i}"), key(metric=f"m{i}", window="1h")) for i in range(10)
+    ]
+    raw.set(counts_key(key(metric="m3", window="1h")), "not a hash")
+    results = store.add_many(writes)
+    assert calls == [10]
+    assert isinstance(results[3], StoreError) and not isinstance(results[3], StoreUnavailable)
+    assert results[:3] + results[4:] == [True] * 9
+    assert store.add_many(writes[:3] + writes[4:]) == [False] * 9
+    for write in writes[:3] + writes[4:]:
+        assert store.read(write.targets[0][0], (1,), 4) == write.counts
+        assert batches_added(store, [t for t, _ in write.targets]) == [1, 1]
+
+
+def test_batches_for_other_buckets_or_designs_are_groups_of_their_own(stores, rng):
     store = stores()
     hour = key(window="1h", bucket=3600)
     writes = [
@@ -448,24 +475,34 @@ def test_coalesce_1_sends_every_batch_alone(stores, rng):
         stores(coalesce=0)
 
 
-def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
-    """add_batch.lua itself: ids checked first, all or nothing, the applied ones named; each
-    target records the group's period once."""
+def call(*groups: tuple[list[str], list[str], int, int, list[object], list[object]]) -> tuple[list, list]:
+    """add_batch.lua's keys and arguments for groups of (ids, targets, version, period,
+    expiries, field/increment pairs), each id remembered for 60 s."""
+    args: list[object] = []
+    for ids, targets, version, period, expiries, pairs in groups:
+        args += [len(ids), len(targets), 60, version, period, *ids, *targets, *expiries, len(pairs), *pairs]
+    return [groups[0][0][0]], args
+
+
+def test_the_script_adds_nothing_of_a_group_when_any_of_its_ids_was_applied(raw, rng):
+    """add_batch.lua itself: ids checked first, all or nothing per group, the applied ones
+    named; each target records the group's period once."""
     script = raw.register_script(_ADD_BATCH)
     target = counts_key(key())
     ids = [dedupe_key("m", os.urandom(16)) for _ in range(3)]
     first = 2**63 - 1  # versions go through as strings: a Lua number (a double) would round this one
     # Applied: the versions before.
-    assert script([ids[1], target], [1, 60, first, 20000, "", "n:1", 4, "v:1:0", 3]) == [0, 0]
+    assert script(*call(([ids[1]], [target], first, 20000, [""], ["n:1", 4, "v:1:0", 3]))) == [[0, 0]]
     before = raw.hgetall(target)
-    assert script([*ids, target], [3, 60, 5, 20001, "", "n:1", 9, "v:1:0", 9]) == [2]
+    assert script(*call((ids, [target], 5, 20001, [""], ["n:1", 9, "v:1:0", 9]))) == [[2]]
     assert (
         raw.hgetall(target)
         == before
         == {b"n:1": b"4", b"v:1:0": b"3", b"batches": b"1", b"version": str(first).encode(), b"periods": b",20000,"}
     )
     assert raw.exists(ids[0], ids[2]) == 0
-    assert script([ids[0], ids[2], target], [2, 60, 77, 20001, "", "n:1", 9, "v:1:0", 9]) == [0, str(first).encode()]
+    answer = script(*call(([ids[0], ids[2]], [target], 77, 20001, [""], ["n:1", 9, "v:1:0", 9])))
+    assert answer == [[0, str(first).encode()]]
     assert raw.hgetall(target) == {
         b"n:1": b"13",
         b"v:1:0": b"12",
@@ -477,13 +514,39 @@ def test_the_script_adds_nothing_when_any_id_was_applied(raw, rng):
     # Several targets: each one's version before the group; -1 for one whose expiry has passed (gone).
     hour, old = counts_key(key(window="1h", bucket=3600)), counts_key(key(window="1h", bucket=0))
     more = [dedupe_key("m", os.urandom(16)) for _ in range(2)]
-    assert script([*more, target, hour, old], [2, 60, 78, 20000, "", 4102444800, 1, "n:1", 1]) == [0, b"77", 0, -1]
+    answer = script(*call((more, [target, hour, old], 78, 20000, ["", 4102444800, 1], ["n:1", 1])))
+    assert answer == [[0, b"77", 0, -1]]
     assert raw.exists(old) == 0 and raw.hmget(hour, "batches", "version") == [b"2", b"78"]
     assert raw.hget(target, "periods") == b",20000,20001,"  # already there: recorded once
     # A hash kept from before periods were recorded may hold any period: it records -1 as well.
     raw.hdel(hour, "periods")
-    assert script([dedupe_key("m", os.urandom(16)), hour], [1, 60, 79, 20002, 4102444800, "n:1", 1])[0] == 0
+    assert script(*call(([dedupe_key("m", os.urandom(16))], [hour], 79, 20002, [4102444800], ["n:1", 1])))[0][0] == 0
     assert raw.hget(hour, "periods") == b",-1,20002,"
+
+
+def test_the_groups_of_one_call_are_each_all_or_nothing(raw):
+    """Several groups in one call: each answered on its own, in order; an id in two groups
+    counts in the first; a group failing on data that is not Veil's fails alone."""
+    script = raw.register_script(_ADD_BATCH)
+    a, b, foreign = counts_key(key()), counts_key(key(metric="b")), counts_key(key(metric="c"))
+    done = dedupe_key("m", os.urandom(16))
+    assert script(*call(([done], [a], 5, 1, [""], ["n:1", 1])))[0][0] == 0
+    shared, fresh, other = (dedupe_key(m, os.urandom(16)) for m in ("m", "m", "b"))
+    raw.set(foreign, "not a hash")
+    answers = script(
+        *call(
+            ([fresh, done], [a], 6, 1, [""], ["n:1", 2]),  # an id applied before: nothing of it
+            ([shared], [a], 7, 2, [""], ["n:1", 3]),  # applied
+            ([other], [b], 8, 1, [""], ["n:1", 4]),  # applied, another metric
+            ([shared], [a], 9, 3, [""], ["n:1", 5]),  # the id the second group applied
+            ([dedupe_key("c", os.urandom(16))], [foreign], 10, 1, [""], ["n:1", 6]),
+        )
+    )
+    assert answers[:4] == [[2], [0, b"5"], [0, 0], [1]]
+    assert answers[4][0] == -2 and b"WRONGTYPE" in answers[4][1]
+    assert raw.hmget(a, "n:1", "batches", "version", "periods") == [b"4", b"2", b"7", b",1,2,"]
+    assert raw.hmget(b, "n:1", "batches") == [b"4", b"1"]
+    assert raw.exists(fresh) == 0 and raw.exists(shared, other) == 2
 
 
 def test_a_foreign_value_fails_the_group_with_a_store_error(stores, raw, rng):

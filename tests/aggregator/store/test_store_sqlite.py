@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from store_cases import batch, doubled, key, random_counts
+from store_cases import batch, batches_added, doubled, key, random_counts
 
 from veil.aggregator.counts import PERIOD_NOT_SAID, Counts
 from veil.aggregator.errors import StoreError
@@ -142,6 +142,28 @@ def test_concurrent_batches_of_every_metric_go_in_one_transaction(path, opened, 
             expected.add(w.counts)
         assert store.read(key(metric=f"m{m}"), (2,), 8) == expected
         assert store.read(key(metric=f"m{m}", window="1h"), (2,), 8) == expected
+
+
+def test_groups_of_one_transaction_sharing_buckets_add_in_turn(path, opened, rng):
+    """Batches of other periods (so other groups) for the same buckets, and a new bucket, in one
+    add_many: every group adds to what the earlier ones wrote, the observers hear each version
+    in turn, and the buckets record every period and batch."""
+    store = opened(SqliteStore(path))
+    seen = []
+    store.observe_applied(lambda *args: seen.append(args))
+    assert store.add(batch(random_counts((1,), 4, rng), key(), period=1))
+    hour = (key(window="1h", bucket=3600), 10**10)
+    writes = [batch(random_counts((1,), 4, rng), key(), hour, period=p) for p in (1, 2, 3, 2)]
+    assert store.add_many(writes) == [True] * 4
+    total = store.read(key(), (1,), 4)
+    assert total.periods == {1, 2, 3}
+    assert store.read(hour[0], (1,), 4) == Counts.summed([w.counts for w in writes])
+    assert batches_added(store, [key(), hour[0]]) == [5, 4]
+    for target in (key(), hour[0]):
+        chain = [(before, after) for t, before, after, _ in seen if t == target]
+        assert all(later[0] == earlier[1] for earlier, later in zip(chain, chain[1:]))
+        assert chain[-1][1] == store.versions([target])[0]
+    assert store.add_many(writes) == [False] * 4
 
 
 def test_a_bucket_of_another_design_fails_only_its_own_batches(path, opened, rng):

@@ -22,7 +22,9 @@ is ``APPLICATION_ID``, "Veil"):
 Writes: one connection, one writer at a time. Concurrent ``add`` calls are written together
 (group commit, see _coalesce): whichever caller leads writes every queued batch, of any metric,
 in one transaction and so one fsync; batches with the same targets and design are summed and
-added once per target, as RedisStore does. Reads: each thread has its own connection; WAL lets
+added once per target, as RedisStore does, and the transaction takes a few statements whatever
+its groups and metrics (one read of every batch id, one of every bucket, one insert of the ids,
+and one batch of updates each for the buckets and their counters). Reads: each thread has its own connection; WAL lets
 it read a consistent snapshot while the writer writes.
 
 Expiry: reads and writes take expired batch ids and buckets as gone at once. A maintenance
@@ -230,9 +232,16 @@ class SqliteStore(Store):
                     period = PERIOD_NOT_SAID if write.period is None else write.period
                     group = (write.metric, write.targets, write.counts.weights, write.counts.k, period)
                     groups.setdefault(group, []).append(i)
+                # A few statements for the whole transaction, whatever its groups and metrics: each
+                # runs with the GIL let go, and every time it is taken back other threads may
+                # hold it a while. Every group's buckets are read at once, kept up to date here
+                # as groups add to them (two groups may share a bucket), and written at the end.
+                held = _held_buckets(db, [target for group in groups for target, _ in group[1]])
+                ids: list[tuple[str, bytes, int]] = []
+                written = _Written()
                 for (metric, targets, weights, k, period), members in groups.items():
-                    held = [_held_bucket(db, target) for target, _ in targets]
-                    other = _other_designs(targets, held, weights, k, now)
+                    rows = [held.get(target) for target, _ in targets]
+                    other = _other_designs(targets, rows, weights, k, now)
                     if other is not None:
                         for i in members:  # each caller raises its own exception object
                             results[i] = _other_design(*other)
@@ -240,20 +249,13 @@ class SqliteStore(Store):
                     counts = writes[members[0]].counts
                     if len(members) > 1:
                         counts = Counts.summed([writes[i].counts for i in members])
-                    # One statement for the group's ids (see _padded): each statement runs with the
-                    # GIL let go, and every time it is taken back other threads may hold it a while.
-                    rows = _padded(
-                        [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl) for i in members]
-                    )
-                    db.execute(
-                        "INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES "
-                        + ", ".join(["(?, ?, ?)"] * len(rows)),
-                        [value for row in rows for value in row],
-                    )
-                    for (target, expires_at), row in zip(targets, held):
-                        applied.append(_add_to_bucket(db, target, row, expires_at, counts, period, len(members), now))
+                    ids += [(metric, writes[i].batch_id, now_ms + 1000 * writes[i].dedupe_ttl) for i in members]
+                    g = len(members)
+                    for target, expires_at in targets:
+                        applied.append(_add_to_bucket(db, held, written, target, expires_at, counts, period, g, now))
                     for i in members:
                         results[i] = True
+                written.write(db, ids)
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -474,18 +476,16 @@ class SqliteStore(Store):
 
 def _unseen(db: sqlite3.Connection, writes: Sequence[BatchWrite], now_ms: int) -> list[int]:
     """The positions of the writes whose batch ids are not counted (or were, but expired), the
-    first of a repeated id only; one query per metric, not one per batch."""
-    ids: dict[str, set[bytes]] = {}
-    for write in writes:
-        ids.setdefault(write.metric, set()).add(write.batch_id)
+    first of a repeated id only; one query for all of them (per _TERMS), whatever their metrics."""
+    wanted = list(dict.fromkeys((write.metric, write.batch_id) for write in writes))
     taken: set[tuple[str, bytes]] = set()
-    for metric, batch_ids in ids.items():
-        padded = _padded(list(batch_ids))
+    for at in range(0, len(wanted), _TERMS):
+        terms = _padded(wanted[at : at + _TERMS])
         found = db.execute(
-            f"SELECT id FROM batches WHERE metric = ? AND expires_ms > ? AND id IN ({', '.join(['?'] * len(padded))})",
-            (metric, now_ms, *padded),
+            "SELECT metric, id, expires_ms FROM batches WHERE " + " OR ".join(["(metric = ? AND id = ?)"] * len(terms)),
+            [value for term in terms for value in term],
         )
-        taken.update((metric, batch_id) for (batch_id,) in found)
+        taken.update((metric, batch_id) for metric, batch_id, expires_ms in found if expires_ms > now_ms)
     unseen = []
     for i, write in enumerate(writes):
         batch = (write.metric, write.batch_id)
@@ -502,13 +502,49 @@ def _padded(items: list[_T]) -> list[_T]:
     return items + items[-1:] * ((1 << (len(items) - 1).bit_length()) - len(items))
 
 
-def _held_bucket(db: sqlite3.Connection, target: CountsKey) -> tuple | None:
-    """A bucket's row as the write path needs it, expired or not: id, k, weights, version, expires_at, periods."""
-    return db.execute(
-        "SELECT id, k, weights, version, expires_at, periods FROM buckets WHERE metric = ? AND fingerprint = ? "
-        "AND window = ? AND start = ?",
-        _where(target),
-    ).fetchone()
+def _held_buckets(db: sqlite3.Connection, targets: Sequence[CountsKey]) -> dict[CountsKey, tuple]:
+    """The rows of the targets' buckets that exist, expired or not, as the write path needs
+    them: id, k, weights, version, expires_at, periods; one query (per _TERMS buckets)."""
+    wanted = list(dict.fromkeys(targets))
+    found = {}
+    for at in range(0, len(wanted), _TERMS):
+        terms = _padded(wanted[at : at + _TERMS])
+        for metric, fingerprint, window, start, *row in db.execute(
+            "SELECT metric, fingerprint, window, start, id, k, weights, version, expires_at, periods FROM buckets "
+            "WHERE " + " OR ".join(["(metric = ? AND fingerprint = ? AND window = ? AND start = ?)"] * len(terms)),
+            [value for term in terms for value in _where(term)],
+        ):
+            found[CountsKey(metric, fingerprint, window, start)] = tuple(row)
+    return found
+
+
+class _Written:
+    """What a transaction's groups add, gathered to be written in a few statements at the end:
+    the buckets' new batches, versions, expiries and periods, and the counters' rows."""
+
+    def __init__(self) -> None:
+        self.buckets: list[tuple[int, int, int | None, str, int]] = []
+        self.counters: list[tuple[int, int, int, bytes]] = []
+
+    def write(self, db: sqlite3.Connection, ids: list[tuple[str, bytes, int]]) -> None:
+        for at in range(0, len(ids), _TERMS):
+            rows = _padded(ids[at : at + _TERMS])
+            values = ", ".join(["(?, ?, ?)"] * len(rows))
+            db.execute(
+                f"INSERT OR REPLACE INTO batches (metric, id, expires_ms) VALUES {values}",
+                [value for row in rows for value in row],
+            )
+        if self.buckets:
+            db.executemany(
+                "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ?, periods = ? WHERE id = ?",
+                self.buckets,
+            )
+        if self.counters:
+            db.executemany(
+                "INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
+                "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)",
+                self.counters,
+            )
 
 
 def _other_designs(
@@ -524,55 +560,53 @@ def _other_designs(
 
 def _add_to_bucket(
     db: sqlite3.Connection,
+    held: dict[CountsKey, tuple],
+    written: _Written,
     target: CountsKey,
-    row: tuple | None,
     expires_at: int | None,
     counts: Counts,
     period: int,
     batches: int,
     now: float,
 ) -> tuple[CountsKey, int | None, int | None, Counts | None]:
-    """Add counts (of `batches` batches made in `period`) to a bucket whose design was checked (its row as
-    _held_bucket read it, or None); what observers hear of it: (target, version before, version
-    after, counts), or Nones when it is gone."""
+    """Add counts (of `batches` batches made in `period`) to a bucket whose design was checked:
+    a new bucket's row is inserted now (its id is needed), the rest gathered in `written`, and
+    `held` (the buckets' rows) updated to match. What observers hear of it: (target, version
+    before, version after, counts), or Nones when it is gone."""
+    row = held.get(target)
     if row is not None and row[4] is not None and row[4] <= now:  # expired, not yet purged: gone
         _delete_bucket(db, row[0])
+        del held[target]
         row = None
     if row is not None:
         # Only ever the later expiry; a bucket without one (a total window) keeps none.
-        held = row[4]
-        expiry = None if held is None else (held if expires_at is None else max(held, expires_at))
+        kept = row[4]
+        expiry = None if kept is None else (kept if expires_at is None else max(kept, expires_at))
     else:
         expiry = expires_at
     if expiry is not None and expiry <= now:  # a target already past its expiry goes at once
-        if row is not None:
-            _delete_bucket(db, row[0])
         return target, None, None, None
     version = 1 + secrets.randbelow(_VERSIONS)
     if row is None:
+        periods = f",{period},"
         bucket = db.execute(
             "INSERT INTO buckets (metric, fingerprint, window, start, k, weights, batches, version, "
             "expires_at, periods) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry, f",{period},"),
+            (*_where(target), counts.k, _weights_text(counts.weights), batches, version, expiry, periods),
         ).lastrowid
+        assert bucket is not None
         before = 0
     else:
         bucket, before = row[0], row[3]
-        periods = periods_of(row[5])
-        db.execute(
-            "UPDATE buckets SET batches = batches + ?, version = ?, expires_at = ?, periods = ? WHERE id = ?",
-            (batches, version, expiry, row[5] if period in periods else periods_text(periods | {period}), bucket),
-        )
-    rows = [
+        recorded = periods_of(row[5])
+        periods = row[5] if period in recorded else periods_text(recorded | {period})
+        written.buckets.append((batches, version, expiry, periods, bucket))
+    held[target] = (bucket, counts.k, _weights_text(counts.weights), version, expiry, periods)
+    written.counters += [
         (bucket, int(t), int(counts.n[r]), counts.v[r].astype("<i8", copy=False).tobytes())
         for r, t in enumerate(counts.weights)
         if counts.n[r] or counts.v[r].any()
     ]
-    db.executemany(
-        "INSERT INTO counters (bucket, weight, n, v) VALUES (?, ?, ?, ?) ON CONFLICT (bucket, weight) "
-        "DO UPDATE SET n = n + excluded.n, v = veil_add(v, excluded.v)",
-        rows,
-    )
     return target, before, version, Counts(counts.weights, counts.n, counts.v, frozenset((period,)))
 
 
@@ -598,6 +632,7 @@ def _weights_text(weights: Sequence[int]) -> str:
 
 
 _CHUNK = 500  # values per IN (...) list, well below SQLite's limit on a statement's parameters
+_TERMS = 128  # (metric, id) or bucket terms per OR of the write path, rows per INSERT of batch ids
 
 
 def _live_buckets(db: sqlite3.Connection, keys: Sequence[CountsKey], now: float) -> dict[CountsKey, tuple]:

@@ -11,9 +11,10 @@ node (sent to all nodes at once); a bucket's version is then the tuple of its sh
 S is ``shards`` (default: one per master), recorded in the cluster (keys.SHARDS_KEY) by the
 first aggregator to use it: later ones use the recorded number, and one configured with
 another raises StoreError (its ping too, so health says NOT_SERVING), as a batch id's shard,
-and so exactly once, depends on it. Group commit is per shard, so more shards mean smaller
-groups and more Redis CPU per batch (bench_capacity.py measures it); more shards than masters
-only leave room to spread over masters added later.
+and so exactly once, depends on it. A write call (one per master) sums its batches' counts per
+metric and shard, so more shards mean smaller groups and more Redis CPU per batch
+(bench_capacity.py measures it); more shards than masters only leave room to spread over
+masters added later.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +31,7 @@ __all__ = [
     "command_packer",
     "field_resp",
     "increments_resp",
+    "joined",
     "private_api_problem",
 ]
 
@@ -175,6 +177,20 @@ def increments_resp(counts: Counts) -> Resp:
     else:
         out[1::2] = [_bulk(v) for v in values.tolist()]
     return Resp(out.size, b"".join(out.tolist()))
+
+
+def joined(args: Sequence[int | str | bytes | Resp]) -> Resp:
+    """The arguments as one Resp: plain ones encoded, Resps spliced in as they are (a script
+    call's arguments hold several groups' increments, and Packer splices only the last)."""
+    count, parts = 0, []
+    for arg in args:
+        if isinstance(arg, Resp):
+            count += arg.count
+            parts.append(arg.data)
+        else:
+            count += 1
+            parts.append(_bulk(arg))
+    return Resp(count, b"".join(parts))
 
 
 _FIELD_RESPS: dict[tuple[tuple[int, ...], int, bool], Resp] = {}

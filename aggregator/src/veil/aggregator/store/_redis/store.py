@@ -1,4 +1,4 @@
-"""RedisStore: integer counters in Redis hashes, one atomic Lua script per group of batches.
+"""RedisStore: integer counters in Redis hashes, one atomic Lua script call per set of batches.
 
 The keys and their hash tags are in keys; a Redis Cluster's seeds and shards in cluster; the
 command encoding that sends a script call's counts pre-encoded in resp; the reading of replies
@@ -15,16 +15,27 @@ along with its counts, not the number of batches: after a failover or a restore 
 "batches" can climb back to a number it had before, with other counts behind it, while a
 drawn version does not come back (the chance is 2^-63 per write).
 
-Group commit: concurrent ``add`` calls for the same buckets (same metric, shard, targets,
-dedupe TTL and design) are written together by one script call (see _coalesce): the script
-checks every batch id of the group first and, when all are new, remembers them all and adds the group's
-summed counts once per target; when some were already applied it adds nothing and names them,
-and the rest go again, summed again. So a script call costs about what one batch did, however
-many batches it carries, and every id is still counted at most once: the check and the
-increments are one atomic step, ids repeated within a group are sent once (the later copies
-answer "duplicate"), and when a call fails every batch of the group hears StoreUnavailable and
-is retried by its own client under its own id. ``coalesce`` caps the batches per call; 1 sends
-every batch on its own.
+Group commit: every batch bound for one Redis (on a cluster, for one master) goes in one
+script call with the others queued meanwhile (see _coalesce), ``add_many``'s set of batches
+(an upload of a device's metrics) in one call whole. The call holds groups: batches of the same
+metric, shard, targets, dedupe TTL, design and period, whose counts are summed and added once
+per target. For each group the script checks every batch id first and, when all are new,
+remembers them all and adds the group's counts; when some were already applied it adds nothing
+of the group and names them, and the group's rest goes again, in a second call, summed again.
+So a call costs about what one batch did, however many batches and metrics it carries, and
+every id is still counted at most once: the script is one atomic step, ids repeated within a
+group are sent once (the later copies answer "duplicate"), an id in two groups of a call counts
+in the first, and when a call fails every batch in it hears StoreUnavailable and is retried by
+its own client under its own id. A group whose command fails in Redis (data that is not
+Veil's) fails its own batches only. ``coalesce`` caps the batches per call; 1 sends every
+``add`` on its own.
+
+On a cluster there is one call per master, all written before any answer is read (so a set
+waits once, however many masters its batches' shards are on), each spanning the slots of the
+shards its master holds (the script's ``allow-cross-slot-keys`` flag; the keys in its
+arguments, one declared to route it). A call whose routing key's slot has moved or is moving
+(MOVED, ASK, TRYAGAIN) runs nowhere, and a group whose slot is not its master's fails there
+before any write of it; those go again per slot, as the slot map has it when read again.
 
 Durability is Redis's own:
 
@@ -51,6 +62,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ClassVar, cast
 from urllib.parse import quote, urlsplit
@@ -64,9 +76,11 @@ from redis.exceptions import (
     AskError,
     AuthenticationError,
     AuthorizationError,
+    ClusterCrossSlotError,
     ClusterDownError,
     ClusterError,
     MovedError,
+    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
@@ -87,7 +101,7 @@ from .fields import increments
 from .keys import MAX_SHARDS, SHARDS_KEY, counts_key, dedupe_key, packed_key, shard_of, shard_tags, since_key
 from .packed import pack_counts, unpack_counts
 from .replies import checked_versioned, integers, not_counts, parse_version
-from .resp import Resp, command_packer, field_resp, increments_resp
+from .resp import Resp, command_packer, field_resp, increments_resp, joined
 
 __all__ = ["RedisStore"]
 
@@ -227,14 +241,14 @@ class RedisStore(Store):
                 max_connections=2,
             )
         self._packed = packer is not None  # the increments go pre-encoded (see Resp)
-        self._coalescer: Coalescer[BatchWrite, bool] | None = (
-            Coalescer(self._write_group, max_batches=coalesce) if coalesce > 1 else None
+        self._coalescer: Coalescer[BatchWrite, bool | StoreError] | None = (
+            Coalescer(self._write_set, max_batches=coalesce) if coalesce > 1 else None
         )
         self._flush_observers: list[FlushObserver] = []
         self._applied_observers: list[AppliedObserver] = []
         self._keys: dict[tuple[CountsKey, str], str] = {}  # counts_key() of recent targets and shards
         self._tags: dict[str, tuple[str, ...]] = {}  # shard_tags() of recent metrics
-        self._masters: dict[object, redis.Redis] = {}  # a cluster: the client of the master of a key's slot
+        self._masters: dict[str, tuple[str, redis.Redis]] = {}  # a cluster: a shard tag's master, its client
 
     @property
     def _redis(self) -> redis.Redis | RedisCluster:
@@ -329,150 +343,309 @@ class RedisStore(Store):
         """True when this call applied the batch. A retry after an attempt that was applied but
         not acknowledged answers False (already counted), as for any duplicate."""
         check_write(write)
-        if self._coalescer is None:
-            return self._observed_group([write])[0]
-        return self._coalescer.submit(self._group_of(write), write)
+        result = self._observed([write])[0] if self._coalescer is None else self._coalescer.submit(None, write)
+        if isinstance(result, StoreError):
+            raise result
+        return result
 
     def add_many(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
-        """One script call per group (metric, shard, targets, TTL, design) of the writes, one
-        group after another; a group that fails fails its own writes only."""
-        groups: dict[tuple, list[int]] = {}
-        for i, write in enumerate(writes):
+        """One script call for all the writes (on a cluster one per master, side by side), with
+        whatever else is queued meanwhile; a group (_group_of) that fails in Redis, or whose
+        master's call fails, fails its own writes only."""
+        for write in writes:
             check_write(write)
-            groups.setdefault(self._group_of(write), []).append(i)
-        results: list[bool | StoreError] = [False] * len(writes)
-        for group, members in groups.items():
-            batch = [writes[i] for i in members]
-            try:
-                if self._coalescer is None:
-                    answers: Sequence[bool | StoreError] = self._observed_group(batch)
-                else:
-                    answers = self._coalescer.submit_many(group, batch)
-            except StoreError as err:
-                answers = [err] * len(members)
-            for i, answer in zip(members, answers):
-                results[i] = answer
-        return results
+        try:
+            if self._coalescer is None:
+                return self._observed(writes)
+            return list(self._coalescer.submit_many(None, writes))
+        except StoreError as err:
+            return [err] * len(writes)
+
+    def _master_of(self, tag: str) -> tuple[str, redis.Redis]:
+        """The name and the node's own client of the master of a shard tag's slot: redis-py's
+        cluster client costs some 50 us of CPU per call more, with nothing to gain here."""
+        found = self._masters.get(tag)
+        if found is None:
+            with self._boundary("add"):
+                cluster = self._redis_cluster
+                node = cluster.get_node_from_key(f"{{{tag}}}")
+                found = (node.name, cluster.get_redis_connection(node))
+            if len(self._masters) >= 4096:
+                self._masters.clear()
+            self._masters[tag] = found
+        return found
 
     def _group_of(self, write: BatchWrite) -> tuple:
-        """What a group written in one script call shares: add_batch.lua takes one set of targets,
-        TTL, design and period, on one shard (whose slot its dedupe keys and counter hashes share)."""
+        """What a group of one script call shares: add_batch.lua adds a group's summed counts
+        to one set of targets, with one TTL and period, on one shard (whose slot its dedupe
+        keys and counter hashes share), of one design."""
         shard = shard_of(write.batch_id, len(self._shard_tags(write.metric)))
         period = PERIOD_NOT_SAID if write.period is None else write.period
         return (write.metric, shard, write.targets, write.dedupe_ttl, write.counts.weights, write.counts.k, period)
 
-    def _observed_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
+    def _observed(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
         started = time.perf_counter()
         failed = True
         try:
-            results = self._write_group(writes)
+            results = self._write_set(writes)
             failed = False
             return results
         finally:
             for observer in self._flush_observers:
                 observer(len(writes), time.perf_counter() - started, failed)
 
-    def _write_group(self, writes: Sequence[BatchWrite]) -> list[bool]:
-        """Apply batches of the same metric, shard, targets, dedupe TTL, design and period; for each, True
-        when this call applied it, False when its id had been applied before (or earlier in writes)."""
+    def _write_set(self, writes: Sequence[BatchWrite]) -> list[bool | StoreError]:
+        """Apply writes bound for one Redis (on a cluster, one master): every group of them
+        (_group_of) in one script call, then again, in another, the groups that named ids
+        applied before, without those. For each write True when this call applied it, False
+        when its id had been applied before (or is repeated here: its first copy counts), or
+        the StoreError of its group."""
+        results: list[bool | StoreError] = [False] * len(writes)
+        groups: dict[tuple, dict[bytes, int]] = {}
+        for i, write in enumerate(writes):
+            groups.setdefault(self._group_of(write), {}).setdefault(write.batch_id, i)
+        pending = [list(ids.values()) for ids in groups.values()]
+        while pending:
+            again = []
+            for members, answer in zip(pending, self._write_groups(writes, pending)):
+                if isinstance(answer, StoreError):
+                    for i in members:  # each caller raises its own exception object
+                        results[i] = _copy(answer)
+                elif answer:
+                    seen = {members[position - 1] for position in answer}
+                    rest = [i for i in members if i not in seen]
+                    if rest:
+                        again.append(rest)
+                else:
+                    for i in members:
+                        results[i] = True
+            pending = again
+        return results
+
+    def _write_groups(self, writes: Sequence[BatchWrite], groups: list[list[int]]) -> list[list[int] | StoreError]:
+        """One add_batch.lua call (per slot where a cluster's slots are moving) adding each
+        group of writes (positions in writes, of one _group_of): for each group, [] when it
+        was applied, the positions (1-based) of its ids found applied before, or the
+        StoreError that failed it. Raises what fails the whole call."""
+        sections = [self._section([writes[i] for i in members]) for members in groups]
+        try:
+            with self._boundary("add"):
+                replies = self._run_script(sections, sum(len(members) for members in groups))
+        except BaseException:
+            if self._applied_observers:
+                for section in sections:
+                    self._notify(section.counted, section.shard, None, section.version, None)
+            raise
+        answers: list[list[int] | StoreError] = []
+        for section, reply in zip(sections, replies):
+            if not isinstance(reply, StoreError):
+                if reply[0] == -2:
+                    reply = StoreError(f"Redis at {self._where} failed add: {_line(Exception(reply[1].decode()))}")
+                else:
+                    reply = [int(a) for a in reply]
+            if isinstance(reply, StoreError):
+                if self._applied_observers:
+                    self._notify(section.counted, section.shard, None, section.version, None)
+                answers.append(reply)
+            elif reply[0] == 0:  # applied: {0, each target's version before}
+                if self._applied_observers:
+                    self._notify(section.counted, section.shard, reply[1:], section.version, section.added)
+                answers.append([])
+            else:
+                answers.append(reply)
+        return answers
+
+    def _section(self, writes: list[BatchWrite]) -> _Section:
+        """The part of a script call that adds a group of writes (one _group_of, distinct ids)."""
         first = writes[0]
         tags = self._shard_tags(first.metric)
         shard = shard_of(first.batch_id, len(tags))
         tag = tags[shard]
         targets = [self._counts_key(key, tag) for key, _ in first.targets]
-        expiries = ["" if at is None else int(at) for _, at in first.targets]
+        counts = first.counts if len(writes) == 1 else Counts.summed([write.counts for write in writes])
         period = PERIOD_NOT_SAID if first.period is None else first.period
-        pending: dict[bytes, BatchWrite] = {}
-        for write in writes:
-            pending.setdefault(write.batch_id, write)  # a repeated id goes once; its copies are duplicates
-        applied: set[bytes] = set()
-        while pending:
-            ids = list(pending)
-            if len(ids) == 1:
-                counts = pending[ids[0]].counts
-            else:
-                counts = Counts.summed([pending[i].counts for i in ids])
-            keys = [*(dedupe_key(first.metric, i, tag) for i in ids), *targets]
-            version = 1 + secrets.randbelow(_VERSIONS)  # never 0, which stands for "no version"
-            args: list[int | str | Resp] = [len(ids), int(first.dedupe_ttl), version, period, *expiries]
-            if self._packed:
-                args.append(increments_resp(counts))
-            else:
-                args += increments(counts)
-            try:
-                seen, before = self._run_script(keys, args, len(ids))
-            except BaseException:
-                if self._applied_observers:
-                    self._notify([key for key, _ in first.targets], shard, None, version, None)
-                raise
-            if not seen:
-                applied.update(ids)
-                if self._applied_observers:
-                    added = Counts(counts.weights, counts.n, counts.v, frozenset((period,)))
-                    self._notify([key for key, _ in first.targets], shard, before, version, added)
-                break
-            for position in seen:
-                del pending[ids[int(position) - 1]]
-        results = []
-        for write in writes:
-            results.append(write.batch_id in applied)
-            applied.discard(write.batch_id)  # the later copies of a repeated id: duplicates
-        return results
+        version = 1 + secrets.randbelow(_VERSIONS)  # never 0, which stands for "no version"
+        ids = [dedupe_key(first.metric, write.batch_id, tag) for write in writes]
+        args: list[int | str | Resp] = [len(writes), len(targets), int(first.dedupe_ttl), version, period]
+        args += [*ids, *targets, *("" if at is None else int(at) for _, at in first.targets)]
+        if self._packed:
+            encoded = increments_resp(counts)
+            args += [encoded.count, encoded]
+        else:
+            pairs = increments(counts)
+            args += [len(pairs), *pairs]
+        return _Section(
+            tag=tag,
+            shard=shard,
+            route=ids[0],
+            args=args,
+            batches=len(writes),
+            counted=[key for key, _ in first.targets],
+            version=version,
+            added=Counts(counts.weights, counts.n, counts.v, frozenset((period,))),
+        )
 
-    def _run_script(self, keys: list[str], args: list[int | str | Resp], batches: int) -> tuple[list[int], list[int]]:
-        """One add_batch.lua call (with WAIT when asked): the positions it found already applied
-        (none when it applied the group), and when it applied the group each target's version
-        before it (0: none; -1: the hash is gone)."""
+    def _run_script(self, sections: list[_Section], batches: int) -> list[Any]:
+        """The script's answer for these sections (with WAIT when asked). On a cluster, one call
+        per master, all written before any answer is read (one wait for all), and the sections
+        whose slots turn out to be elsewhere or moving again per slot; the sections of a master
+        or slot whose call failed are answered by the StoreError that failed them."""
+        script = self._script()
+        if not self._cluster:
+            client = self._redis
+            assert isinstance(client, redis.Redis)  # one Redis: not a cluster's client
+            return self._call(script, client, sections, batches)
+        masters: dict[str, list[int]] = {}
+        for n, section in enumerate(sections):
+            masters.setdefault(self._master_of(section.tag)[0], []).append(n)
+        parts = [(self._master_of(sections[m[0]].tag)[1], [sections[n] for n in m]) for m in masters.values()]
+        if len(parts) == 1:
+            try:
+                answers: list[Any] = [self._call(script, parts[0][0], parts[0][1], batches)]
+            except (redis.ConnectionError, redis.TimeoutError, ResponseError) as error:
+                answers = [error]
+        else:
+            answers = self._call_masters(script, parts)
+            for i, answer in enumerate(answers):
+                if isinstance(answer, (redis.ConnectionError, redis.TimeoutError)):
+                    # Again through redis-py, with the retries its own calls get (a script applied
+                    # but not answered finds its ids applied: the batches answer duplicate).
+                    try:
+                        answers[i] = self._call(script, parts[i][0], parts[i][1], batches)
+                    except (redis.ConnectionError, redis.TimeoutError, ResponseError) as error:
+                        answers[i] = error
+        replies: list[Any] = [None] * len(sections)
+        elsewhere: list[int] = []
+        for members, answer in zip(masters.values(), answers):
+            if isinstance(answer, (AskError, TryAgainError, ClusterCrossSlotError)):
+                elsewhere += members  # a redirection of the call's routing key: it ran nowhere
+            elif isinstance(answer, BaseException):
+                if isinstance(answer, (redis.ConnectionError, redis.TimeoutError)):
+                    self._masters.clear()  # a failover, maybe: the next call asks the cluster again
+                    with suppress(Exception):
+                        self._redis_cluster.nodes_manager.initialize()
+                if len(parts) == 1:
+                    raise answer
+                failed = self._translated(answer)
+                for n in members:
+                    replies[n] = failed
+            else:
+                for n, reply in zip(members, answer):
+                    replies[n] = reply
+                    if reply[0] == -2 and _misrouted(reply[1]):
+                        elsewhere.append(n)  # its slot is not this master's: it failed before any write
+        if elsewhere:
+            self._masters.clear()
+            with suppress(Exception):
+                self._redis_cluster.nodes_manager.initialize()
+        slots: dict[str, list[int]] = {}
+        for n in elsewhere:
+            slots.setdefault(sections[n].tag, []).append(n)
+        for members in slots.values():
+            part = [sections[n] for n in members]
+            try:
+                with self._boundary("add"):
+                    answer = self._run_on_master(script, part)
+            except StoreError as error:
+                answer = [error] * len(part)
+            for n, reply in zip(members, answer):
+                replies[n] = reply
+        return replies
+
+    def _translated(self, error: BaseException) -> StoreError:
+        """The StoreError that _boundary makes of a redis-py error."""
+        try:
+            with self._boundary("add"):
+                raise error
+        except StoreError as translated:
+            return translated
+        raise AssertionError("unreachable")
+
+    def _call_masters(self, script: Script, parts: list[tuple[redis.Redis, list[_Section]]]) -> list[Any]:
+        """_call on several masters at once: every call (and its WAIT) written on a connection of
+        its master before any answer is read, so that they run side by side and the caller
+        waits once. For each, its answer, or the redis-py error it ended with."""
+        answers: list[Any] = [None] * len(parts)
+        taken: list[redis.Connection | None] = [None] * len(parts)
+        try:
+            for i, (client, sections) in enumerate(parts):
+                try:
+                    taken[i] = client.connection_pool.get_connection()
+                    self._send(taken[i], script.sha, sections)  # type: ignore[arg-type]  # taken just now
+                except redis.RedisError as error:
+                    if taken[i] is not None:
+                        taken[i].disconnect()  # type: ignore[union-attr]  # taken just now
+                    answers[i] = error
+            for i, (held, (_, sections)) in enumerate(zip(taken, parts)):
+                if answers[i] is None and held is not None:
+                    try:
+                        answers[i] = self._receive(held, script, sections)
+                    except redis.RedisError as error:
+                        answers[i] = error
+        finally:
+            for (client, _), held in zip(parts, taken):
+                if held is not None:
+                    client.connection_pool.release(held)
+        return answers
+
+    def _send(self, connection: redis.Connection, sha: str, sections: list[_Section]) -> None:
+        args = [arg for section in sections for arg in section.args]
+        connection.send_command("EVALSHA", sha, 1, sections[0].route, *([joined(args)] if self._packed else args))
+        if self._wait_replicas:
+            connection.send_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+
+    def _receive(self, connection: redis.Connection, script: Script, sections: list[_Section]) -> Any:
+        """The answer to what _send sent (loading the script and sending again on NOSCRIPT);
+        error replies raised once every reply sent for is read, so the connection stays in step."""
+        answer = _reply(connection)
+        acked = _reply(connection) if self._wait_replicas else 0
+        if isinstance(answer, NoScriptError):
+            connection.send_command("SCRIPT", "LOAD", script.script)
+            script.sha = connection.read_response().decode()
+            self._send(connection, script.sha, sections)
+            answer = _reply(connection)
+            acked = _reply(connection) if self._wait_replicas else 0
+        for reply in (answer, acked):
+            if isinstance(reply, ResponseError):
+                raise reply
+        if acked < self._wait_replicas:
+            batches = sum(section.batches for section in sections)
+            raise StoreUnavailable(self._unacknowledged(acked, batches))
+        return answer
+
+    def _call(self, script: Script, client: redis.Redis, sections: list[_Section], batches: int) -> list[Any]:
+        """One call of the script with the sections' keys and arguments on this client, and
+        WAIT after it when asked (WAIT counts the writes of its own connection: one pipeline)."""
+        keys = [sections[0].route]  # see add_batch.lua: the call's other keys are in args
+        args = [arg for section in sections for arg in section.args]
         # A Resp goes through redis-py untouched, to Packer, which writes it (redis-py's types know none).
-        wire_args = cast("list[EncodableT]", args)
-        with self._boundary("add"):
-            script = self._script()
-            if self._cluster:
-                answer, acked = self._run_on_master(script, keys, wire_args)
-            elif not self._wait_replicas:
-                answer, acked = script(keys, wire_args), 0
-            else:
-                # WAIT counts the writes of its own connection: the script and WAIT share a pipeline.
-                pipe = self._redis.pipeline(transaction=False)
-                script(keys, wire_args, client=pipe)
-                pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
-                answer, acked = pipe.execute()
-            if acked < self._wait_replicas:
-                what = "the batch" if batches == 1 else f"a group of {batches} batches"
-                raise StoreUnavailable(
-                    f"Redis at {self._where}: {acked} of {self._wait_replicas} replicas acknowledged {what} "
-                    f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at "
-                    "most once"
-                )
-        answer = [int(a) for a in answer]
-        if answer and answer[0] == 0:  # applied: {0, each target's version before}
-            return [], answer[1:]
-        return answer, []
+        wire_args = cast("list[EncodableT]", [joined(args)] if self._packed else args)
+        if not self._wait_replicas:
+            return script(keys, wire_args, client=client)
+        pipe = client.pipeline(transaction=False)
+        script(keys, wire_args, client=pipe)
+        pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+        answer, acked = pipe.execute()
+        if acked < self._wait_replicas:
+            raise StoreUnavailable(self._unacknowledged(acked, batches))
+        return answer
 
-    def _run_on_master(self, script: Script, keys: list[str], args: list[EncodableT]) -> tuple[list[int], int]:
-        """The script (and WAIT, which counts the writes of its own connection: one pipeline) on
-        the master of the keys' slot, through that node's own client: redis-py's cluster
-        client costs some 50 us of CPU per call more, with nothing to gain for one slot. A
-        MOVED (the slot has moved: the script did not run) is followed once, after the slot map
-        is read again; an ASK or TRYAGAIN (the slot is moving) or a connection error raises,
-        and the caller's retry finds the new map."""
+    def _unacknowledged(self, acked: int, batches: int) -> str:
+        what = "the batch" if batches == 1 else f"a group of {batches} batches"
+        return (
+            f"Redis at {self._where}: {acked} of {self._wait_replicas} replicas acknowledged {what} "
+            f"within {self._wait_timeout_ms} ms; it may have been applied, and a retry counts it at most once"
+        )
+
+    def _run_on_master(self, script: Script, sections: list[_Section]) -> list[Any]:
+        """The script for sections of one slot, on its master. A MOVED (the slot has moved: the
+        script did not run) is followed once, after the slot map is read again; an ASK or
+        TRYAGAIN (the slot is moving) or a connection error raises, and the caller's retry
+        finds the new map."""
+        batches = sum(section.batches for section in sections)
         for attempt in (1, 2):
-            name = keys[0]
-            client = self._masters.get(name)
-            if client is None:
-                cluster = self._redis_cluster
-                client = cluster.get_redis_connection(cluster.get_node_from_key(name))
-                if len(self._masters) >= 4096:
-                    self._masters.clear()
-                self._masters[name] = client
             try:
-                if not self._wait_replicas:
-                    return script(keys, args, client=client), 0
-                pipe = client.pipeline(transaction=False)
-                script(keys, args, client=pipe)
-                pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
-                answer, acked = pipe.execute()
-                return answer, acked
+                return self._call(script, self._master_of(sections[0].tag)[1], sections, batches)
             except (AskError, redis.ConnectionError, redis.TimeoutError) as error:
                 self._masters.clear()
                 with suppress(Exception):
@@ -748,6 +921,39 @@ class RedisStore(Store):
             raise StoreError(f"Redis at {self._where} failed {what}: {_line(error)}") from error
         except redis.RedisError as error:
             raise StoreError(f"Redis at {self._where} failed {what}: {_line(error)}") from error
+
+
+@dataclass(frozen=True)
+class _Section:
+    """A group's part of a script call: its keys and arguments (add_batch.lua's), and what
+    observers hear of it: the buckets it adds to, its new version and the counts added."""
+
+    tag: str  # the hash tag of its shard
+    shard: int
+    route: str  # a key of its slot, which a cluster routes a call by
+    args: list[int | str | Resp]
+    batches: int
+    counted: list[CountsKey]
+    version: int
+    added: Counts
+
+
+def _reply(connection: redis.Connection) -> Any:
+    """The next reply on the connection; an error reply returned, not raised."""
+    try:
+        return connection.read_response()
+    except ResponseError as error:
+        return error
+
+
+def _misrouted(message: bytes) -> bool:
+    """Whether a group failed because its slot is not (or not wholly) on the node it was sent to."""
+    return b"non local key" in message or b"cluster is down" in message
+
+
+def _copy(error: StoreError) -> StoreError:
+    """A fresh exception of the same class and message (one per caller that raises it)."""
+    return type(error)(*error.args)
 
 
 def _address(url: str) -> str:
