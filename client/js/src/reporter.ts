@@ -184,17 +184,13 @@ export class Reporter {
 
   /** Randomize `value` (a category label or index of `metric`, or a number of a numeric metric)
    * and queue the report. Never waits on the network; throws only for a metric that is not a
-   * string (UnknownMetricError) or a value that is neither a string nor a finite number, or, once
-   * the specs are known, not of the metric's kind (UnknownCategoryError). */
+   * string (UnknownMetricError) or a value that is neither a string nor a finite number
+   * (UnknownCategoryError). A value not of the metric's kind is dropped and counted, as in the
+   * Python SDK: what is numeric is the operator's config, which may change under a running app. */
   report(metric: string, value: string | number): void {
     if (typeof metric !== "string") throw new UnknownMetricError("A metric name must be a string.");
     if (typeof value !== "string" && !(typeof value === "number" && Number.isFinite(value))) {
       throw new UnknownCategoryError("A value must be a category label or index, or a finite number.");
-    }
-    if (this.ready && !this.ofItsKind(metric, value)) {
-      throw new UnknownCategoryError(this.numeric.has(metric) && !this.metrics.has(metric)
-        ? `The metric ${JSON.stringify(metric)} is numeric: report a finite number.`
-        : "A category is a label or a whole index from 0 up.");
     }
     if (this.stopping) return this.drop("closed", "The Veil Reporter is shut down; reports are dropped.");
     if (!this.ready) {
@@ -266,15 +262,6 @@ export class Reporter {
   }
 
   // --- report() once ready ---------------------------------------------------------------------
-
-  /** Whether the specs allow `value` for `metric`: a number for a numeric metric, a label or a
-   * whole index from 0 up for any other (a metric the specs lack, or a part named as such:
-   * anything, it is dropped). */
-  private ofItsKind(metric: string, value: string | number): boolean {
-    const categories = this.metrics.get(metric);
-    if (categories === undefined) return !this.numeric.has(metric) || typeof value === "number";
-    return categories.numeric !== undefined || typeof value === "string" || (Number.isInteger(value) && value >= 0);
-  }
 
   /** report() of a call made at `now` (Unix ms): a category of its metric, or a number reported as
    * a category of each part of its numeric metric. */
