@@ -88,6 +88,7 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
         "reports_per_device": window.reports_per_device,
         "periods": window.periods,
         "provisional": window.provisional,
+        **_numeric(window, number),
         **(
             {
                 "group": {
@@ -113,6 +114,37 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
             for c in window.categories
         ],
     }
+
+
+def _numeric(window, number) -> dict[str, Any]:
+    """A numeric part's "numeric", "mean" and "quantiles" keys, as /v1/estimates has them."""
+    if not window.HasField("numeric"):
+        return {}
+    from veil.wire.v1 import veil_pb2
+
+    n = window.numeric
+    try:
+        part = veil_pb2.NumericPart.Name(n.part).removeprefix("NUMERIC_").lower()  # NUMERIC_MEAN -> mean
+    except ValueError:  # a part of a later revision
+        part = str(n.part)
+    body: dict[str, Any] = {
+        "numeric": {
+            "metric": n.metric,
+            "part": part,
+            "low": n.low,
+            "high": n.high,
+            "boundaries": list(n.boundaries),
+            "levels": n.levels,
+        }
+    }
+    if window.HasField("mean"):
+        m = window.mean
+        body["mean"] = {x: number(getattr(m, x)) for x in ("estimate", "stderr", "lower", "upper")}
+    if window.quantiles:
+        body["quantiles"] = [
+            {x: number(getattr(q, x)) for x in ("q", "estimate", "lower", "upper")} for q in window.quantiles
+        ]
+    return body
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if "group" in w:
             g = w["group"]
             print(f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}{interval_text(g):>24}")
+        for line in numeric_lines(w):
+            print(f"  {line}")
         print()
     if args.projection:
         print(f"* {PROJECTION_NOTE}")
@@ -189,6 +223,29 @@ def interval_text(c: dict) -> str:
     if c["upper"] is not None and c["upper"] < 0:
         return ABSENT
     return f"[{_f(c['lower']):>8}, {_f(c['upper']):>8}]"
+
+
+def numeric_lines(w: dict) -> list[str]:
+    """A numeric part's mean (with its standard error and 95% interval) or quantiles (each with
+    its 95% interval, whose ends are bucket boundaries), in the metric's units; none otherwise."""
+    lines = []
+    if "mean" in w:
+        m = w["mean"]
+        lines.append(
+            f"mean of {w['numeric']['metric']}: {_g(m['estimate'])} (stderr {_g(m['stderr'])}), "
+            f"95% interval [{_g(m['lower'])}, {_g(m['upper'])}]"
+        )
+    for q in w.get("quantiles", []):
+        lines.append(
+            f"q{_g(100 * q['q'])} of {w['numeric']['metric']}: {_g(q['estimate'])}, "
+            f"95% interval [{_g(q['lower'])}, {_g(q['upper'])}]"
+        )
+    return lines
+
+
+def _g(x: float | None) -> str:
+    """A number in a numeric metric's units, to 4 significant digits."""
+    return "n/a" if x is None else f"{x:.4g}"
 
 
 def _f(x: float | None) -> str:
