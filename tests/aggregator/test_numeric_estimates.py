@@ -228,6 +228,33 @@ def test_the_cli_prints_the_mean_and_quantiles(served, capsys, monkeypatch):
     assert f"mean of load_ms: {http_mean['mean']['estimate']:.4g}" in capsys.readouterr().out
 
 
+def test_the_cli_s_series_table_and_csv_carry_the_numbers_in_the_metric_s_units(served, capsys, monkeypatch):
+    aggregator, _, _ = served
+    monkeypatch.setenv("VEIL_TOKEN", READ)
+    address = f"127.0.0.1:{aggregator.grpc_port}"
+    (dist,) = http_json(aggregator, "/v1/estimates/load_ms.distribution?window=1h")["estimates"]
+    assert main(["estimates", "load_ms.distribution", "--address", address, "--window", "1h", "--last", "2h"]) == 0
+    table = capsys.readouterr().out
+    q50 = dist["quantiles"][0]
+    assert "q50" in table.splitlines()[1] and "q99" in table.splitlines()[1]
+    assert f"{q50['estimate']:.4g} [{q50['lower']:.4g}, {q50['upper']:.4g}]" in table
+    assert main(["estimates", "load_ms.mean", "--address", address, "--window", "total", "--csv"]) == 0
+    (mean_row,) = [row for row in capsys.readouterr().out.splitlines() if ",mean," in row]
+    (mean,) = http_json(aggregator, "/v1/estimates/load_ms.mean?window=total")["estimates"]
+    assert mean_row.split(",")[10:14] == [repr(mean["mean"][x]) for x in ("estimate", "stderr", "lower", "upper")]
+
+
+def test_watch_streams_the_mean(served):
+    aggregator, _, _ = served
+    stub = veil_pb2_grpc.EstimatesStub(grpc.insecure_channel(f"127.0.0.1:{aggregator.grpc_port}"))
+    stream = stub.Watch(veil_pb2.WatchRequest(metric="load_ms.mean", window="total"), metadata=bearer(READ), timeout=10)
+    first = next(iter(stream))
+    stream.cancel()
+    (window,) = first.estimates
+    (over_get,) = grpc_windows(aggregator, metric="load_ms.mean", window="total")
+    assert window.mean == over_get.mean and window.numeric == over_get.numeric
+
+
 def test_a_token_scoped_to_the_numeric_metric_uploads_both_parts_and_nothing_else(served):
     aggregator, specs, _ = served
     assert [live_estimate(aggregator, part).n for part in ("mean", "distribution")] == [N, N]
