@@ -449,16 +449,23 @@ TREND_STATE = """(() => ({
 }))()"""
 
 
-def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_binary, tmp_path):
-    base = int(time.time()) // 3600 * 3600 - 40 * 3600  # 41 hourly buckets, the last the current one
-    clock = {"now": base}
+def hourly_aggregator(metrics: list[dict], clock: dict) -> Aggregator:
+    """A started aggregator of these metrics (min_n 100) with the dashboard, on a clock the test
+    sets (clock["now"]), so that it can fill past hourly buckets."""
     config = config_dict()
-    config["metrics"] = [BIG]
+    config["metrics"] = metrics
     config["server"]["min_n"] = 100
     aggregator = Aggregator(
         parse_config(config), store=MemoryStore(), pages=dashboard.pages(), clock=lambda: clock["now"]
     )
     aggregator.start()
+    return aggregator
+
+
+def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_binary, tmp_path):
+    base = int(time.time()) // 3600 * 3600 - 40 * 3600  # 41 hourly buckets, the last the current one
+    clock = {"now": base}
+    aggregator = hourly_aggregator([BIG], clock)
     spec = specs_of([BIG])["country"]
     rng = random.Random(5)
     weights = [1.0 / (j + 1) ** 1.2 for j in range(1024)]
@@ -554,12 +561,7 @@ NUMERIC_STATE = """(() => ({
 def test_a_numeric_metric_shows_its_mean_with_its_band_and_its_buckets_with_quantile_markers(chromium_binary, tmp_path):
     base = int(time.time()) // 3600 * 3600 - 5 * 3600  # 6 hourly buckets, the last the current one
     clock = {"now": base}
-    config = config_dict()
-    config["metrics"] = [LOAD_MS]
-    aggregator = Aggregator(
-        parse_config(config), store=MemoryStore(), pages=dashboard.pages(), clock=lambda: clock["now"]
-    )
-    aggregator.start()
+    aggregator = hourly_aggregator([LOAD_MS], clock)
     specs = {m.name: m.spec for m in aggregator.config.metrics}
     rng = random.Random(27)
     try:

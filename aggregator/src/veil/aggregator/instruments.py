@@ -115,51 +115,31 @@ class EstimatesCollector:
         reports = GaugeMetricFamily(
             "veil_window_reports", "Reports counted in the window's current bucket.", labels=["metric", "window"]
         )
-        rest = GaugeMetricFamily(
-            "veil_estimate_rest",
-            "Estimated share of the categories not exported one by one "
+        rest, rest_stderr, rest_lower, rest_upper = _gauges(
+            ["metric", "window"],
+            veil_estimate_rest="Estimated share of the categories not exported one by one "
             "(all but the metrics_top largest), as one group.",
-            labels=["metric", "window"],
-        )
-        rest_stderr = GaugeMetricFamily(
-            "veil_estimate_rest_stderr", "Standard error of veil_estimate_rest.", labels=["metric", "window"]
-        )
-        rest_lower = GaugeMetricFamily(
-            "veil_estimate_rest_lower", "Lower end of veil_estimate_rest's 95% interval.", labels=["metric", "window"]
-        )
-        rest_upper = GaugeMetricFamily(
-            "veil_estimate_rest_upper",
-            "Upper end of veil_estimate_rest's 95% interval (allowing for the group being chosen by the same data).",
-            labels=["metric", "window"],
+            veil_estimate_rest_stderr="Standard error of veil_estimate_rest.",
+            veil_estimate_rest_lower="Lower end of veil_estimate_rest's 95% interval.",
+            veil_estimate_rest_upper="Upper end of veil_estimate_rest's 95% interval "
+            "(allowing for the group being chosen by the same data).",
         )
         # A numeric metric's mean and quantiles, in its units, labelled by its name (not a part's):
         # per window one mean and len(QUANTILES) quantiles, each with its interval.
-        mean = GaugeMetricFamily(
-            "veil_numeric_mean", "Unbiased estimate of a numeric metric's mean.", labels=["metric", "window"]
+        mean, mean_stderr, mean_lower, mean_upper = _gauges(
+            ["metric", "window"],
+            veil_numeric_mean="Unbiased estimate of a numeric metric's mean.",
+            veil_numeric_mean_stderr="Standard error of veil_numeric_mean.",
+            veil_numeric_mean_lower="Lower end of veil_numeric_mean's 95% interval.",
+            veil_numeric_mean_upper="Upper end of veil_numeric_mean's 95% interval.",
         )
-        mean_stderr = GaugeMetricFamily(
-            "veil_numeric_mean_stderr", "Standard error of veil_numeric_mean.", labels=["metric", "window"]
-        )
-        mean_lower = GaugeMetricFamily(
-            "veil_numeric_mean_lower", "Lower end of veil_numeric_mean's 95% interval.", labels=["metric", "window"]
-        )
-        mean_upper = GaugeMetricFamily(
-            "veil_numeric_mean_upper", "Upper end of veil_numeric_mean's 95% interval.", labels=["metric", "window"]
-        )
-        quantile = GaugeMetricFamily(
-            "veil_numeric_quantile",
-            "Estimate of a numeric metric's q-quantile (interpolated within its bucket).",
-            labels=["metric", "window", "q"],
-        )
-        quantile_lower = GaugeMetricFamily(
-            "veil_numeric_quantile_lower",
-            "Lower end of veil_numeric_quantile's 95% interval (a bucket boundary or the range's low end).",
-            labels=["metric", "window", "q"],
-        )
-        quantile_upper = GaugeMetricFamily(
-            "veil_numeric_quantile_upper",
-            "Upper end of veil_numeric_quantile's 95% interval (a bucket boundary or the range's high end).",
-            labels=["metric", "window", "q"],
+        quantile, quantile_lower, quantile_upper = _gauges(
+            ["metric", "window", "q"],
+            veil_numeric_quantile="Estimate of a numeric metric's q-quantile (interpolated within its bucket).",
+            veil_numeric_quantile_lower="Lower end of veil_numeric_quantile's 95% interval "
+            "(a bucket boundary or the range's low end).",
+            veil_numeric_quantile_upper="Upper end of veil_numeric_quantile's 95% interval "
+            "(a bucket boundary or the range's high end).",
         )
         up = GaugeMetricFamily("veil_store_up", "1 when the counter store answered this scrape's reads, else 0.")
         info = InfoMetricFamily(
@@ -222,3 +202,8 @@ class EstimatesCollector:
         yield from (estimate, stderr, lower, upper, rest, rest_stderr, rest_lower, rest_upper)
         yield from (mean, mean_stderr, mean_lower, mean_upper, quantile, quantile_lower, quantile_upper)
         yield from (reports, up, info)
+
+
+def _gauges(labels: list[str], **helps: str) -> list[GaugeMetricFamily]:
+    """A gauge family per name=help, in order, all with these labels."""
+    return [GaugeMetricFamily(name, text, labels=labels) for name, text in helps.items()]
