@@ -103,6 +103,7 @@ def test_a_browser_page_reports_and_flushes_counted_exactly_and_its_ledger_survi
         "overBudget": 0,
         "tooLate": 0,
         "ledgerUnavailable": 0,
+        "clipped": 0,
     }
     assert all(first["before"][name]["reports"] == 0 for name in NAMES)
     # Two values per metric: two fresh responses, each spending the metric's epsilon once.

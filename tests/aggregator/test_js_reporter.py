@@ -1,7 +1,8 @@
 """The TypeScript SDK's Reporter under Node against real aggregators, over HTTP and gRPC: every
-mechanism counted exactly, memoized responses (one response per value, spending epsilon once),
-the ledger kept in a directory across restarts, retries through a rate limit and through an
-aggregator that was down (the same batches, counted once)."""
+mechanism counted exactly, numbers of a numeric metric counted in both its parts, memoized
+responses (one response per value, spending epsilon once), the ledger kept in a directory across
+restarts, retries through a rate limit and through an aggregator that was down (the same batches,
+counted once)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import subprocess
 
 import numpy as np
 import pytest
+from veil_testing.config_toml import LOAD
 from veil_testing.node import JS, NodeReporter
 from veil_testing.processes import free_port
-from veil_testing.running import UPLOAD_TOKEN, auth_section, counted
+from veil_testing.running import METRICS, UPLOAD_TOKEN, auth_section, counted, specs_of
 
 WIRES = ("http", "grpc")
 
@@ -60,11 +62,63 @@ def test_every_mechanism_counted_exactly(start_aggregator, node_reporter, wire):
         "overBudget": 0,
         "tooLate": 0,
         "ledgerUnavailable": 0,
+        "clipped": 0,
     }
     assert answer["ok"] is False  # one report was dropped since the start
     assert {m: counted(aggregator, m) for m in WANTED} == WANTED | {"browser": 260}
     assert reporter.ask(do="shutdown", timeoutMs=5000)["ok"] is True
     assert "nosuch" in reporter.close()
+
+
+# A numeric metric beside the categorical ones: its mean and distribution parts, epsilon 1 each.
+LOAD_MS = {
+    "name": "load_ms",
+    "type": "numeric",
+    "range": [0, 10000],
+    "buckets": [100, 250, 500, 1000, 2500],
+    "epsilon": 2.0,
+    "reports_per_period": LOAD,
+}
+PARTS = ("load_ms.mean", "load_ms.distribution")
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_numbers_are_counted_in_both_parts_clipped_outside_the_range(start_aggregator, node_reporter, wire):
+    # The aggregator's own specs (fingerprints made by the Python SDK's NumericSpec): the JS SDK
+    # reproduces both parts, or their reports would be dropped on the device or refused.
+    aggregator = start_aggregator(sections={"metrics": [*METRICS, LOAD_MS]})
+    reporter = node_reporter(aggregator, wire, maxBatchSize=64)
+    values = [-250.0, 0, 99.5, 412.7, 2500, 9999.9, 10000, 12345.6]  # two outside [0, 10000]
+    for value in values:
+        reporter.report("load_ms", value, 25)
+    reporter.report("browser", "edge", 10)
+    answer = reporter.ask(do="flush", timeoutMs=60_000)
+    n = 25 * len(values)
+    assert answer["ok"] is True
+    counters = answer["counters"]
+    assert (counters["accepted"], counters["sent"], counters["clipped"]) == (2 * n + 10, 2 * n + 10, 50)
+    assert {m: counted(aggregator, m) for m in (*PARTS, "browser")} == {PARTS[0]: n, PARTS[1]: n, "browser": 10}
+    # Eight values, each a memoized response per part: at most 8 fresh responses (the mean's
+    # points are 0 ... 10000 with one device's alpha, so fewer), each spending the part's epsilon.
+    for part in PARTS:
+        spent = reporter.ask(do="spent", metric=part)
+        assert spent["reports"] == n and 1.0 <= spent["lifetimeEpsilon"] <= len(values)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_steady_number_spends_epsilon_once_per_part(start_aggregator, node_reporter, wire):
+    aggregator = start_aggregator(sections={"metrics": [*METRICS, LOAD_MS]})
+    reporter = node_reporter(aggregator, wire)
+    reporter.report("load_ms", 412.7, 200)
+    assert reporter.ask(do="flush", timeoutMs=60_000)["ok"] is True
+    for part in PARTS:
+        spent = reporter.ask(do="spent", metric=part)
+        assert (spent["reports"], spent["lifetimeEpsilon"]) == (200, 1.0)
+        # one response sent 200 times: its q categories estimated alike, every other alike
+        (total,) = aggregator.live.current(part, "total")
+        values = np.round(total.estimate.estimate, 9)
+        assert total.n == 200 and len(set(values.tolist())) == 2
+        assert int((values == values.max()).sum()) == specs_of([LOAD_MS])[part].mechanism.q
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -167,12 +221,14 @@ def test_batches_wait_out_an_aggregator_that_is_down_and_count_once(start_aggreg
         "overBudget": 0,
         "tooLate": 0,
         "ledgerUnavailable": 0,
+        "clipped": 0,
     }
     assert counted(aggregator, "browser") == 500
 
 
-def test_the_memo_is_keyed_as_the_python_sdk_keys_it(tmp_path):
-    # One device secret, the same key for every (metric, fingerprint, category) in both SDKs.
+def test_the_memo_is_keyed_and_alpha_drawn_as_the_python_sdk_does_it(tmp_path):
+    # One device secret, the same key for every (metric, fingerprint, category) in both SDKs, and
+    # the same rounding threshold for every numeric mean part (metric, fingerprint).
     from veil.client._log import LogOnce
     from veil.client._memo import MemoStore
 
@@ -184,7 +240,7 @@ def test_the_memo_is_keyed_as_the_python_sdk_keys_it(tmp_path):
     script = (
         "import { Memo } from './dist/src/memo.js';"
         f"const memo = new Memo(Uint8Array.from({list(secret)}));"
-        f"console.log(JSON.stringify({json.dumps(cases)}.map(([m, f, i]) => memo.key(m, f, i))));"
+        f"console.log(JSON.stringify({json.dumps(cases)}.map(([m, f, i]) => [memo.key(m, f, i), memo.alpha(m, f)])));"
     )
     out = subprocess.run(
         [shutil.which("node") or "node", "--input-type=module", "-e", script],
@@ -194,4 +250,4 @@ def test_the_memo_is_keyed_as_the_python_sdk_keys_it(tmp_path):
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [python.key(*case).hex() for case in cases]
+    assert json.loads(out.stdout) == [[python.key(m, f, i).hex(), python.alpha(m, f)] for m, f, i in cases]

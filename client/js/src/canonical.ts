@@ -1,6 +1,7 @@
 // The spec's canonical form and fingerprint (docs/protocol.md, "Fingerprints"): JSON with sorted
 // keys and no spaces, numbers spelled as Python's repr spells them, UTF-8, SHA-256, 32 hex digits.
 
+import type { Numeric } from "./numeric.js";
 import { hex, sha256 } from "./sha256.js";
 
 export interface CanonicalSpec {
@@ -11,6 +12,9 @@ export interface CanonicalSpec {
   epsilon: number;
   period: number;
   reportsPerPeriod: number;
+  /** A part of a numeric metric (revision 3): in the canonical form only when set, so the
+   * fingerprints of metrics of categories are what they were. */
+  numeric?: Numeric;
 }
 
 /** A double as Python's repr() writes it: the shortest digits that read back to the same double,
@@ -40,8 +44,15 @@ export function canonicalJson(spec: CanonicalSpec): string {
   // \n \r \t, other controls as \u00xx, everything else as itself.
   const s = JSON.stringify;
   return `{"epsilon":${pythonFloat(spec.epsilon)},"k":${spec.k},"labels":[${spec.labels.map((l) => s(l)).join(",")}],` +
-    `"mechanism":${s(spec.mechanism)},"name":${s(spec.name)},"period":${spec.period},` +
-    `"reports_per_period":${spec.reportsPerPeriod}}`;
+    `"mechanism":${s(spec.mechanism)},"name":${s(spec.name)},${spec.numeric ? numericJson(spec.numeric) : ""}` +
+    `"period":${spec.period},"reports_per_period":${spec.reportsPerPeriod}}`;
+}
+
+/** `"numeric":{...},`: the part's canonical object, its keys sorted, every bound a double. */
+function numericJson(n: Numeric): string {
+  return `"numeric":{"boundaries":[${n.boundaries.map(pythonFloat).join(",")}],"high":${pythonFloat(n.high)},` +
+    `"levels":${n.levels},"low":${pythonFloat(n.low)},"metric":${JSON.stringify(n.metric)},` +
+    `"part":${JSON.stringify(n.part)}},`;
 }
 
 /** The spec's fingerprint: the first 32 hex digits of SHA-256 of its canonical JSON (UTF-8). */

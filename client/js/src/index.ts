@@ -7,6 +7,10 @@ export {
   type Design, type Mechanism,
 } from "./mechanism.js";
 export { encodeUpload, encodeUploads, reportBytes, uploadJson, usesBitmaps } from "./encode.js";
+export {
+  checkNumeric, clip, MAX_LEVELS, NUMERIC_PARTS, numberText, numericCategory, numericLabels, partName, type Numeric,
+  type NumericPart,
+} from "./numeric.js";
 export { parseSpecs, ServerClock, type Metric } from "./specs.js";
 export { fetchSpecs, HttpTransport, type Endpoint } from "./http.js";
 export {

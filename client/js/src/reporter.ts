@@ -5,13 +5,15 @@
 // batch to a revision-1 aggregator), each retried with the same batch id until the aggregator
 // acknowledges it, refuses it for good, or the retry horizon passes. Specs are fetched at start,
 // again when an upload answer names another specs version, and otherwise checked every specTtlMs
-// with the version held (the aggregator answers "unchanged" at almost no cost).
+// with the version held (the aggregator answers "unchanged" at almost no cost). A number reported
+// under a numeric metric's name is reported as a category of each of its parts (numeric.ts).
 
 import { boundedClock } from "./clock.js";
 import { DeviceState } from "./device.js";
 import { HttpTransport } from "./http.js";
 import type { PrivacySpent, Refusal } from "./ledger.js";
 import { randomize, VeilUsageError } from "./mechanism.js";
+import { clip, numericCategory } from "./numeric.js";
 import { SystemWords, type WordSource } from "./random.js";
 import { parseSpecs, ServerClock, type Metric } from "./specs.js";
 import { MemoryStore, type DeviceStore } from "./store.js";
@@ -25,7 +27,9 @@ export class UnknownMetricError extends VeilUsageError {
   override name = "UnknownMetricError";
 }
 
-/** A value that is neither a category label nor a category index from 0 up. */
+/** A value that is neither a category label, a category index from 0 up, nor a finite number (or,
+ * once the specs are known, not of the metric's kind: a number for a numeric metric, a label or
+ * index for a metric of categories). */
 export class UnknownCategoryError extends VeilUsageError {
   override name = "UnknownCategoryError";
 }
@@ -47,9 +51,10 @@ export interface ReporterOptions {
   specTtlMs?: number;
   retryInitialBackoffMs?: number;
   retryMaxBackoffMs?: number;
-  /** true (default), false, or per metric: { metric: false }. */
+  /** true (default), false, or per metric: { metric: false } (a numeric metric's name: both parts). */
   memoize?: boolean | Record<string, boolean>;
-  /** Lower the aggregator's budgets (epsilon), for all metrics or per metric; never raise them. */
+  /** Lower the aggregator's budgets (epsilon), for all metrics or per metric (a numeric metric's
+   * part by its name, e.g. "load_ms.mean"); never raise them. */
   periodBudget?: number | Record<string, number>;
   lifetimeBudget?: number | Record<string, number>;
   /** The random words; the platform CSPRNG by default. Anything else is for tests only. */
@@ -85,6 +90,9 @@ export interface Counters {
   /** Calls not sent because the ledger could not be written to the device store (their spending
    * could not be recorded). */
   ledgerUnavailable: number;
+  /** Numbers reported outside their numeric metric's range, reported as its nearest end (calls,
+   * not parts). */
+  clipped: number;
 }
 
 interface Open { batch: Batch; due: number }
@@ -117,6 +125,8 @@ export class Reporter {
   private readonly logged = new Set<string>();
   private device: DeviceState | null = null;
   private metrics = new Map<string, Metric>();
+  /** The parts of each numeric metric, by the name apps report the number under. */
+  private numeric = new Map<string, Metric[]>();
   private maxBatch = 0;
   private specsVersion = "";
   private fetching = false;
@@ -143,7 +153,7 @@ export class Reporter {
   private wake: (() => void) | null = null;
   private waiters: (() => void)[] = [];
   private readonly counts: Counters = { accepted: 0, dropped: 0, sent: 0, retried: 0, failed: 0, queued: 0, limited: 0,
-    overBudget: 0, tooLate: 0, ledgerUnavailable: 0 };
+    overBudget: 0, tooLate: 0, ledgerUnavailable: 0, clipped: 0 };
   private lastFlush = { dropped: 0, failed: 0, tooLate: 0, ledgerUnavailable: 0 };
   private readonly onExit = () => void this.shutdown(this.settings.exportTimeoutMs);
   private readonly onHide = () => {
@@ -172,13 +182,19 @@ export class Reporter {
 
   // --- what the app calls ----------------------------------------------------------------------
 
-  /** Randomize `value` (a category label or index of `metric`) and queue the report. Never waits
-   * on the network; throws only for a metric that is not a string (UnknownMetricError) or a value
-   * that is neither a string nor a whole number from 0 up (UnknownCategoryError). */
+  /** Randomize `value` (a category label or index of `metric`, or a number of a numeric metric)
+   * and queue the report. Never waits on the network; throws only for a metric that is not a
+   * string (UnknownMetricError) or a value that is neither a string nor a finite number, or, once
+   * the specs are known, not of the metric's kind (UnknownCategoryError). */
   report(metric: string, value: string | number): void {
     if (typeof metric !== "string") throw new UnknownMetricError("A metric name must be a string.");
-    if (typeof value !== "string" && !(Number.isInteger(value) && value >= 0)) {
-      throw new UnknownCategoryError("A value must be a category label or a whole category index from 0 up.");
+    if (typeof value !== "string" && !(typeof value === "number" && Number.isFinite(value))) {
+      throw new UnknownCategoryError("A value must be a category label or index, or a finite number.");
+    }
+    if (this.ready && !this.ofItsKind(metric, value)) {
+      throw new UnknownCategoryError(this.numeric.has(metric) && !this.metrics.has(metric)
+        ? `The metric ${JSON.stringify(metric)} is numeric: report a finite number.`
+        : "A category is a label or a whole index from 0 up.");
     }
     if (this.stopping) return this.drop("closed", "The Veil Reporter is shut down; reports are dropped.");
     if (!this.ready) {
@@ -251,20 +267,57 @@ export class Reporter {
 
   // --- report() once ready ---------------------------------------------------------------------
 
-  /** report() of a call made at `now` (Unix ms): its period and its batch's time slot. */
+  /** Whether the specs allow `value` for `metric`: a number for a numeric metric, a label or a
+   * whole index from 0 up for any other (a metric the specs lack, or a part named as such:
+   * anything, it is dropped). */
+  private ofItsKind(metric: string, value: string | number): boolean {
+    const categories = this.metrics.get(metric);
+    if (categories === undefined) return !this.numeric.has(metric) || typeof value === "number";
+    return categories.numeric !== undefined || typeof value === "string" || (Number.isInteger(value) && value >= 0);
+  }
+
+  /** report() of a call made at `now` (Unix ms): a category of its metric, or a number reported as
+   * a category of each part of its numeric metric. */
   private process(name: string, value: string | number, now: number): void {
-    const device = this.device!;
-    try {
-      const metric = this.metrics.get(name);
-      if (!metric) return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
-      const index = typeof value === "string" ? metric.labels.indexOf(value) : value;
-      if (index < 0 || index >= metric.labels.length) {
-        return this.drop(`unknown-category:${name}`, `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
+    const unknown = () => this.drop(`unknown-category:${name}`,
+      `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
+    const metric = this.metrics.get(name);
+    if (metric === undefined) {
+      const parts = this.numeric.get(name);
+      if (parts === undefined) {
+        return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
       }
+      if (typeof value !== "number") return unknown();  // held before the specs said it is numeric
+      let clipped = false;
+      for (const part of parts) {
+        const numeric = part.numeric!;
+        const [x, moved] = clip(numeric, value);
+        clipped ||= moved;
+        const alpha = numeric.part === "mean" ? this.device!.memo.alpha(part.name, part.fingerprint) : 0;
+        this.admit(part, numericCategory(numeric, x, alpha), now);
+      }
+      if (clipped) this.counts.clipped += 1;
+      return;
+    }
+    if (metric.numeric) {
+      return this.drop(`part:${name}`, `Veil: ${JSON.stringify(name)} is a part of the numeric metric ` +
+        `${JSON.stringify(metric.numeric.metric)}; report the number under that name. Dropped.`);
+    }
+    const index = typeof value === "string" ? metric.labels.indexOf(value) : value;
+    if (!Number.isInteger(index) || index < 0 || index >= metric.labels.length) return unknown();
+    this.admit(metric, index, now);
+  }
+
+  /** The category `index` of `metric`, called at `now`: its period, ledger, memo and batch. */
+  private admit(metric: Metric, index: number, now: number): void {
+    const device = this.device!;
+    const name = metric.name;
+    try {
       const period = this.period(metric, now);
       if (device.ledger.full(metric, period)) return void (this.counts.limited += 1);
       if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
-      const memoizes = perMetric(this.options.memoize, name, true);
+      const memoizes = perMetric(this.options.memoize, name,
+        perMetric(this.options.memoize, metric.numeric?.metric ?? name, true));
       const key = memoizes ? device.memo.key(name, metric.fingerprint, index) : null;
       // A response drawn for an admission whose spending is being stored is this key's response too.
       const fresh = key === null || !(device.memo.known(key) || this.drawing.has(key));
@@ -544,6 +597,10 @@ export class Reporter {
     if (answer.unchanged === true && this.ready) return;
     const { metrics, maxBatch } = parseSpecs(answer);
     this.metrics = new Map(metrics.map((m) => [m.name, m]));
+    this.numeric = new Map();
+    for (const m of metrics) {
+      if (m.numeric) this.numeric.set(m.numeric.metric, [...this.numeric.get(m.numeric.metric) ?? [], m]);
+    }
     this.maxBatch = maxBatch;
     this.specsVersion = typeof answer.specsVersion === "string" ? answer.specsVersion : "";
     if (fetched && this.device) {

@@ -1,9 +1,11 @@
 // The aggregator's specs as a device uses them: each checked against its fingerprint and q (a spec
 // this SDK does not reproduce is left out, and its metric's reports are dropped as unknown: they
-// would be refused or wrong), with its design.
+// would be refused or wrong), with its design; a part of a numeric metric also against the name
+// and labels its numeric spec derives.
 
 import { fingerprint } from "./canonical.js";
 import { design, type Design } from "./mechanism.js";
+import { checkNumeric, numericLabels, partName, type Numeric, type NumericPart } from "./numeric.js";
 import type { SpecsAnswer } from "./transport.js";
 
 /** A metric as fetched: its spec, checked against its fingerprint, and its design. */
@@ -21,11 +23,31 @@ export interface Metric {
   periodBudget: number | null;
   lifetimeBudget: number;
   design: Design;
+  /** Set for a part of a numeric metric: how a number becomes one of its categories. */
+  numeric?: Numeric;
 }
 
 const MECHANISM_NAMES: Record<string, string> = {
   SUBSET: "subset", RAPPOR: "rappor", RAPPOR_ADMISSIBLE: "rappor-admissible", KRR: "krr", WARNER: "warner",
 };
+const PART_NAMES: Record<string, NumericPart> = { NUMERIC_MEAN: "mean", NUMERIC_DISTRIBUTION: "distribution" };
+
+/** MetricSpec.numeric in proto3 JSON (fields at their default are absent), checked; undefined for
+ * a metric of categories; throws for a part this SDK does not know or reproduce. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function numericOf(s: any): Numeric | undefined {
+  const n = s.numeric;
+  if (n === undefined || n === null) return undefined;
+  const numeric = checkNumeric({ metric: n.metric ?? "", part: PART_NAMES[n.part], low: Number(n.low ?? 0),
+    high: Number(n.high ?? 0), boundaries: (n.boundaries ?? []).map(Number), levels: Number(n.levels ?? 0) });
+  const labels: string[] = s.labels ?? [];
+  const derived = numericLabels(numeric);
+  if (s.name !== partName(numeric) || labels.length !== derived.length || labels.some((l, i) => l !== derived[i])
+    || (numeric.part === "mean" && s.mechanism !== "KRR")) {
+    throw new RangeError(`${s.name} is not named, labelled or randomized as its numeric part says.`);
+  }
+  return numeric;
+}
 
 /** The metrics of an answer whose fingerprints this SDK reproduces, and the largest batch allowed. */
 export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number } {
@@ -38,15 +60,16 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
       const labels: string[] = s.labels ?? [];
       const epsilon = Number(s.epsilon);
       if (!mechanism) continue;
+      const numeric = numericOf(s);
       const mine = fingerprint({ name: s.name, labels, mechanism, k: labels.length, epsilon, period: periodSeconds,
-        reportsPerPeriod });
+        reportsPerPeriod, numeric });
       if (mine !== s.fingerprint) continue;
       const d = design(mechanism, labels.length, epsilon);
       if ((Number(s.q) || 0) !== d.q) continue;  // a q this SDK does not compute: its reports would be wrong
       metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
         timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
         periodBudget: Number(s.periodBudget) || null,
-        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d });
+        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}) });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }

@@ -1,22 +1,31 @@
 // A real HTTP collector on loopback for the SDK's tests (node:http), written from
 // docs/protocol.md: GET /v1/specs (ETag, If-None-Match -> 304), POST /v1/upload and, at
 // revision 2, POST /v1/uploads (one result per batch); dedupe by batch id; made_unix recorded per
-// batch and checked against maxLateness (410 / OUT_OF_RANGE); fault injection per batch. At
-// revision 1 it says no version nor time and answers /v1/uploads 404, as an older aggregator does.
+// batch and checked against maxLateness (410 / OUT_OF_RANGE); fault injection per batch; parts of
+// numeric metrics (revision 3) served as the aggregator serves them. At revision 1 it says no
+// version nor time and answers /v1/uploads 404, as an older aggregator does.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 
-import { design, fingerprint, type Mechanism } from "../src/index.js";
+import {
+  design, fingerprint, numericLabels, partName, type Mechanism, type Numeric,
+} from "../src/index.js";
 
 export interface MetricJson {
   name: string; labels: string[]; mechanism: Mechanism; epsilon: number; periodSeconds: number;
-  reportsPerPeriod: number; timeResolutionSeconds: number;
+  reportsPerPeriod: number; timeResolutionSeconds: number; numeric?: Numeric;
 }
 
 /** The fields of an UploadRequest (proto3 JSON) the collector reads. */
-interface Upload { batchId: string; metric: string; count: number; madeUnix?: string }
+interface Upload {
+  batchId: string; metric: string; count: number; madeUnix?: string; bitmaps?: { bits: string };
+  indexSets?: { indices: string };
+}
 
-export interface Arrival { batchId: string; metric: string; count: number; madeUnix: number; outcome: string }
+/** A batch as it arrived; columns: its reports' bytes (bitmaps or little-endian indices). */
+export interface Arrival {
+  batchId: string; metric: string; count: number; madeUnix: number; outcome: string; columns: Uint8Array;
+}
 
 const WIRE_NAMES: Record<string, string> = {
   subset: "SUBSET", rappor: "RAPPOR", "rappor-admissible": "RAPPOR_ADMISSIBLE", krr: "KRR", warner: "WARNER",
@@ -27,6 +36,18 @@ const HTTP_OF: Record<number, number> = { 3: 400, 9: 409, 11: 410, 8: 429, 14: 5
 export function metric(name: string, mechanism: Mechanism, k: number, timeResolutionSeconds = 0): MetricJson {
   return { name, labels: Array.from({ length: k }, (_, j) => `${name}${j}`), mechanism, epsilon: 1,
     periodSeconds: 86400, reportsPerPeriod: 1_000_000, timeResolutionSeconds };
+}
+
+/** The spec of a numeric metric's part, named and labelled as its numeric spec says. */
+export function numericPart(numeric: Numeric, mechanism: Mechanism, epsilon = 1): MetricJson {
+  return { name: partName(numeric), labels: numericLabels(numeric), mechanism, epsilon, periodSeconds: 86400,
+    reportsPerPeriod: 1_000_000, timeResolutionSeconds: 0, numeric };
+}
+
+/** MetricSpec.numeric in proto3 JSON: the part an enum name, fields at their default left out. */
+export function servedNumeric(n: Numeric): Record<string, unknown> {
+  return Object.fromEntries(Object.entries({ ...n, part: `NUMERIC_${n.part.toUpperCase()}` })
+    .filter(([, x]) => x !== 0 && !(Array.isArray(x) && x.length === 0)));
 }
 
 export class Collector {
@@ -111,12 +132,13 @@ export class Collector {
     const specs = [];
     for (const m of this.metrics) {
       const fp = await fingerprint({ name: m.name, labels: m.labels, mechanism: m.mechanism, k: m.labels.length,
-        epsilon: m.epsilon, period: m.periodSeconds, reportsPerPeriod: m.reportsPerPeriod });
+        epsilon: m.epsilon, period: m.periodSeconds, reportsPerPeriod: m.reportsPerPeriod, numeric: m.numeric });
       specs.push({ name: m.name, labels: m.labels, mechanism: WIRE_NAMES[m.mechanism], epsilon: m.epsilon,
         q: this.wrongQ.get(m.name) ?? design(m.mechanism, m.labels.length, m.epsilon).q, fingerprint: fp,
         periodSeconds: m.periodSeconds,
         reportsPerPeriod: m.reportsPerPeriod,
-        ...(this.revision >= 2 && m.timeResolutionSeconds ? { timeResolutionSeconds: m.timeResolutionSeconds } : {}) });
+        ...(this.revision >= 2 && m.timeResolutionSeconds ? { timeResolutionSeconds: m.timeResolutionSeconds } : {}),
+        ...(m.numeric ? { numeric: servedNumeric(m.numeric) } : {}) });
     }
     return this.revision < 2 ? { specs } : { specs, specsVersion: this.version(),
       serverTimeUnix: String(Math.floor(this.clock())), maxLatenessSeconds: this.maxLateness };
@@ -126,8 +148,9 @@ export class Collector {
   private take(b: Upload): { code: number;
     accepted: number; duplicate: boolean } {
     const madeUnix = Number(b.madeUnix ?? 0);
+    const columns = Buffer.from(b.bitmaps?.bits ?? b.indexSets?.indices ?? "", "base64");
     const arrival = (outcome: string) => this.arrivals.push({ batchId: b.batchId, metric: b.metric, count: b.count,
-      madeUnix, outcome });
+      madeUnix, outcome, columns });
     const fault = this.faults.shift() ?? 0;
     if (fault) {
       arrival(`code ${fault}`);

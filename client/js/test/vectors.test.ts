@@ -5,8 +5,10 @@ import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import {
-  canonicalJson, design, encodeUpload, encodeUploads, fingerprint, GivenWords, Memo, randomize, uploadJson, usesBitmaps,
+  canonicalJson, checkNumeric, clip, design, encodeUpload, encodeUploads, fingerprint, GivenWords, Memo, numericCategory,
+  numericLabels, parseSpecs, partName, randomize, uploadJson, usesBitmaps, type Numeric,
 } from "../src/index.js";
+import { servedNumeric } from "./collector.js";
 
 const VECTORS = new URL("../../../../proto/veil/wire/v1/vectors/", import.meta.url);
 
@@ -20,12 +22,12 @@ function load(name: string): any[] {
 
 interface SpecJson {
   name: string; labels: string[]; mechanism: string; k: number; epsilon: number; period: number;
-  reports_per_period: number;
+  reports_per_period: number; numeric?: Numeric;
 }
 
 const canonical = (s: SpecJson) => ({
   name: s.name, labels: s.labels, mechanism: s.mechanism, k: s.k, epsilon: s.epsilon, period: s.period,
-  reportsPerPeriod: s.reports_per_period,
+  reportsPerPeriod: s.reports_per_period, ...(s.numeric ? { numeric: s.numeric } : {}),
 });
 
 const hex = (bytes: Uint8Array) => Buffer.from(bytes).toString("hex");
@@ -34,6 +36,51 @@ test("fingerprints: canonical JSON and digest", async () => {
   for (const v of load("fingerprints.json")) {
     assert.equal(canonicalJson(canonical(v.spec)), v.canonical_json);
     assert.equal(await fingerprint(canonical(v.spec)), v.fingerprint);
+  }
+});
+
+test("numeric fingerprints: the part's name, labels and k derived from its numeric spec", async () => {
+  const parts = load("fingerprints.json").filter((v) => v.spec.numeric);
+  assert.ok(parts.some((v) => v.spec.numeric.part === "mean") && parts.some((v) => v.spec.numeric.part === "distribution"));
+  assert.ok(parts.some((v) => /e[-+]\d\d/.test(v.canonical_json)), "exponent forms are covered");
+  for (const v of parts) {
+    const numeric = checkNumeric(v.spec.numeric);
+    assert.equal(partName(numeric), v.spec.name);
+    assert.deepEqual(numericLabels(numeric), v.spec.labels);
+    assert.equal(v.spec.k, v.spec.labels.length);
+    // As served (proto3 JSON: defaults absent, enum names), each part is used: its fingerprint reproduced.
+    const served = { name: v.spec.name, labels: v.spec.labels, mechanism: v.spec.mechanism.toUpperCase(),
+      epsilon: v.spec.epsilon, q: design(v.spec.mechanism, v.spec.k, v.spec.epsilon).q, fingerprint: v.fingerprint,
+      periodSeconds: v.spec.period, reportsPerPeriod: v.spec.reports_per_period,
+      numeric: servedNumeric(numeric) };
+    const { metrics } = parseSpecs({ specs: [served] });
+    assert.deepEqual(metrics.map((m) => [m.name, m.fingerprint, m.numeric]), [[v.spec.name, v.fingerprint, numeric]]);
+    // A part whose labels, name or range are not its numeric spec's is refused.
+    for (const wrong of [{ labels: [...v.spec.labels.slice(1), "x"] }, { name: `${v.spec.name}x` },
+      { numeric: { ...served.numeric, high: numeric.high * 2 } }, { numeric: { ...served.numeric, part: "NUMERIC_MEDIAN" } }]) {
+      assert.deepEqual(parseSpecs({ specs: [{ ...served, ...wrong }] }).metrics, [], JSON.stringify(wrong));
+    }
+  }
+});
+
+test("numeric_values: a number clipped to the range and its category, for given alphas", () => {
+  const vectors = load("numeric_values.json");
+  assert.ok(vectors.some((v) => v.clipped) && vectors.some((v) => Object.is(v.value, -0)));
+  for (const v of vectors) {
+    const numeric = checkNumeric(v.numeric);
+    const [x, clipped] = clip(numeric, v.value);
+    const where = `${numeric.metric}.${numeric.part} value=${v.value} alpha=${v.alpha}`;
+    assert.ok(Object.is(x, v.clipped_value), where);
+    assert.equal(clipped, v.clipped, where);
+    assert.ok(Object.is(numericCategory(numeric, x, v.alpha), v.category), where);
+  }
+});
+
+test("numeric_alphas: the rounding threshold from the device secret", () => {
+  for (const v of load("numeric_alphas.json")) {
+    const alpha = new Memo(Buffer.from(v.secret, "hex")).alpha(v.metric, v.fingerprint);
+    assert.equal(alpha, v.alpha);
+    assert.equal(alpha * 2 ** 53, v.alpha_53);
   }
 });
 
