@@ -21,6 +21,7 @@ from veil_testing.running import bearer, collector
 from veil.aggregator.config import parse_config
 from veil.aggregator.daemon import Aggregator
 from veil.aggregator.errors import ConfigError
+from veil.aggregator.estimates_wire import encode_window
 from veil.aggregator.numeric import QUANTILES, mean_estimate, quantile_estimates
 from veil.cli import main
 from veil.client import encode_batch
@@ -155,6 +156,16 @@ def test_the_quantiles_over_grpc_are_numeric_py_s_with_bucket_boundaries_as_ends
     for q, estimate, lower, upper in got:
         assert lower in edges and upper in edges and lower <= estimate <= upper
         assert lower <= float(np.quantile(clipped, q)) <= upper
+
+
+@pytest.mark.parametrize("part", ["mean", "distribution"])
+def test_the_hand_written_wire_bytes_are_protobuf_s_own(served, part):
+    aggregator, _, _ = served
+    e = live_estimate(aggregator, part)
+    message = veil_pb2.WindowEstimate.FromString(encode_window(e))
+    assert encode_window(e) == message.SerializeToString()  # fields in number order, 18..20 last
+    assert message.HasField("mean") == (part == "mean") and len(message.quantiles) == (3 if part != "mean" else 0)
+    assert [c.label for c in message.categories] == list(e.metric.spec.labels)
 
 
 def test_the_http_json_has_protocol_section_9_s_shape_and_the_grpc_numbers(served):
