@@ -59,7 +59,7 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
     truth, estimate, lower, upper = map(
         float, re.search(r"^  mean +(\S+) +(\S+) +\[ *(\S+), *(\S+)\]", last, re.M).groups()
     )
-    assert truth == round(LOAD_MS.truth_mean) and upper - lower < 300 and abs(estimate - truth) < 150, last
+    assert truth == round(LOAD_MS.truth_mean) and upper - lower < 500 and abs(estimate - truth) < 250, last
     assert len(re.findall(r"^  q(?:50|90|99) ", last, re.M)) == 3
     inside, total = map(int, re.search(r"final: (\d+) of (\d+) truths", out.stdout).groups())
     assert total == 130 and inside >= 0.85 * total
