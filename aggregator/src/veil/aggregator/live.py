@@ -14,6 +14,9 @@ store holds at that version. Anything else (a write by another process, a failed
 missed or out-of-order notice, a new bucket) leaves the versions unequal or the entry
 forgotten, and the counts are read.
 
+A numeric metric's part also carries what its estimate stands for, computed with it (once per
+estimate kept): the mean of its values (mean part) or their quantiles (distribution part).
+
 A metric whose estimate cannot be computed, for whatever reason, is served withheld with the
 reason (logged once per metric and kind of error); every other metric is served as usual.
 """
@@ -45,8 +48,6 @@ __all__ = [
     "LiveEstimates",
     "estimates_json",
     "estimand",
-    "numeric_estimates",
-    "numeric_json",
     "with_group",
     "with_rest",
     "MAX_BUCKETS",
@@ -82,7 +83,7 @@ class WindowEstimate:
     provisional: bool = True  # the bucket is open, or ended less than max_lateness ago (total: always)
     data_periods: frozenset[int] = frozenset()  # the counts' periods (Counts.periods) it was computed from
     # A numeric metric's part: the mean (mean part) or the quantiles (distribution part), computed
-    # once with the estimate (numeric_estimates); None and () otherwise, and when withheld.
+    # once with the estimate (_numeric_estimates); None and () otherwise, and when withheld.
     mean: MeanEstimate | None = None
     quantiles: tuple[QuantileEstimate, ...] = ()
 
@@ -185,7 +186,7 @@ def _numeric_json(e: WindowEstimate) -> dict[str, object]:
     numeric = e.metric.spec.numeric
     if numeric is None:
         return {}
-    body: dict[str, object] = {"numeric": numeric_json(numeric)}
+    body: dict[str, object] = {"numeric": _numeric_part_json(numeric)}
     if e.mean is not None:
         m = e.mean
         body["mean"] = dict(zip(_MEAN_KEYS, _finite(np.array([m.estimate, m.stderr, m.lower, m.upper]))))
@@ -199,7 +200,7 @@ _MEAN_KEYS = ("estimate", "stderr", "lower", "upper")
 _QUANTILE_KEYS = ("q", "estimate", "lower", "upper")
 
 
-def numeric_json(numeric: NumericSpec) -> dict[str, object]:
+def _numeric_part_json(numeric: NumericSpec) -> dict[str, object]:
     """A numeric part as the HTTP JSON shows it (the fields of the NumericSpec message)."""
     return {
         "metric": numeric.metric,
@@ -211,7 +212,7 @@ def numeric_json(numeric: NumericSpec) -> dict[str, object]:
     }
 
 
-def numeric_estimates(
+def _numeric_estimates(
     metric: MetricConfig, e: Estimate | None
 ) -> tuple[MeanEstimate | None, tuple[QuantileEstimate, ...]]:
     """What a numeric part's estimate stands for: the mean (mean part) or the quantiles
@@ -620,7 +621,7 @@ class LiveEstimates:
         """The WindowEstimate of a bucket's span and counts (None: none read), its pooled and
         spanned periods (_pooled), its estimate (None: withheld, for the reason) and estimand;
         a numeric part's mean or quantiles computed here, once per estimate kept."""
-        mean, quantiles = numeric_estimates(metric, estimate_)
+        mean, quantiles = _numeric_estimates(metric, estimate_)
         return WindowEstimate(
             metric,
             window,
