@@ -237,6 +237,11 @@ def test_the_cli_prints_the_mean_and_quantiles(served, capsys, monkeypatch):
     assert f"q90 of load_ms: {q90['estimate']:.4g}, 95% interval [{q90['lower']:.4g}, {q90['upper']:.4g}]" in table
     assert main(["estimates", "load_ms.mean", "--address", address, "--window", "total"]) == 0
     assert f"mean of load_ms: {http_mean['mean']['estimate']:.4g}" in capsys.readouterr().out
+    # --group splits at commas, which bucket labels hold: the buckets still come back whole.
+    group = ["--group", "[0, 100), [100, 250)", "--json"]
+    assert main(["estimates", "load_ms.distribution", "--address", address, "--window", "total", *group]) == 0
+    (grouped,) = json.loads(capsys.readouterr().out)["estimates"]
+    assert grouped["group"]["labels"] == ["[0, 100)", "[100, 250)"]
 
 
 def test_the_cli_s_series_table_and_csv_carry_the_numbers_in_the_metric_s_units(served, capsys, monkeypatch):
