@@ -43,17 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_ingest import (
-    GRAIN,
-    SHAPES,
-    AggregatorProcess,
-    Ledger,
-    LoadProcesses,
-    config_dict,
-    cpu_seconds,
-    metric_name,
-    run_once,
-)
+from _aggregator import AggregatorProcess, config_dict, metric_name
+from _goals import EFFICIENCY_GOAL, EVEN_GOAL
+from _load import GRAIN, SHAPES, Ledger, LoadProcesses, Masters, cpu_seconds, run_once
 from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
 from veil_testing.redis_cluster import RedisClusterServers
 from veil_testing.redis_server import RedisServer
@@ -61,8 +53,6 @@ from veil_testing.redis_server import RedisServer
 KS = (16, 128, 1024)
 STORES = ("memory", "sqlite", "redis", "cluster")
 CORES = (8, 32, 128)
-EFFICIENCY_GOAL = 0.75
-EVEN_GOAL = 0.10
 EFFICIENCY_CALLS = 3  # the efficiency cell sends this many times a cell's calls, for steadier CPU readings
 
 
@@ -86,21 +76,6 @@ def null_server(port_file: str) -> int:
     Path(port_file).write_text(str(port))
     server.wait_for_termination()
     return 0
-
-
-class Masters:
-    """The CPU seconds (INFO cpu: used_cpu_sys + used_cpu_user) of each master of a store."""
-
-    def __init__(self, nodes: list[Any]) -> None:
-        self.nodes = nodes
-
-    def seconds(self) -> list[float]:
-        out = []
-        for node in self.nodes:
-            info = node.command("INFO", "cpu", timeout=10).decode()
-            fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-            out.append(float(fields["used_cpu_sys"]) + float(fields["used_cpu_user"]))
-        return out
 
 
 LISTENERS = {

@@ -23,55 +23,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from _aggregator import VEIL, start_aggregator
+from _goals import CLI_START_GOAL_MS
 from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
-
-GOAL_MS = 500.0
-VEIL = str(Path(sys.executable).with_name("veil"))
-
-
-def start_aggregator() -> Any:
-    """An aggregator on free loopback ports, with reports counted in each metric (sent by
-    `veil simulate`, so the reports are real uploads)."""
-    from veil.aggregator.config import parse_config
-    from veil.aggregator.daemon import Aggregator
-
-    aggregator = Aggregator(
-        parse_config(
-            {
-                "server": {"grpc": "127.0.0.1:0", "http": "", "min_n": 10},
-                "store": {"url": "memory"},
-                "metrics": [
-                    {
-                        "name": f"m{i}",
-                        "labels": [f"c{j}" for j in range(16)],
-                        "epsilon": 1.0,
-                        "windows": ["total", "1h"],
-                    }
-                    for i in range(3)
-                ],
-            }
-        )
-    )
-    aggregator.start()
-    for i in range(3):
-        subprocess.run(
-            [
-                VEIL,
-                "simulate",
-                f"m{i}",
-                "--reports",
-                "1000",
-                "--seed",
-                str(i),
-                "--address",
-                f"127.0.0.1:{aggregator.grpc_port}",
-            ],
-            check=True,
-            capture_output=True,
-        )
-    return aggregator
 
 
 def wall_seconds(command: list[str], runs: int) -> dict[str, float]:
@@ -98,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="the JSON file (default: cli.json in bench/results/)")
     args = parser.parse_args(argv)
     runs = 3 if args.quick else 15
-    aggregator = start_aggregator()
+    aggregator = start_aggregator(reports=1000)
     address = f"127.0.0.1:{aggregator.grpc_port}"
     commands = {
         "python": [sys.executable, "-c", "pass"],
@@ -122,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "command": shlex.join(["python", "bench/bench_cli.py", *(argv if argv is not None else sys.argv[1:])]),
             "machine": machine_info(("grpcio", "protobuf")),
-            "settings": {"quick": args.quick, "runs": runs, "goal_ms": GOAL_MS},
+            "settings": {"quick": args.quick, "runs": runs, "goal_ms": CLI_START_GOAL_MS},
             "cli": results,
         },
     )

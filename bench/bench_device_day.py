@@ -60,19 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_capacity import EFFICIENCY_GOAL, Masters
-from bench_ingest import (
-    CALL_TIMEOUT,
-    COUNTS_PATH,
-    GRAIN,
-    AggregatorProcess,
-    Ledger,
-    LoadProcesses,
-    ReportPool,
-    answer_commands,
-    config_dict,
-    metric_name,
-)
+from _aggregator import CALL_TIMEOUT, COUNTS_PATH, AggregatorProcess, config_dict, metric_name
+from _goals import EFFICIENCY_GOAL
+from _load import GRAIN, Ledger, LoadProcesses, Masters, ReportPool, answer_commands
 from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_results
 from veil_testing.pki import Pki
 from veil_testing.redis_cluster import RedisClusterServers

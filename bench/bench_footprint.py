@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _aggregator import start_aggregator
 from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
 
 PROBE = """\
@@ -57,17 +58,6 @@ if sys.argv[1] == "reporter":
     reporter.shutdown(5)
 print(json.dumps(out))
 """
-
-
-def start_aggregator() -> Any:
-    from veil.aggregator.config import parse_config
-    from veil.aggregator.daemon import Aggregator
-
-    metrics = [{"name": f"m{i}", "labels": [f"c{j}" for j in range(16)], "epsilon": 1.0} for i in range(3)]
-    config = {"server": {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"}, "store": {"url": "memory"}, "metrics": metrics}
-    aggregator = Aggregator(parse_config(config))
-    aggregator.start()
-    return aggregator
 
 
 def measure(args: list[str], runs: int) -> dict[str, Any]:

@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-import bench_ingest as ingest  # beside this file, which runs as a script
+from _aggregator import AggregatorProcess, config_dict, metric_name  # beside this file, which runs as a script
+from _load import GRAIN, SHAPES, Ledger, LoadProcesses, Shape, run_once
 from veil_testing.benchlib import RESULTS_DIR, progress
 from veil_testing.redis_server import RedisServer
 
@@ -41,7 +42,10 @@ CATEGORIES = (
     ("grpc (C core, Cython)", ("cygrpc", "libgrpc")),
     ("store write (redis-py, hiredis, group commit)", ("redis/", "hiredis", "store/_redis/", "store/_coalesce.py")),
     ("decode", ("aggregator/decode.py", "aggregator/_kernels.py", "numba")),
-    ("servicer, access, rate limit", ("aggregator/service.py", "aggregator/_auth.py", "aggregator/_ratelimit.py")),
+    (
+        "servicer, access, rate limit",
+        ("aggregator/service.py", "aggregator/_access.py", "aggregator/_interceptor.py", "aggregator/_ratelimit.py"),
+    ),
     ("prometheus", ("prometheus_client",)),
     ("numpy", ("numpy/",)),
     ("protobuf", ("protobuf",)),
@@ -82,25 +86,25 @@ def summarize(path: Path, top: int = 15) -> str:
 
 
 def profile_one(
-    load: ingest.LoadProcesses,
-    aggregator: ingest.AggregatorProcess,
-    ledger: ingest.Ledger,
-    shape: ingest.Shape,
+    load: LoadProcesses,
+    aggregator: AggregatorProcess,
+    ledger: Ledger,
+    shape: Shape,
     k: int,
     args: argparse.Namespace,
 ) -> dict:
-    metric = ingest.metric_name(k, 1.0)
+    metric = metric_name(k, 1.0)
     load.command("cell", {"k": k, "epsilon": 1.0, "seed": args.seed})
     watch = {"aggregator": aggregator.pids, "redis": aggregator.redis_pid}
     load.command("extend", shape.pilot)  # reports per load process
-    ingest.run_once(load, aggregator, shape, metric, ingest.GRAIN, watch, ledger)  # warm-up
-    rate = ingest.run_once(load, aggregator, shape, metric, shape.pilot, watch, ledger)["reports_per_second"]
+    run_once(load, aggregator, shape, metric, GRAIN, watch, ledger)  # warm-up
+    rate = run_once(load, aggregator, shape, metric, shape.pilot, watch, ledger)["reports_per_second"]
     wanted = rate * (args.seconds + 4) / len(load.pipes)
-    reports = int(-(-wanted // ingest.GRAIN) * ingest.GRAIN)
+    reports = int(-(-wanted // GRAIN) * GRAIN)
     load.command("extend", reports)
     outcome: dict = {}
     runner = threading.Thread(
-        target=lambda: outcome.update(ingest.run_once(load, aggregator, shape, metric, reports, watch, ledger))
+        target=lambda: outcome.update(run_once(load, aggregator, shape, metric, reports, watch, ledger))
     )
     runner.start()
     time.sleep(2)
@@ -130,7 +134,7 @@ def profile_one(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", choices=tuple(ingest.SHAPES), default=list(ingest.SHAPES))
+    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     parser.add_argument("--ks", type=int, nargs="+", default=[16, 1024])
     parser.add_argument("--seconds", type=int, default=8, help="seconds of sampling per profile (default 8)")
     parser.add_argument("--all-threads", action="store_true", help="sample every thread, not only the GIL holder")
@@ -143,19 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     from veil.aggregator.store import RedisStore
 
     args.output.mkdir(parents=True, exist_ok=True)
-    ledger = ingest.Ledger()
+    ledger = Ledger()
     summaries = []
     with tempfile.TemporaryDirectory(prefix="veil-profile-") as scratch, RedisServer() as redis:
-        load = ingest.LoadProcesses(2)
-        aggregator = ingest.AggregatorProcess(
-            "redis", redis.url, ingest.config_dict(args.ks, [1.0], redis.url), Path(scratch)
-        )
+        load = LoadProcesses(2)
+        aggregator = AggregatorProcess("redis", redis.url, config_dict(args.ks, [1.0], redis.url), Path(scratch))
         aggregator.redis, aggregator.redis_pid = RedisStore(redis.url), redis.process.pid
         try:
             for name in args.shapes:
                 for k in args.ks:
                     progress(f"profiling {name} uploads at k = {k} for {args.seconds} s")
-                    result = profile_one(load, aggregator, ledger, ingest.SHAPES[name], k, args)
+                    result = profile_one(load, aggregator, ledger, SHAPES[name], k, args)
                     summaries.append(
                         f"{name} uploads, k = {k}: {result['uploads_per_second']:.0f} uploads/s under "
                         f"py-spy, counts {'exact' if result['exact'] else 'WRONG'}\n" + summarize(result["profile"])

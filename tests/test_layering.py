@@ -37,11 +37,7 @@ ALLOWED = {
 LAUNCHERS = {ROOT / "aggregator/src/veil/aggregator/__main__.py"}
 # Import cycles known and left for now, each named: the test fails on any other cycle, on one of
 # these grown by another module, and on one of these gone (then its line goes too).
-KNOWN_CYCLES = {
-    # A Reporter's processor starts its worker, which hands flushed batches back to it (issue 30;
-    # left while the SDK's revision 2 is edited).
-    frozenset({"veil.client._processor", "veil.client._worker"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 # Private modules or names one package imports from another, known and left for now, each named
 # by the importing file and the module: the test fails on any other, and on one of these gone.
 KNOWN_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
@@ -188,6 +184,18 @@ def test_no_package_imports_another_packages_private_modules_or_names(package):
     known_here = {known for known in KNOWN_PRIVATE_IMPORTS if (ROOT / known[0]).is_relative_to(PACKAGES[package])}
     gone = known_here - found
     assert not gone, f"known private imports no longer there (remove them from KNOWN_PRIVATE_IMPORTS): {sorted(gone)}"
+
+
+# The aggregator's parts both listeners share, and the HTTP listener's own: grpcio stays in the
+# gRPC adapters (service, _interceptor) and the daemon that wires them.
+GRPC_FREE = ("ingest", "_access", "_budget", "_calls", "_http_collector", "http")
+
+
+@pytest.mark.parametrize("module", GRPC_FREE)
+def test_the_access_policy_the_ingest_core_and_http_import_no_grpcio(module):
+    path = PACKAGES["veil.aggregator"] / f"{module}.py"
+    found = {name for name, _ in imports(path, "veil.aggregator") if name.partition(".")[0] == "grpc"}
+    assert not found, f"veil.aggregator.{module} imports {sorted(found)}"
 
 
 def test_the_cycle_check_sees_a_cycle_hidden_in_a_function(monkeypatch, tmp_path):

@@ -308,7 +308,7 @@ def test_an_upload_whose_caller_is_gone_when_its_handler_runs_writes_nothing(sta
     Details = namedtuple("Details", "method invocation_metadata")
     Metadatum = namedtuple("Metadatum", "key value")
     details = Details("/veil.wire.v1.Collector/Upload", (Metadatum("authorization", f"Bearer {UPLOAD_TOKEN}"),))
-    wrapped = aggregator.access.intercept_service(lambda _: handler, details)
+    wrapped = aggregator.interceptor.intercept_service(lambda _: handler, details)
     context = _EndedCall()
     with pytest.raises(_Aborted):
         wrapped.stream_unary(iter([make_upload("browser", 100)]), context)  # reads its request when it asks

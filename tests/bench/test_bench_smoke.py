@@ -29,11 +29,16 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def report_module():
-    """bench/report.py as a module (a script, so not importable by name)."""
-    spec = importlib.util.spec_from_file_location("report", BENCH / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    return report
+    """bench/report.py as a module (a script, so not importable by name), its parts beside it
+    importable as they are when it runs as a script."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("report", BENCH / "report.py")
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        yield report
+    finally:
+        sys.path.remove(str(BENCH))
 
 
 def run_report(report, argv: list[str]) -> tuple[int, str]:

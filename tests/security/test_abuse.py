@@ -271,7 +271,7 @@ def until(condition, seconds: float = 30.0) -> bool:
 
 
 def budget_of(aggregator):
-    return aggregator.access._budget
+    return aggregator.access.budget
 
 
 @pytest.mark.parametrize("path", UPLOAD_PATHS)

@@ -17,15 +17,27 @@ told apart) share the whole budget, as do streams (bounded by their own limits, 
 their own); the read deadline (_calls.ReadDeadlines) bounds how long any of them holds it. A
 token's reads that overlap beyond its share, as a burst of its devices' uploads may, are
 refused too: the SDKs retry after the hint.
+
+A call holds its bytes through a Reservation; a read that finds none free within BUDGET_WAIT
+(over gRPC; at once over HTTP, where a waiting body would hold its connection) is refused with
+BUDGET_REFUSAL and a retry hint of BUDGET_RETRY_MS.
 """
 
 from __future__ import annotations
 
 import threading
 
-__all__ = ["ByteBudget", "token_share"]
+__all__ = ["BUDGET_REFUSAL", "BUDGET_RETRY_MS", "BUDGET_WAIT", "ByteBudget", "Reservation", "token_share"]
 
 SHARE = 4  # a token holds at most 1/SHARE of the budget, and of the worker threads' reads
+# An upload waits this long at most for the in-flight bytes budget, then is refused with this
+# message and hint (the HTTP listener's too); one over its token's share is refused at once.
+BUDGET_WAIT = 5.0
+BUDGET_RETRY_MS = 1000
+BUDGET_REFUSAL = (
+    "The aggregator is reading as much as its memory allows (server.max_inflight_bytes, of which "
+    "one token may hold a quarter); retry (an upload with the same batch id). Nothing was counted."
+)
 
 
 def token_share(total: int, largest: int, workers: int) -> int:
@@ -85,3 +97,32 @@ class ByteBudget:
                 else:
                     del self._held[holder]
             self._changed.notify_all()
+
+
+class Reservation:
+    """A call's bytes of the in-flight budget, as its holder: take() the largest message's size
+    before a read, keep() the message's own size once it is read, close() when the call is
+    answered."""
+
+    def __init__(self, budget: ByteBudget, largest: int, holder: str | None) -> None:
+        self._budget, self._largest, self._holder = budget, largest, holder
+        self._held = 0
+
+    def take(self, timeout: float) -> bool:
+        """The largest message's size (after letting go of what was held), or False: none free
+        within the timeout, or the holder at its share (at once)."""
+        self.close()
+        if not self._budget.reserve(self._largest, timeout, self._holder):
+            return False
+        self._held = self._largest
+        return True
+
+    def keep(self, size: int) -> None:
+        self._release(self._held - min(size, self._held))
+
+    def _release(self, n: int) -> None:
+        self._held -= n
+        self._budget.release(n, self._holder)
+
+    def close(self) -> None:
+        self._release(self._held)

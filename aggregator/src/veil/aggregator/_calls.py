@@ -1,8 +1,4 @@
-"""Calls that arrive outside grpcio's server (the HTTP listener) go through the same access
-checks and servicer as gRPC's; those end a refused call with context.abort, and a CallContext
-turns that into a Refused exception carrying the status and the trailers set.
-
-ReadDeadlines bounds how long an admitted gRPC call may take to deliver its message: grpcio
+"""ReadDeadlines bounds how long an admitted gRPC call may take to deliver its message: grpcio
 waits for a request message as long as the client's own deadline (forever without one), and a
 call waiting for its message holds a worker thread and its reservation of the in-flight budget.
 """
@@ -14,11 +10,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
 
-import grpc
-
-__all__ = ["CallContext", "ReadDeadline", "ReadDeadlines", "Refused"]
+__all__ = ["ReadDeadline", "ReadDeadlines"]
 
 log = logging.getLogger("veil.aggregator")
 
@@ -27,30 +20,6 @@ log = logging.getLogger("veil.aggregator")
 _GRANULARITY = 0.25
 # and at least this often while any is armed, dropping those disarmed (a second of calls' worth).
 _SWEEP = 1.0
-
-
-class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-class CallContext:
-    """What the servicer and the interceptor use of a gRPC context. `active`: whether the caller
-    still waits for the answer (False once it has left: nothing of its upload is written)."""
-
-    def __init__(self, active: bool = True) -> None:
-        self.trailers: tuple = ()
-        self._active = active
-
-    def abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
-        raise Refused(code, message)
-
-    def set_trailing_metadata(self, metadata) -> None:
-        self.trailers = tuple(metadata)
-
-    def is_active(self) -> bool:
-        return self._active
 
 
 class ReadDeadline:

@@ -4,12 +4,11 @@
     POST /v1/uploads   several batches (Collector/UploadBatches)
     GET /v1/specs      the specs (Collector/GetMetricSpecs); ETag, If-None-Match -> 304
 
-The same calls as gRPC's, through the same parts: the AccessInterceptor's token, rate limits
-and upload checks (admit_upload_unread before the body is read, then admit_upload, for both
-upload paths alike; admit_specs), then the ingest core (ingest.Ingest). The access checks end a
-refused call with context.abort; here a CallContext turns that into a Refused, answered with the
-HTTP status of ingest.STATUSES, the retry-after-ms hint as a header (and Retry-After in
-seconds). Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping
+The same calls as gRPC's, through the same parts: the access policy's token, rate limits and
+upload checks (_access.Access: admit_unread before the body is read, then admit_read, for both
+upload paths alike), then the ingest core (ingest.Ingest). A refusal (_access.Denied) is
+answered with the HTTP status of ingest.STATUSES, the retry-after-ms hint as a header (and
+Retry-After in seconds). Bodies are binary protobuf (application/x-protobuf) or the proto3 JSON mapping
 (application/json, the default when no Content-Type is sent); any other Content-Type is 415,
 before the token is checked. Refusals are JSON {"error", "code"}.
 """
@@ -19,14 +18,13 @@ from __future__ import annotations
 import json
 import math
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from veil.wire.v1 import veil_pb2
 
-from ._auth import BUDGET_REFUSAL, BUDGET_RETRY_MS, RETRY_AFTER_KEY, AccessInterceptor, Reservation
-from ._calls import CallContext, Refused
+from ._access import RETRY_AFTER_KEY, SPECS, UPLOAD, UPLOAD_BATCHES, Access, Denied
+from ._budget import BUDGET_REFUSAL, BUDGET_RETRY_MS, Reservation
 from ._upload_json import parse_batches_json, parse_upload_json
 from .decode import parse_batches, parse_upload
 from .ingest import STATUSES, Ingest, Outcome, http_status
@@ -45,7 +43,7 @@ def _media_type(content_type: str) -> str:
 
 
 class HttpCollector:
-    def __init__(self, access: AccessInterceptor, ingest: Ingest) -> None:
+    def __init__(self, access: Access, ingest: Ingest) -> None:
         self._access, self._ingest = access, ingest
 
     def admit(self, path: str, authorization: list[str], content_type: str) -> tuple[str, None] | tuple[None, Answer]:
@@ -57,11 +55,10 @@ class HttpCollector:
                 "unsupported_media_type",
                 f"Send the body as {PROTOBUF} or {_JSON} (proto3 JSON), not {content_type[:64]!r}.",
             )
-        context = CallContext()
         try:
-            return self._access.admit_upload_unread(authorization, context, batches=path == "/v1/uploads"), None
-        except Refused as refused:
-            return None, _refusal(refused, context)
+            return self._access.admit_unread(_method(path), authorization).name, None
+        except Denied as denied:
+            return None, _refusal(denied)
 
     def reservation(self, name: str) -> Reservation:
         """The in-flight budget the body of an upload admitted as `name` is read within."""
@@ -70,9 +67,7 @@ class HttpCollector:
     @staticmethod
     def budget_refusal() -> Answer:
         """The answer to an upload that found no room in the budget: 429, retry after a second."""
-        context = CallContext()
-        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(BUDGET_RETRY_MS)),))
-        return _refusal(Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, BUDGET_REFUSAL), context)
+        return _refusal(Denied("RESOURCE_EXHAUSTED", BUDGET_REFUSAL, BUDGET_RETRY_MS))
 
     def upload(self, path: str, name: str, content_type: str, body: bytes) -> Answer:
         """The POST of one of UPLOAD_PATHS admitted as token `name`, its body read whole."""
@@ -83,26 +78,23 @@ class HttpCollector:
             request = parse_batches(body) if batches else parse_upload(body)
         else:  # the body itself when not a valid message: the access checks answer it
             request = parse_batches_json(body) if batches else parse_upload_json(body)
-        context = CallContext()  # read whole before the call: one that leaves retries the same id
-        try:
-            if batches:
-                answer = self._access.admit_upload(self._batches, name, request, context, batches=True)
-            else:
-                answer = self._access.admit_upload(self._one, name, request, context)
-        except Refused as refused:
-            return _refusal(refused, context)
+        try:  # read whole before the call: one that leaves retries the same id
+            admitted = self._access.admit_read(self._access.named(_method(path), name), request)
+        except Denied as denied:
+            return _refusal(denied)
+        if isinstance(admitted, veil_pb2.UploadBatchesRequest):
+            answer: Message | Outcome = self._ingest.upload_batches(admitted)
+        else:
+            answer = self._one(admitted)
         if isinstance(answer, Outcome):  # refused by the core
             return _refused(answer)
         if binary:
             return 200, PROTOBUF, answer.SerializeToString(), {}
         return _json(200, _as_dict(answer))
 
-    def _one(self, request: veil_pb2.UploadRequest, _context) -> veil_pb2.UploadResponse | Outcome:
+    def _one(self, request: veil_pb2.UploadRequest) -> veil_pb2.UploadResponse | Outcome:
         outcome = self._ingest.upload(request)
         return self._ingest.response(outcome) if outcome.counted else outcome
-
-    def _batches(self, request: veil_pb2.UploadBatchesRequest, _context) -> veil_pb2.UploadBatchesResponse | Outcome:
-        return self._ingest.upload_batches(request)
 
     def current(self, if_none_match: str) -> bool:
         """Whether If-None-Match names the current specs version: specs() then answers 304 (once
@@ -112,18 +104,12 @@ class HttpCollector:
     def specs(self, authorization: list[str], metrics: list[str], accept: str, if_none_match: str = "") -> Answer:
         """GET /v1/specs: 304 when If-None-Match names the current version (its ETag)."""
         etag = f'"{self._ingest.specs_version}"'
-        if _matches(if_none_match, etag):
-            # Still the token's to ask: a 304 tells no more than an unchanged answer would.
-            request = veil_pb2.GetMetricSpecsRequest(metrics=metrics, if_version=self._ingest.specs_version)
-        else:
-            request = veil_pb2.GetMetricSpecsRequest(metrics=metrics)
-        context = CallContext()
-        try:
-            response = self._access.admit_specs(
-                lambda r, _c: self._ingest.specs(r.metrics, r.if_version), authorization, request, context
-            )
-        except Refused as refused:
-            return _refusal(refused, context)
+        try:  # still the token's to ask: a 304 tells no more than an unchanged answer would
+            identity = self._access.admit_unread(SPECS, authorization)
+        except Denied as denied:
+            return _refusal(denied)
+        if_version = self._ingest.specs_version if _matches(if_none_match, etag) else ""
+        response = self._access.scoped_specs(self._ingest.specs(metrics, if_version), identity)
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if response.unchanged:
             return 304, _JSON, b"", headers
@@ -175,13 +161,17 @@ def _refused(outcome: Outcome | str, message: str = "") -> Answer:
     return _json(status.http, {"error": outcome.message, **({"code": status.grpc} if status.grpc else {})})
 
 
-def _refusal(refused: Refused, context: CallContext) -> Answer:
+def _method(path: str) -> str:
+    """The Collector method one of UPLOAD_PATHS is."""
+    return UPLOAD_BATCHES if path == "/v1/uploads" else UPLOAD
+
+
+def _refusal(denied: Denied) -> Answer:
     """The refusal as JSON, whatever the request's format: it is for people and logs."""
     headers = {}
-    for key, value in context.trailers:
-        if key == RETRY_AFTER_KEY:
-            headers[RETRY_AFTER_KEY] = value
-            headers["Retry-After"] = str(math.ceil(int(value) / 1000))
-    if refused.code == grpc.StatusCode.UNAUTHENTICATED:
+    if denied.retry_after_ms is not None:
+        headers[RETRY_AFTER_KEY] = str(denied.retry_after_ms)
+        headers["Retry-After"] = str(math.ceil(denied.retry_after_ms / 1000))
+    if denied.code == "UNAUTHENTICATED":
         headers["WWW-Authenticate"] = 'Bearer realm="veil"'
-    return _json(http_status(refused.code.name), {"error": refused.message, "code": refused.code.name}, headers)
+    return _json(http_status(denied.code), {"error": denied.message, "code": denied.code}, headers)

@@ -11,11 +11,12 @@ silently dropped). A store set up so that a batch could count twice (Redis evict
 refused at start, and NOT_SERVING with an error line if it becomes so while serving.
 
 Access: with [tls] both listeners speak TLS only (mutual TLS with tls.client_ca_file); with
-tokens, an interceptor checks every call before its handler (see _auth); reload_tokens() swaps
+tokens, every call is checked before its handler (the policy _access, in gRPC by the interceptor
+_interceptor, over HTTP by _http_collector and http); reload_tokens() swaps
 them while serving (`veil serve` on SIGHUP). The limits on abuse, each bounding memory or
 threads whatever a caller sends:
 - gRPC refuses, unread, any message larger than the largest valid upload (max_message_bytes);
-  a call refused by the access checks is answered without its message being read (_auth);
+  a call refused by the access checks is answered without its message being read (_interceptor);
 - requests and HTTP bodies being read reserve at most server.max_inflight_bytes (_budget), each
   the largest valid upload's size until read, one token at most its share (a quarter; tokenless
   health and reflection calls from a budget of their own); HTTP/2 windows stay small for
@@ -55,9 +56,10 @@ from veil.mechanism import max_report_bytes
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
-from ._auth import AccessInterceptor, Limits, token_limits
+from ._access import Access, Limits, token_limits
 from ._budget import ByteBudget, token_share
 from ._http_collector import HttpCollector
+from ._interceptor import AccessInterceptor
 from ._tls import ServerTls
 from .config import AggregatorConfig, AuthConfig
 from .errors import ConfigError, StoreError, StoreMisconfigured
@@ -193,20 +195,23 @@ class Aggregator:
         self._store_ok: bool | None = None  # unknown until the first ping
 
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.access = AccessInterceptor(
+        self.access = Access(
             config.auth,
             metrics={m.name: m.spec for m in config.metrics},
-            max_streams=config.max_streams,
-            max_health_streams=config.max_health_streams,
             upload_bytes=limit,
             budget=ByteBudget(budget, token_share(budget, limit, config.workers)),
-            read_timeout=config.read_timeout,
             limits=_worker_limits(config.auth, config.processes),
             registry=self.instruments.registry,
         )
+        self.interceptor = AccessInterceptor(
+            self.access,
+            max_streams=config.max_streams,
+            max_health_streams=config.max_health_streams,
+            read_timeout=config.read_timeout,
+        )
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="veil-grpc"),
-            interceptors=[self.access],
+            interceptors=[self.interceptor],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.so_reuseport", int(config.processes > 1)),
@@ -366,7 +371,7 @@ class Aggregator:
         self._estimates.stop()
         grace = self.config.grace_period if grace is None else grace
         self._grpc.stop(grace).wait()
-        self.access.close()
+        self.interceptor.close()
         if self._http:
             self._http.stop()
         try:

@@ -427,7 +427,7 @@ class _Routes:
         authenticator,
     ) -> None:
         self.live, self.registry, self.healthy, self.pages = live, registry, healthy, pages
-        self.authenticator = authenticator  # veil.aggregator._auth.Authenticator, or None: no tokens
+        self.authenticator = authenticator  # _access.Authenticator, or None: no tokens
 
     def answer(self, raw_path: str, raw_query: str, authorization: list[str]) -> tuple[int, str, bytes, dict]:
         path = raw_path.rstrip("/") or "/"

@@ -1,7 +1,7 @@
 """The ingest core: what becomes of an upload, whichever listener it came on (docs/design.md, 5).
 
 The gRPC servicer (service.CollectorService) and the HTTP routes (_http_collector) are adapters:
-they parse the wire, run the access checks (_auth), and hand the batches here. This module does
+they parse the wire, run the access checks (_access), and hand the batches here. This module does
 the rest, with no gRPC or HTTP of its own:
 
 - checking: the metric is declared, the spec fingerprint is current, the store is not known to be

@@ -6,9 +6,12 @@ nothing here touches the network or the disk on the caller's thread. A full queu
 newest report and counts it. Before any spec is known (a first start, no network yet) report()
 calls wait here as they were made (``early``: metric, value and time, in memory only, within the
 same bound); the worker hands them back to the Reporter once specs arrive, and only then are
-they randomized. The worker thread (see _worker) batches, spools, uploads and retries; force_flush and
-shutdown hand it a request with a deadline and wait for its answer. After fork the child gets
-new locks, an empty queue, a new worker and, later, its own gRPC channel or HTTP connection.
+they randomized. The worker thread (see _worker) batches, spools, uploads and retries; force_flush
+and shutdown hand it a request with a deadline and wait for its answer. The worker works on this
+processor's state, so it imports this module and the Reporter hands the processor the worker's
+body to start (``run_worker``): the import arrow between them points one way. After fork the
+child gets new locks, an empty queue, a new worker and, later, its own gRPC channel or HTTP
+connection.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from ._outbox import Outbox, Spool
 from ._specs import SpecCache
 from ._transport import open_transport
 
-__all__ = ["BatchProcessor", "FlushRequest"]
+__all__ = ["BatchProcessor", "FlushRequest", "RunWorker"]
+
+# The worker thread's body, given the processor and whether to load the spool first.
+RunWorker = Callable[["BatchProcessor", bool], None]
 
 # A weak reference to a Reporter's report() of a call made at a given time (metric, value, time).
 _ReportAt = Callable[[], Callable[[str, object, float], None] | None]
@@ -67,7 +73,9 @@ class FlushRequest:
 
 
 class BatchProcessor:
-    def __init__(self, config: Config, specs: SpecCache, memo: MemoStore, ledger: Ledger, log: LogOnce) -> None:
+    def __init__(
+        self, config: Config, specs: SpecCache, memo: MemoStore, ledger: Ledger, log: LogOnce, run_worker: RunWorker
+    ) -> None:
         self.config = config
         self.specs = specs
         self.memo = memo
@@ -83,6 +91,7 @@ class BatchProcessor:
                     "spool:open", "The Veil queue directory cannot hold unsent batches; keeping them in memory."
                 )
         self.outbox = Outbox(spool, log)
+        self._run_worker = run_worker
         self.stopped = False
         self._new_state()
         self._start(load=True)
@@ -106,9 +115,7 @@ class BatchProcessor:
         self.lost_at_flush = 0
 
     def _start(self, load: bool) -> None:
-        from ._worker import Worker
-
-        self.thread = threading.Thread(target=Worker(self, load).run, name="veil-reporter", daemon=True)
+        self.thread = threading.Thread(target=self._run_worker, args=(self, load), name="veil-reporter", daemon=True)
         self.thread.start()
 
     # --- the app's threads ------------------------------------------------------------------

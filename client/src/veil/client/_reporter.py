@@ -25,6 +25,7 @@ from ._log import LogOnce, logger
 from ._memo import MemoStore
 from ._processor import BatchProcessor
 from ._specs import SpecCache
+from ._worker import run_worker
 
 __all__ = ["Reporter"]
 
@@ -141,7 +142,7 @@ class Reporter:
         self._memo = MemoStore(directory, log)
         self._ledger = Ledger(directory, log)
         self._processor = BatchProcessor(
-            replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log
+            replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log, run_worker
         )
         ref = weakref.ref(self)
         self._exit_hook = lambda: (reporter := ref()) is not None and reporter.shutdown(_DEFAULT_SHUTDOWN_TIMEOUT_S)

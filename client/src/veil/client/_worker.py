@@ -43,7 +43,7 @@ from ._processor import BatchProcessor, FlushRequest
 from ._status import CODE_NAMES, FINAL, OK, STALE_SPEC, TOKEN_REFUSED, TOO_LATE, UNIMPLEMENTED
 from ._transport import Call
 
-__all__ = ["Worker", "Backoff"]
+__all__ = ["Worker", "Backoff", "run_worker"]
 
 _Response = TypeVar("_Response")  # what a call answers: _await waits for any
 _CALLS_PER_TURN = 64  # upload calls between two looks at the queue
@@ -519,3 +519,9 @@ class Worker:
                 pass
         for request in p.requests:
             request.finish(False)
+
+
+def run_worker(processor: BatchProcessor, load: bool) -> None:
+    """The worker thread's body (the processor's run_worker): load the spool when `load`, then
+    serve the processor until it shuts down."""
+    Worker(processor, load).run()

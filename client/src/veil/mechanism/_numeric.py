@@ -43,7 +43,7 @@ __all__ = [
 MEAN = "mean"
 DISTRIBUTION = "distribution"
 PARTS = (MEAN, DISTRIBUTION)
-# The most rounding points a mean part uses. Past about epsilon 9 more points would still cut
+# The most rounding points a mean part uses. Past about epsilon 12 more points would still cut
 # the worst-case variance a little, but every point a device's value visits can cost a fresh
 # response over its lifetime (docs/math.md 9.3), so the grid stays small.
 MAX_LEVELS = 64
