@@ -20,6 +20,20 @@ veil.mechanism on the same values: the SDK's overhead is the difference. The que
 nothing is dropped (a dropped call would be cheaper than a real one). Garbage collection stays
 on, as in an app.
 
+Numbers (issue 27): report() of a number of a numeric metric beside report() of a category whose
+spec has the same design, in the same run, for epsilon in {1, 4}, memoization off and on:
+
+  - mean only:  a numeric metric with the mean part alone (k-RR over its rounding points) beside a
+                metric of categories with the same k-RR spec (k = the points): a number costs
+                no more than a category when the ratio is at most 1;
+  - both parts: a numeric metric with the mean and a distribution over 6 buckets (subset), each
+                with half the epsilon: one report() sends two reports, so beside the sum of a
+                category of each part's shape (per part), and beside one category (whole call).
+
+Numbers are drawn uniformly over the range, labels uniformly; memoization on is measured in the
+steady state (every point and bucket reported before). The series take turns, 50 calls at a
+time in a rotating order, so the worker's batches and drift on a shared machine fall on all alike.
+
 Upload throughput: reports per second from the first report() to the end of force_flush()
 (randomize, queue, batch, encode, upload, acknowledge), memoization on so that report() is
 cheap and the pipeline is what is measured, default batch size (512 reports).
@@ -50,6 +64,10 @@ from veil_testing.benchlib import RESULTS_DIR, machine_info, progress, write_res
 KS = (16, 128, 1024)
 EPSILONS = (1.0, 4.0)
 MECHANISM = "subset"
+NUMERIC_RANGE = (0.0, 10_000.0)
+NUMERIC_BUCKETS = (100.0, 250.0, 500.0, 1000.0, 2500.0)
+ROUNDS = 4  # the numeric series alternate with their category peers in this many rounds,
+CHUNK = 50  # a few calls of each series at a time, in a rotating order
 
 
 def metric_name(k: int, epsilon: float) -> str:
@@ -59,6 +77,35 @@ def metric_name(k: int, epsilon: float) -> str:
 def daily_name(k: int, epsilon: float) -> str:
     """The same metric with the default reporting rule: one report per device and day."""
     return f"daily_k{k}_e{epsilon:g}"
+
+
+def numeric_specs(epsilon: float) -> dict[str, list]:
+    """The numeric metrics of one epsilon and their category peers, by series name: "mean only"
+    (the mean part), "both parts" (mean and distribution, half the epsilon each), and per part
+    a metric of categories with the part's spec but its own name."""
+    from veil.mechanism import DISTRIBUTION, MEAN, MetricSpec, NumericSpec, mean_levels
+
+    many = {"reports_per_period": 2**32 - 1}
+    low, high = NUMERIC_RANGE
+
+    def parts(metric: str, eps: float, both: bool) -> list:
+        numeric = [NumericSpec(metric, MEAN, low, high, (), mean_levels(eps))]
+        if both:
+            numeric.append(NumericSpec(metric, DISTRIBUTION, low, high, NUMERIC_BUCKETS))
+        return [MetricSpec.numeric_part(n, MECHANISM, eps, **many) for n in numeric]
+
+    alone = parts(f"num_e{epsilon:g}", epsilon, both=False)
+    both = parts(f"num2_e{epsilon:g}", epsilon / 2, both=True)
+
+    def peer(spec, name: str):
+        return MetricSpec(name, spec.labels, spec.mechanism, **many)
+
+    return {
+        "mean only": alone,
+        "both parts": both,
+        "category like mean only": [peer(alone[0], f"cat_alone_e{epsilon:g}")],
+        "category like each part": [peer(s, f"cat_{s.numeric.part}_e{epsilon:g}") for s in both],
+    }
 
 
 # --- the local Collector (run as a subprocess: `bench_client.py --serve`) ----------------------
@@ -81,6 +128,7 @@ def serve() -> None:
     specs += [
         MetricSpec.create(daily_name(k, e), [f"c{i}" for i in range(k)], MECHANISM, e) for k in KS for e in EPSILONS
     ]
+    specs += [spec for e in EPSILONS for series in numeric_specs(e).values() for spec in series]
     response = veil_pb2.GetMetricSpecsResponse(specs=[spec_to_proto(s) for s in specs])
     seen: set[bytes] = set()
 
@@ -127,8 +175,9 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
     return {"median_us": statistics.median(ordered) / 1000, "p99_us": p99 / 1000, "calls": len(ordered)}
 
 
-def time_calls(call, metric: str, values: list[str]) -> list[int]:
-    gc.collect()  # start each series from the same heap; collections during it are counted
+def time_calls(call, metric: str, values: list, collect: bool = True) -> list[int]:
+    if collect:
+        gc.collect()  # start each series from the same heap; collections during it are counted
     clock = time.perf_counter_ns
     samples = []
     for value in values:
@@ -219,6 +268,68 @@ def run_latency(endpoint: str, server: subprocess.Popen, calls: dict[int, int], 
     return results
 
 
+def run_numeric(endpoint: str, calls: int, seed: int) -> dict:
+    """report() of a number beside report() of a category of the same design (see the module
+    docstring): per epsilon and memoization, each series' median and p99 and their ratios."""
+    from veil.client import Reporter
+
+    rng = random.Random(seed)
+    low, high = NUMERIC_RANGE
+    numbers = [rng.uniform(low, high) for _ in range(calls)]
+    results: dict[str, dict] = {}
+    for epsilon in EPSILONS:
+        series = numeric_specs(epsilon)
+        for memoize in (False, True):
+            # Room for every call's reports (two for both parts) and the warm-up: none dropped.
+            reporter = Reporter(endpoint, tls=False, memoize=memoize, max_queue_size=4 * ROUNDS * calls + 4096)
+            assert reporter.wait_for_specs(30), "the local Collector did not answer"
+            calls_of = {
+                "mean only": (series["mean only"][0].numeric.metric, numbers),
+                "both parts": (series["both parts"][0].numeric.metric, numbers),
+            }
+            for spec in series["category like mean only"] + series["category like each part"]:
+                calls_of[spec.name] = (spec.name, [rng.choice(spec.labels) for _ in range(calls)])
+            if memoize:  # the steady state: every point, bucket and label has its response
+                for spec in [s for specs in series.values() for s in specs]:
+                    if spec.numeric is not None:
+                        for x in (*spec.numeric.points, *spec.numeric.edges):
+                            reporter.report(spec.numeric.metric, x)
+                    else:
+                        for label in spec.labels:
+                            reporter.report(spec.name, label)
+            names = list(calls_of)
+            samples: dict[str, list[int]] = {name: [] for name in names}
+            for round_ in range(ROUNDS):
+                gc.collect()
+                for chunk, start in enumerate(range(0, calls, CHUNK)):
+                    shift = (round_ + chunk) % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        metric, values = calls_of[name]
+                        samples[name] += time_calls(reporter.report, metric, values[start : start + CHUNK], False)
+                reporter.force_flush(60)
+            counters = reporter.counters()
+            reporter.shutdown(0)
+            assert counters.dropped == 0, counters
+            cell = f"eps={epsilon:g} {'memo on' if memoize else 'memo off'}"
+            got = {name: percentiles(s) for name, s in samples.items()}
+            mean_peer = got[series["category like mean only"][0].name]
+            part_peers = [got[s.name] for s in series["category like each part"]]
+            ratios = {}
+            for stat in ("median_us", "p99_us"):
+                ratios[f"mean only / category, {stat}"] = got["mean only"][stat] / mean_peer[stat]
+                ratios[f"both parts / category per part, {stat}"] = got["both parts"][stat] / sum(
+                    p[stat] for p in part_peers
+                )
+                ratios[f"both parts / one category, {stat}"] = got["both parts"][stat] / mean_peer[stat]
+            results[cell] = {"series": got, "ratios": ratios}
+            progress(
+                f"  numbers {cell:18} mean only {got['mean only']['median_us']:6.1f} us "
+                f"(category {mean_peer['median_us']:6.1f}), both parts {got['both parts']['median_us']:6.1f} us "
+                f"(a category of each part {sum(p['median_us'] for p in part_peers):6.1f})"
+            )
+    return results
+
+
 def run_throughput(reports: dict[int, int], seed: int) -> dict:
     from veil.client import Reporter
     from veil.mechanism import encoding, report_bytes
@@ -295,6 +406,19 @@ def table(results: dict) -> str:
         lines.append(
             f"{cell:16}{a['median_us']:>13.1f} /{a['p99_us']:>7.1f}{b['median_us']:>11.1f} /{b['p99_us']:>7.1f}"
         )
+    lines += [
+        "",
+        "report() of a number / of a category of the same design, server up (median / p99; <= 1: no dearer)",
+        "",
+        f"{'cell':20}{'mean only / category':>24}{'both / category per part':>28}{'both / one category':>24}",
+    ]
+    for cell, r in results["numeric"].items():
+        row = f"{cell:20}"
+        for key, width in (("mean only / category", 24), ("both parts / category per part", 28)):
+            row += f"{r['ratios'][key + ', median_us']:>{width - 8}.2f} /{r['ratios'][key + ', p99_us']:>6.2f}"
+        key = "both parts / one category"
+        row += f"{r['ratios'][key + ', median_us']:>16.2f} /{r['ratios'][key + ', p99_us']:>6.2f}"
+        lines.append(row)
     lines += ["", "upload throughput (report() .. force_flush(), memo on, batches of 512)", ""]
     for cell, r in results["throughput"].items():
         lines.append(
@@ -327,6 +451,8 @@ def main() -> int:
     progress("report() latency (server up, then killed)")
     server, endpoint = start_server()
     try:
+        progress("report() of numbers beside categories (server up)")
+        numeric_results = run_numeric(endpoint, calls, args.seed)
         with tempfile.TemporaryDirectory(prefix="veil-bench-client-") as work:
             latency_results = run_latency(endpoint, server, per_k, args.seed, Path(work))
     finally:
@@ -342,12 +468,14 @@ def main() -> int:
             "quick": args.quick,
             "mechanism": MECHANISM,
             "calls": per_k,
+            "numeric_calls": calls * ROUNDS,
             "throughput_reports": per_k_through,
             "random_source": "OS CSPRNG (secrets)",
             "gc": "enabled",
             "pid": os.getpid(),
         },
         "latency": latency_results,
+        "numeric": numeric_results,
         "throughput": throughput_results,
     }
     write_results(output, results)

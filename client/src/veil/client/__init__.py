@@ -4,6 +4,7 @@
 
     reporter = Reporter("https://aggregator.example.com", token="...", queue_dir="/var/lib/myapp/veil")
     reporter.report("browser", "firefox")
+    reporter.report("load_ms", 412.7)  # a numeric metric: a number
 
 An http:// or https:// endpoint reports over HTTP (standard library and protobuf only); a
 host:port endpoint over gRPC (grpcio: ``pip install 'veil[grpc]'``, imported by the Reporter that
@@ -14,7 +15,7 @@ Settings fall back to the environment variables of ``veil.client.environment_var
 from ._config import RETRY_HORIZON_SECONDS, is_loopback
 from ._counters import Counters
 from ._encoding import encode_batch, encode_batches
-from ._errors import ConfigError, ReporterError, UnknownCategoryError, UnknownMetricError
+from ._errors import ConfigError, InvalidNumberError, ReporterError, UnknownCategoryError, UnknownMetricError
 from ._ledger import PrivacySpent
 from ._reporter import Reporter
 from ._specs import numeric_to_proto, spec_from_proto, spec_to_proto
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigError",
     "UnknownMetricError",
     "UnknownCategoryError",
+    "InvalidNumberError",
     "RETRY_HORIZON_SECONDS",
     "spec_from_proto",
     "spec_to_proto",

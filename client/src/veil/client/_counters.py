@@ -34,6 +34,9 @@ class Counters:
               ago than it accepts (its max_lateness after their time slot ended): not counted.
     ledger_unavailable: report() calls not sent because the privacy ledger under the queue
               directory could not record their spending (a full disk, an unwritable directory).
+    clipped:  report() calls of a numeric metric whose number was outside the metric's range and
+              was reported as the nearer end of it (counted at the call, whatever happened to the
+              report after: sent, limited or dropped; a number, never its value).
     """
 
     accepted: int = 0
@@ -46,6 +49,7 @@ class Counters:
     over_budget: int = 0
     too_late: int = 0
     ledger_unavailable: int = 0
+    clipped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

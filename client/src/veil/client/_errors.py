@@ -6,7 +6,8 @@ The hierarchy (all exported by veil.client)::
     └── ReporterError               the root of every error the client raises
         ├── ConfigError             a Reporter setting is invalid (type, range, unreadable file)
         ├── UnknownMetricError      the aggregator's specs are known and do not declare the metric
-        └── UnknownCategoryError    the value is neither a label nor an index of the metric
+        └── UnknownCategoryError    the value is neither a category (a label or an index) nor a number
+            └── InvalidNumberError  the value is a number but NaN or an infinity
 
 Every transport or storage problem is absorbed, logged once and counted instead (see
 ``Reporter.counters()``); background work never raises into the app.
@@ -14,7 +15,7 @@ Every transport or storage problem is absorbed, logged once and counted instead 
 
 from __future__ import annotations
 
-__all__ = ["ReporterError", "ConfigError", "UnknownMetricError", "UnknownCategoryError"]
+__all__ = ["ReporterError", "ConfigError", "UnknownMetricError", "UnknownCategoryError", "InvalidNumberError"]
 
 
 class ReporterError(ValueError):
@@ -30,4 +31,8 @@ class UnknownMetricError(ReporterError):
 
 
 class UnknownCategoryError(ReporterError):
-    """The value is neither a category label nor a category index of the metric."""
+    """The value is neither a category (a label or an index) nor a number: no metric could take it."""
+
+
+class InvalidNumberError(UnknownCategoryError):
+    """The value is NaN or an infinity: no number a numeric metric can report (and no category)."""

@@ -90,10 +90,11 @@ class MemoStore(DeviceFileOwner):
     _KIND, _WHAT = "memo", "The Veil memo store"
     _IN_MEMORY = "responses are memoized in memory only."
 
-    def __init__(self, directory: Path | None, log: LogOnce) -> None:
+    def __init__(self, directory: Path | None, log: LogOnce, secret: bytes | None = None) -> None:
+        """The memo under ``directory`` (None: in memory); ``secret`` a device secret for one in
+        memory (a simulated device's), by default a new random one."""
         super().__init__(log)
         self._memo: dict[bytes, Report] = {}
-        secret = None
         if directory is not None:
             try:
                 secret = _load_secret(directory / self.SECRET_FILE, log)

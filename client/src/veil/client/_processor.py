@@ -52,6 +52,11 @@ _DROP_MESSAGES = {
     "unknown-metric": "The aggregator declares no Veil metric named %r (removed, renamed or misspelt); "
     "dropping its reports.",
     "unknown-category": "A value is not a category of Veil metric %r in the aggregator's spec; dropping such reports.",
+    # A metric of categories can become numeric (or the reverse) by the operator's config alone.
+    "numeric-label": "Veil metric %r is numeric in the aggregator's specs: it takes numbers, not labels; "
+    "dropping such reports.",
+    "numeric-part": "Veil metric %r is a part of a numeric metric: report the number under the metric's name; "
+    "dropping such reports.",
     "error": "An unexpected error prevented a Veil report; dropping it.",
 }
 
@@ -110,7 +115,7 @@ class BatchProcessor:
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
-        self.limited = self.over_budget = self.too_late = self.ledger_unavailable = 0
+        self.limited = self.over_budget = self.too_late = self.ledger_unavailable = self.clipped = 0
         # dropped + failed + too_late + ledger_unavailable when the last force_flush answered
         self.lost_at_flush = 0
 
@@ -184,6 +189,11 @@ class BatchProcessor:
                 "dropped until it allows more (see Reporter.privacy_spent()).",
             )
 
+    def count_clipped(self) -> None:
+        """Count a number reported outside its metric's range (clipped to it)."""
+        with self.lock:
+            self.clipped += 1
+
     def drop_logged(self, reason: str, count: bool = True, metric: str | None = None) -> None:
         if count:
             with self.lock:
@@ -206,6 +216,7 @@ class BatchProcessor:
                 self.over_budget,
                 self.too_late,
                 self.ledger_unavailable,
+                self.clipped,
             )
 
     def force_flush(self, timeout: float | None) -> bool:

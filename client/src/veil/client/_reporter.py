@@ -1,12 +1,14 @@
 """Reporter: what an app embeds. Two lines: ``reporter = Reporter(endpoint)`` once, then
-``reporter.report(metric, value)`` wherever a category is observed."""
+``reporter.report(metric, value)`` wherever a category or a number is observed."""
 
 from __future__ import annotations
 
 import atexit
 import math
+import numbers
 import operator
 import os
+import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -18,11 +20,12 @@ from veil.mechanism import MetricSpec, RandomSource
 from ._clock import bounded_clock
 from ._config import resolve_config
 from ._counters import Counters
-from ._errors import ConfigError, UnknownCategoryError, UnknownMetricError
+from ._errors import ConfigError, InvalidNumberError, UnknownCategoryError, UnknownMetricError
 from ._fs import private_dir
 from ._ledger import PERIOD, Ledger, PrivacySpent
 from ._log import LogOnce, logger
 from ._memo import MemoStore
+from ._parts import DevicePart
 from ._processor import BatchProcessor
 from ._specs import SpecCache
 from ._worker import run_worker
@@ -34,16 +37,19 @@ _DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0  # also at interpreter exit
 
 
 class Reporter:
-    """Randomizes categories on the device and sends them to a Veil aggregator.
+    """Randomizes categories and numbers on the device and sends them to a Veil aggregator.
 
     ``report(metric, value)`` raises only for a call that is wrong whatever the aggregator
     declares (UnknownMetricError for a metric name that is not a string, UnknownCategoryError
-    for a value that is neither a string nor a non-negative integer; both ReporterError and so
-    ValueError). A metric or category the aggregator's specs lack (removed or renamed by an
-    operator, or misspelt) is dropped, counted and logged once, as is every problem of the
-    network, the aggregator or the disk (see ``counters()``). Settings not given fall
-    back to the VEIL_* environment variables (``veil.client.environment_variables``), then to
-    defaults.
+    for a value that is neither a string nor a number, InvalidNumberError, an
+    UnknownCategoryError, for NaN and infinities; all ReporterError and so ValueError). A metric
+    or category the aggregator's specs lack (removed or renamed by an operator, or misspelt) is
+    dropped, counted and logged once, as is a label reported for a numeric metric or a number
+    that is no index of a metric of categories, and every problem of the network, the
+    aggregator or the disk (see ``counters()``). A number reported for a numeric metric is
+    reported in each of its parts (docs/protocol.md section 9), clipped to its range (counted as
+    ``clipped``). Settings not given fall back to the VEIL_* environment variables
+    (``veil.client.environment_variables``), then to defaults.
 
     ``endpoint`` is the aggregator's HTTP listener as a URL (``https://agg.example.com``, or
     ``http://127.0.0.1:8080`` for plaintext): standard library only; or its gRPC address,
@@ -53,8 +59,8 @@ class Reporter:
     ``memoize`` (default True) reuses one randomized response per (metric, spec, value): a
     value reported again sends the same response and spends no new privacy. Pass False to draw
     a fresh response for every report of every metric, or a mapping of metric name to bool to
-    choose per metric (unlisted metrics memoize). Fresh responses compose: each spends the
-    metric's epsilon.
+    choose per metric (unlisted metrics memoize; a numeric metric's name covers its parts). Fresh
+    responses compose: each spends the metric's epsilon.
 
     Each metric's spec carries its reporting rule, which the Reporter enforces: at most
     ``reports_per_period`` reports of the metric leave the device per reporting period (the
@@ -140,6 +146,7 @@ class Reporter:
         self._clock = bounded_clock(clock or time.time, self._specs.server_now)
         self._specs.load()
         self._memo = MemoStore(directory, log)
+        self._parts: dict[str, DevicePart] = {}  # by fingerprint: this device's, of its secret
         self._ledger = Ledger(directory, log)
         self._processor = BatchProcessor(
             replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log, run_worker
@@ -160,14 +167,16 @@ class Reporter:
 
     # --- the two-line API -----------------------------------------------------------------
 
-    def report(self, metric: str, value: str | int) -> None:
-        """Randomize ``value`` (a category label or index of ``metric``) and queue the report.
+    def report(self, metric: str, value: str | float) -> None:
+        """Randomize ``value`` (a category label or index of ``metric``, or a number of a numeric
+        metric, reported in each of its parts) and queue the report.
 
         Never blocks on the network, never raises because of what the aggregator declares: a
         metric or category its specs lack drops the report and counts it; before any spec is
         known (a first start offline) the call waits in the bounded queue, as made, and is
         randomized once specs arrive. Raises UnknownMetricError when ``metric`` is not a string,
-        UnknownCategoryError when ``value`` is neither a string nor a non-negative integer."""
+        UnknownCategoryError when ``value`` is neither a string nor a number (a bool is not one),
+        InvalidNumberError when it is NaN or an infinity."""
         if not isinstance(metric, str):
             raise UnknownMetricError("A metric name must be a string.")
         self._report(metric, value, self._clock())
@@ -175,32 +184,70 @@ class Reporter:
     def _report(self, metric: str, value: object, now: float) -> None:
         """report() of a call made at ``now`` (Unix seconds): its period and its batch's made_unix."""
         entry = self._specs.entries.get(metric)
-        if entry is None and not self._specs.ready.is_set():
-            if not isinstance(value, str):
-                _index(None, value)  # misuse raises whatever the specs say
+        if entry is not None:
+            spec, labels = entry
+            index = labels.get(value) if isinstance(value, str) else _index(spec, value)
+            if index is None:
+                return self._processor.drop_logged("unknown-category", metric=metric)
+            return self._send(spec, index, now)
+        parts = self._specs.numeric.get(metric)
+        if parts is None:
+            return self._report_unknown(metric, value, now)
+        # A number, reported in each part as a category of it (docs/protocol.md section 9): the
+        # work per part is what a category's report() does, plus its category from the number.
+        if type(value) is float and value - value == 0.0:  # a finite float, the common case, without a call
+            number = value
+        elif isinstance(value, str):
+            return self._processor.drop_logged("numeric-label", metric=metric)
+        else:
+            number = _number(value)
+        clipped = False
+        for spec, numeric in parts:
+            part = self._parts.get(spec.fingerprint)
+            if part is None or part.spec is not spec:  # first used, or served again (budgets may change)
+                part = self._parts[spec.fingerprint] = DevicePart(
+                    spec, numeric, self._memo, self._memoizes(spec), self._budgets(spec)
+                )
+            if numeric.low <= number <= numeric.high:  # the common case, without a call
+                inside = number
+            else:
+                inside, clipped = numeric.clip(number)[0], True
+            self._send(spec, numeric.category(inside, part.alpha), now, part)
+        if clipped:
+            self._processor.count_clipped()
+
+    def _report_unknown(self, metric: str, value: object, now: float) -> None:
+        """report() of a metric the specs do not declare, or of any before they are known."""
+        if not isinstance(value, str):
+            _number(value)  # misuse raises whatever the specs say
+        if not self._specs.ready.is_set():
             if self._processor.hold(weakref.WeakMethod(self._report), metric, value, now):
                 return
-            entry = self._specs.entries.get(metric)  # the specs arrived meanwhile
-        if entry is None:
-            if metric in self._specs.refused:
-                return self._processor.drop_logged("refused")
-            if not isinstance(value, str):
-                _index(None, value)  # misuse raises whatever the specs say
-            return self._processor.drop_logged("unknown-metric", metric=metric)
-        spec, labels = entry
-        index = labels.get(value) if isinstance(value, str) else _index(spec, value)
-        if index is None:
-            return self._processor.drop_logged("unknown-category", metric=metric)
+            return self._report(metric, value, now)  # the specs arrived meanwhile
+        if metric in self._specs.refused:
+            return self._processor.drop_logged("refused")
+        if metric in self._specs.specs:  # a numeric metric's part, by its own name
+            return self._processor.drop_logged("numeric-part", metric=metric)
+        return self._processor.drop_logged("unknown-metric", metric=metric)
+
+    def _send(self, spec: MetricSpec, index: int, now: float, part: DevicePart | None = None) -> None:
+        """Admit, randomize (or resend the memoized response) and queue a report of a category
+        (of a numeric metric's ``part``, with what this device keeps for it)."""
         try:
             period = spec.period_index(now)
             if self._ledger.full(spec.name, period, spec.reports_per_period):
                 return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
                 return self._processor.drop_logged("closed" if self._processor.stopped else "full")
-            memo_key = self._memo.key(spec.name, spec.fingerprint, index) if self._memoizes(spec) else None
+            if part is None:
+                memo_key = self._memo.key(spec.name, spec.fingerprint, index) if self._memoizes(spec) else None
+                budgets = self._budgets(spec)
+            else:
+                memo_key = part.memo_key(index) if part.memoize else None
+                budgets = part.budgets
             # A new randomized response spends epsilon; one memoized before, nothing new.
             cost = 0.0 if memo_key is not None and self._memo.known(memo_key) else spec.mechanism.epsilon
-            refused = self._ledger.admit(spec, period, cost, *self._budgets(spec))
+            refused = self._ledger.admit(spec, period, cost, *budgets)
             if refused is not None:
                 return self._processor.refuse(refused)
             self._processor.submit(spec, self._randomize(spec, index, memo_key), now)
@@ -208,7 +255,10 @@ class Reporter:
             self._processor.drop_logged("error")
 
     def _memoizes(self, spec: MetricSpec) -> bool:
-        return self._memoize.get(spec.name, self._memoize_default)
+        memoize = self._memoize.get(spec.name)
+        if memoize is None and spec.numeric is not None:  # a numeric metric's name covers its parts
+            memoize = self._memoize.get(spec.numeric.metric)
+        return self._memoize_default if memoize is None else memoize
 
     def _budgets(self, spec: MetricSpec) -> tuple[float | None, float]:
         """The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower. A
@@ -281,27 +331,53 @@ class Reporter:
         the same rules, sending through this Reporter's specs, queue and connection. What leaves
         it is what would leave a device of its own: its reports within its own ledger's bounds,
         randomized with its own memo. counters(), force_flush() and shutdown() are the shared
-        queue's (shutting any of them down shuts it down for all)."""
+        queue's (shutting any of them down shuts it down for all). With an injected
+        ``random_source`` its device secret is drawn from it too, so a seeded simulation of many
+        devices (their rounding thresholds and memo keys) is reproducible."""
         device = Reporter.__new__(Reporter)
         vars(device).update(vars(self))  # the settings, specs, queue and connection
         log = self._processor.log
-        device._memo, device._ledger = MemoStore(None, log), Ledger(None, log)
+        source = self._source
+        secret = None if source is None else b"".join(source.bits64().to_bytes(8, "little") for _ in range(4))
+        device._memo, device._ledger = MemoStore(None, log, secret), Ledger(None, log)
+        device._parts = {}  # its own secret's
         return device
 
 
-def _index(spec: MetricSpec | None, value: object) -> int | None:
-    """The index ``value`` names in ``spec``; None when the spec has no such index (a server-side
-    matter); UnknownCategoryError when ``value`` could never be a category index."""
+def _index(spec: MetricSpec, value: object) -> int | None:
+    """The index ``value`` (not a string) names in ``spec``; None when the spec has no such index,
+    or ``value`` is a number that is no index (a server-side matter: a metric may become numeric);
+    UnknownCategoryError when it is neither an index nor a number of any metric."""
     try:
         # operator.index, not isinstance(value, SupportsIndex): a Protocol check costs more than
-        # the rest of a refused report() (labels, the common case, raise TypeError here).
+        # the rest of a report().
         index = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         index = None
-    if index is None or index < 0:
-        # The value is not repeated in the message: it may be private.
-        raise UnknownCategoryError("A category is a label (a string) or an index from 0 up.")
-    return index if spec is not None and index < spec.k else None
+    if index is None:
+        _number(value)  # raises unless a number
+        return None
+    return index if 0 <= index < spec.k else None
+
+
+def _number(value: object) -> float:
+    """A reported number (not a string) as a float; UnknownCategoryError when it is not a number
+    (a bool is not), InvalidNumberError when it is NaN or an infinity. The value is never repeated
+    in the message: it may be private."""
+    if isinstance(value, float):  # and its subclasses (numpy's float64): the common case first
+        number = value
+    elif isinstance(value, (int, numbers.Real)) and not isinstance(value, bool):  # numpy's others, Fraction
+        try:
+            number = float(value)  # an int or Fraction beyond any double: clipped like any number past the range
+        except OverflowError:
+            return sys.float_info.max if value > 0 else -sys.float_info.max  # type: ignore[operator]
+    else:
+        raise UnknownCategoryError(
+            "A value is a category label (a string), a category index or a number (an int or a float, not a bool)."
+        )
+    if number - number != 0.0:  # NaN or an infinity: x - x is NaN for both
+        raise InvalidNumberError("A number reported must be finite, not NaN or an infinity.")
+    return number
 
 
 def _app_budget(value: float | Mapping[str, float] | None, name: str) -> Callable[[str], float]:

@@ -27,6 +27,7 @@ from veil.mechanism import (
     DEFAULT_PERIOD,
     DISTRIBUTION,
     MEAN,
+    PARTS,
     MechanismError,
     MetricSpec,
     NumericSpec,
@@ -129,8 +130,10 @@ class SpecCache:
         self._elapsed = elapsed or _elapsed  # seconds on a clock that only moves as time passes
         self._log = log
         self.specs: Mapping[str, MetricSpec] = {}
-        # name -> (spec, label -> index): what report() needs, replaced whole with `specs`.
+        # What report() needs, replaced whole with `specs`: a metric of categories by name ->
+        # (spec, label -> index); a numeric metric by name -> its parts (mean first).
         self.entries: Mapping[str, tuple[MetricSpec, Mapping[str, int]]] = {}
+        self.numeric: Mapping[str, tuple[tuple[MetricSpec, NumericSpec], ...]] = {}
         self.refused: frozenset[str] = frozenset()
         self.max_batch: int | None = None  # the most reports per upload the aggregator accepts, if it says
         self.fetched_at: float | None = None  # Unix time of the response in use
@@ -192,6 +195,8 @@ class SpecCache:
                 specs[message.name] = spec_from_proto(message)
             except (MechanismError, ValueError):
                 refused.add(message.name)
+                if message.HasField("numeric"):  # the metric apps report it under
+                    refused.add(message.numeric.metric)
                 self._log.warning(
                     f"specs:refused:{message.name}:{message.fingerprint}",
                     "Refusing the aggregator's spec of metric %r: it does not match its fingerprint "
@@ -203,7 +208,18 @@ class SpecCache:
             for message in response.specs
             if message.name in specs and message.time_resolution_seconds
         }
-        self.entries = {name: (spec, {label: i for i, label in enumerate(spec.labels)}) for name, spec in specs.items()}
+        numeric: dict[str, list[tuple[MetricSpec, NumericSpec]]] = {}
+        for spec in specs.values():
+            if spec.numeric is not None:
+                numeric.setdefault(spec.numeric.metric, []).append((spec, spec.numeric))
+        self.entries = {
+            name: (spec, {label: i for i, label in enumerate(spec.labels)})
+            for name, spec in specs.items()
+            if spec.numeric is None
+        }
+        self.numeric = {
+            name: tuple(sorted(parts, key=lambda part: PARTS.index(part[1].part))) for name, parts in numeric.items()
+        }
         self.specs = specs
         self.refused = frozenset(refused)
         self.max_batch = response.max_batch or None

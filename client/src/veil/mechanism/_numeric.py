@@ -19,6 +19,7 @@ and exactly-once ingest are those of categories (docs/math.md 9):
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -181,7 +182,7 @@ class NumericSpec:
             t = (value - self.low) / (self.high - self.low) * steps
             j = min(math.floor(t), steps - 1)
             return j + 1 if t - j > alpha else j
-        return sum(1 for b in self.boundaries if b <= value)
+        return bisect.bisect_right(self.boundaries, value)  # boundaries increase strictly
 
 
 def _finite(value: object, what: str) -> float:
