@@ -51,9 +51,10 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
         n = int(re.search(rf"^{name}: .*n = ([\d,]+)", last, re.M).group(1).replace(",", ""))
         assert n >= 20_000, (name, n)  # the 20,000 devices, one report per period each, over two periods
     # The largest categories' intervals are a few points wide, not the 500 devices' +-15.
-    rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", last, re.M)
+    categorical = last.split("\nload_ms: ")[0]  # the numeric metric's rows are in ms
+    rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", categorical, re.M)
     assert len(rows) == 9 and all(float(upper) - float(lower) < 8 for lower, upper in rows), last
-    # The numeric metric: its mean within tens of ms of the truth's 600, its quantiles' truths inside.
+    # The numeric metric: its mean near the truth (about 600 ms), an interval far narrower than the range.
     n = int(re.search(r"^load_ms: numeric, .*n = ([\d,]+)", last, re.M).group(1).replace(",", ""))
     assert n >= 20_000, n
     truth, estimate, lower, upper = map(
