@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from veil.cli._demo import DEMO_METRICS, HEIGHT, WIDTH, frame
+from veil.cli._demo import DEMO_METRICS, HEIGHT, LOAD_MS, WIDTH, frame
 from veil.wire.v1 import veil_pb2
 
 DEMO = [sys.executable, "-m", "veil.cli", "demo", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"]
@@ -51,10 +51,19 @@ def test_demo_runs_20_seconds_non_interactively_with_estimates_in_their_interval
         n = int(re.search(rf"^{name}: .*n = ([\d,]+)", last, re.M).group(1).replace(",", ""))
         assert n >= 20_000, (name, n)  # the 20,000 devices, one report per period each, over two periods
     # The largest categories' intervals are a few points wide, not the 500 devices' +-15.
-    rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", last, re.M)
-    assert len(rows) == 12 and all(float(upper) - float(lower) < 8 for lower, upper in rows), last
-    inside, total = map(int, re.search(r"final: (\d+) of (\d+) categories", out.stdout).groups())
-    assert total == 126 and inside >= 0.85 * total
+    categorical = last.split("\nload_ms: ")[0]  # the numeric metric's rows are in ms
+    rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", categorical, re.M)
+    assert len(rows) == 9 and all(float(upper) - float(lower) < 8 for lower, upper in rows), last
+    # The numeric metric: its mean near the truth (about 600 ms), an interval far narrower than the range.
+    n = int(re.search(r"^load_ms: numeric, .*n = ([\d,]+)", last, re.M).group(1).replace(",", ""))
+    assert n >= 20_000, n
+    truth, estimate, lower, upper = map(
+        float, re.search(r"^  mean +(\S+) +(\S+) +\[ *(\S+), *(\S+)\]", last, re.M).groups()
+    )
+    assert truth == round(LOAD_MS.truth_mean) and upper - lower < 500 and abs(estimate - truth) < 250, last
+    assert len(re.findall(r"^  q(?:50|90|99) ", last, re.M)) == 3
+    inside, total = map(int, re.search(r"final: (\d+) of (\d+) truths", out.stdout).groups())
+    assert total == 130 and inside >= 0.85 * total
 
 
 def estimates(estimand: str, withheld: str = "") -> dict[str, veil_pb2.WindowEstimate]:
@@ -67,6 +76,18 @@ def estimates(estimand: str, withheld: str = "") -> dict[str, veil_pb2.WindowEst
             for label, t in zip(m.labels, m.truth):
                 window.categories.add(label=label, estimate=t - 0.0123, lower=t - 0.1234, upper=t + 0.1234)
         made[m.name] = window
+    for part in ("mean", "distribution"):
+        window = veil_pb2.WindowEstimate(metric=f"{LOAD_MS.name}.{part}", n=123_456_789, estimand=estimand)
+        if withheld:
+            window.withheld, window.reason = True, withheld
+        elif part == "mean":
+            t = LOAD_MS.truth_mean
+            window.mean.CopyFrom(veil_pb2.MeanEstimate(estimate=t + 12.3, stderr=10, lower=t - 99999, upper=t + 99999))
+        else:
+            for q in (0.5, 0.9, 0.99):
+                t = LOAD_MS.truth_quantile(q)
+                window.quantiles.add(q=q, estimate=t - 1.5, lower=LOAD_MS.low, upper=LOAD_MS.high)
+        made[window.metric] = window
     return made
 
 
@@ -82,7 +103,11 @@ def test_every_screen_fits_an_80x24_terminal_and_keeps_the_addresses_on_its_firs
         assert len(lines) <= HEIGHT and max(map(len, lines)) <= WIDTH, lines
         assert lines[0] == "12:00:00  Veil demo: dashboard http://127.0.0.1:65535/  gRPC 127.0.0.1:65535"
     lines, inside, total = cases[0]
-    assert (inside, total) == (126, 126)  # every category counted, not only the rows shown
+    assert (inside, total) == (130, 130)  # every category counted, not only the rows shown; the mean, 3 quantiles
+    screen = "\n".join(lines)
+    assert "load_ms: numeric, in ms, epsilon = 4 (2 + 2), n = 123,456,789 (4/4 inside)" in screen
+    mean = rf"^  mean +{LOAD_MS.truth_mean:.0f} +{LOAD_MS.truth_mean + 12.3:.0f} "
+    assert re.search(mean, screen, re.M) and re.search(r"^  q99 +3\d{3} ", screen, re.M), screen
     assert "every category on the dashboard" in lines[-1]
     assert "  chrome" in "\n".join(lines) and "country-004" not in "\n".join(lines)  # the largest truths only
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import time
@@ -448,16 +449,23 @@ TREND_STATE = """(() => ({
 }))()"""
 
 
-def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_binary, tmp_path):
-    base = int(time.time()) // 3600 * 3600 - 40 * 3600  # 41 hourly buckets, the last the current one
-    clock = {"now": base}
+def hourly_aggregator(metrics: list[dict], clock: dict) -> Aggregator:
+    """A started aggregator of these metrics (min_n 100) with the dashboard, on a clock the test
+    sets (clock["now"]), so that it can fill past hourly buckets."""
     config = config_dict()
-    config["metrics"] = [BIG]
+    config["metrics"] = metrics
     config["server"]["min_n"] = 100
     aggregator = Aggregator(
         parse_config(config), store=MemoryStore(), pages=dashboard.pages(), clock=lambda: clock["now"]
     )
     aggregator.start()
+    return aggregator
+
+
+def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_binary, tmp_path):
+    base = int(time.time()) // 3600 * 3600 - 40 * 3600  # 41 hourly buckets, the last the current one
+    clock = {"now": base}
+    aggregator = hourly_aggregator([BIG], clock)
     spec = specs_of([BIG])["country"]
     rng = random.Random(5)
     weights = [1.0 / (j + 1) ** 1.2 for j in range(1024)]
@@ -514,5 +522,92 @@ def test_k_1024_reads_as_top_n_other_search_and_trends_also_on_a_phone(chromium_
             small = phone.evaluate(TREND_STATE)
             assert small["width"] <= 420 and small["height"] < 4000
             phone.screenshot(tmp_path / "dashboard-k1024-phone.png", width=420)
+    finally:
+        aggregator.stop(grace=0)
+
+
+LOAD_MS = {
+    "name": "load_ms",
+    "type": "numeric",
+    "range": [0, 10000],
+    "buckets": [100, 250, 500, 1000, 2500, 5000],
+    "epsilon": 4.0,
+    "windows": ["total", "1h"],
+}
+
+NUMERIC_STATE = """(() => ({
+  means: [...document.querySelectorAll("section.panel g.mean")].map((g) => ({
+    window: g.closest("section").dataset.window, estimate: Number(g.dataset.estimate),
+    lower: Number(g.dataset.lower), upper: Number(g.dataset.upper), bands: g.querySelectorAll("rect.band").length,
+    value: g.querySelector("text.value").textContent, title: g.querySelector("title").textContent})),
+  quantiles: [...document.querySelectorAll("section.panel g.quantile")].map((g) => ({
+    window: g.closest("section").dataset.window, q: Number(g.dataset.q), estimate: Number(g.dataset.estimate),
+    lower: Number(g.dataset.lower), upper: Number(g.dataset.upper),
+    label: g.querySelector("text.label").textContent, markers: g.querySelectorAll(".marker").length,
+    inside: [...g.querySelectorAll(".band, .marker")].every((shape) => {
+      const box = shape.getBBox(), view = shape.ownerSVGElement.viewBox.baseVal;
+      return box.x >= view.x - 0.5 && box.x + box.width <= view.x + view.width + 0.5;
+    })})),
+  buckets: [...document.querySelectorAll("section.panel[data-metric='load_ms.distribution'] g.bar")]
+    .map((g) => g.dataset.label),
+  meanPanelBars: document.querySelectorAll("section.panel[data-metric='load_ms.mean'] g.bar").length,
+  trends: [...document.querySelectorAll("section.trend")].map((s) => ({
+    metric: s.dataset.metric, series: [...s.querySelectorAll("g.series")].map((g) => g.dataset.label),
+    band: s.querySelector("g.series path.band")?.getAttribute("d") ?? "",
+    ticks: [...s.querySelectorAll("text.tick")].map((t) => t.textContent)})),
+}))()"""
+
+
+def test_a_numeric_metric_shows_its_mean_with_its_band_and_its_buckets_with_quantile_markers(chromium_binary, tmp_path):
+    base = int(time.time()) // 3600 * 3600 - 5 * 3600  # 6 hourly buckets, the last the current one
+    clock = {"now": base}
+    aggregator = hourly_aggregator([LOAD_MS], clock)
+    specs = {m.name: m.spec for m in aggregator.config.metrics}
+    rng = random.Random(27)
+    try:
+        for h in range(6):
+            clock["now"] = base + h * 3600 + 60
+            values = [min(rng.lognormvariate(math.log(400 + 40 * h), 0.9), 10000.0) for _ in range(2000)]
+            for spec in specs.values():
+                source = SeededRandomSource(h)
+                reports = [spec.mechanism.randomize(spec.numeric.category(v, rng.random()), source) for v in values]
+                request = veil_pb2.UploadRequest.FromString(encode_batch(spec, reports, rng.randbytes(16)))
+                collector(f"127.0.0.1:{aggregator.grpc_port}").Upload(request, timeout=10)
+        served = {(e["metric"], e["window"]): e for e in json.loads(get(aggregator, "/v1/estimates")[1])["estimates"]}
+        with Browser(chromium_binary, tmp_path) as browser:
+            page = browser.open(f"http://127.0.0.1:{aggregator.http_port}/")
+            page.wait_for(
+                "document.querySelectorAll('g.mean').length === 2 && document.querySelectorAll('g.quantile').length"
+                " === 6 && document.querySelectorAll('section.trend g.series').length >= 2",
+                timeout=20,
+            )
+            state = page.evaluate(NUMERIC_STATE)
+            # The mean part: the mean and its interval, not the rounding points' shares.
+            assert state["meanPanelBars"] == 0
+            for drawn in state["means"]:
+                mean = served[("load_ms.mean", drawn["window"])]["mean"]
+                assert (drawn["estimate"], drawn["lower"], drawn["upper"]) == (
+                    mean["estimate"],
+                    mean["lower"],
+                    mean["upper"],
+                )
+                assert drawn["bands"] == 1 and "[" in drawn["value"] and "95% interval" in drawn["title"]
+            # The distribution part: its buckets in their order, and q50, q90, q99 marked on them.
+            assert state["buckets"] == list(specs["load_ms.distribution"].labels) * 2
+            for drawn in state["quantiles"]:
+                (q,) = [
+                    x for x in served[("load_ms.distribution", drawn["window"])]["quantiles"] if x["q"] == drawn["q"]
+                ]
+                assert (drawn["estimate"], drawn["lower"], drawn["upper"]) == (q["estimate"], q["lower"], q["upper"])
+                assert drawn["markers"] == 1 and drawn["inside"], drawn
+            assert [d["label"] for d in state["quantiles"][:3]] == ["q50", "q90", "q99"]
+            # The trends: the mean's line and band in milliseconds; the buckets' shares in %.
+            trends = {t["metric"]: t for t in state["trends"]}
+            assert trends["load_ms.mean"]["series"] == ["mean"] and "Z" in trends["load_ms.mean"]["band"]
+            assert not any("%" in tick for tick in trends["load_ms.mean"]["ticks"][:3])
+            assert len(trends["load_ms.distribution"]["series"]) == 5
+            assert page.errors() == []
+            page.screenshot(tmp_path / "dashboard-numeric.png")
+        assert (tmp_path / "dashboard-numeric.png").read_bytes().startswith(b"\x89PNG")
     finally:
         aggregator.stop(grace=0)

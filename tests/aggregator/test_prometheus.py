@@ -4,8 +4,6 @@ spec, a store-up gauge, process and platform collectors, and promtool's lint cle
 from __future__ import annotations
 
 import gzip
-import shutil
-import subprocess
 import time
 import urllib.request
 
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from veil_testing.promtool import promtool_lint
 from veil_testing.running import make_upload
 
 from veil.aggregator.config import parse_config
@@ -34,14 +33,6 @@ METRICS = [
     },
     {"name": "small", "labels": ["a", "b", "c"], "mechanism": "krr", "epsilon": 2.0},
 ]
-
-
-def promtool_lint(text: str) -> str:
-    """promtool check metrics of the exposition text: its complaints ("" when clean)."""
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: `make promtool` installs Debian's prometheus package"
-    done = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
-    return (done.stdout + done.stderr).decode() + ("" if done.returncode == 0 else f" (exit {done.returncode})")
 
 
 def scrape(store, top: int = 50) -> tuple[str, dict]:

@@ -8,6 +8,7 @@
 - chromium: headless Chromium over the DevTools protocol
 - config_toml: aggregator configs as TOML text
 - running: the daemon tests' metrics, configs, in-process aggregators, tokens and uploads
+- promtool: promtool's lint of /metrics text
 - pki: a throwaway CA with server and client certificates
 - wheel: Veil's wheel built from a source tree (build_wheel)
 - benchlib: what every benchmark script shares (machine facts, timer, results files)

@@ -17,6 +17,7 @@ from typing import cast
 
 import numpy as np
 
+from veil.client import numeric_to_proto
 from veil.mechanism import wire_shape
 from veil.wire.v1 import veil_pb2
 
@@ -129,12 +130,21 @@ def encode_window(e: WindowEstimate) -> bytes:
         group=group,
         provisional=e.provisional,
         periods=e.periods,
+        numeric=None if spec.numeric is None else numeric_to_proto(spec.numeric),
+        mean=None
+        if e.mean is None
+        else veil_pb2.MeanEstimate(
+            estimate=e.mean.estimate, stderr=e.mean.stderr, lower=e.mean.lower, upper=e.mean.upper
+        ),
+        quantiles=[
+            veil_pb2.QuantileEstimate(q=x.q, estimate=x.estimate, lower=x.lower, upper=x.upper) for x in e.quantiles
+        ],
     ).SerializeToString()
     if e.estimate is None:
         return head + tail
     est = e.estimate
     assert est.projection is not None  # live estimates are always projected
-    # Fields go in number order: 1..10, then 11 (the categories), then 12..17.
+    # Fields go in number order: 1..10, then 11 (the categories), then 12..20.
     return (
         head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) + tail
     )

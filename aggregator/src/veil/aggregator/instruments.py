@@ -9,6 +9,11 @@ estimate series instead of 12,288. Chart the interval, not estimate +- 1.96 stde
 interval is a score interval clipped to [0, 1], not symmetric about the estimate, and an upper
 end below 0 means no evidence of presence (docs/math.md section 5).
 
+A numeric metric's parts are exported as above (their points or buckets as categories), and
+its mean (veil_numeric_mean, with stderr, lower and upper) and quantiles (veil_numeric_quantile
+with q = "0.5", "0.9", "0.99", each with lower and upper) under its own name: 4 + 9 series per
+window.
+
 Everything lives on a registry passed in (a fresh CollectorRegistry by default), never on the
 process-global one, so two aggregators in one process, or a test, never share series.
 """
@@ -110,22 +115,31 @@ class EstimatesCollector:
         reports = GaugeMetricFamily(
             "veil_window_reports", "Reports counted in the window's current bucket.", labels=["metric", "window"]
         )
-        rest = GaugeMetricFamily(
-            "veil_estimate_rest",
-            "Estimated share of the categories not exported one by one "
+        rest, rest_stderr, rest_lower, rest_upper = _gauges(
+            ["metric", "window"],
+            veil_estimate_rest="Estimated share of the categories not exported one by one "
             "(all but the metrics_top largest), as one group.",
-            labels=["metric", "window"],
+            veil_estimate_rest_stderr="Standard error of veil_estimate_rest.",
+            veil_estimate_rest_lower="Lower end of veil_estimate_rest's 95% interval.",
+            veil_estimate_rest_upper="Upper end of veil_estimate_rest's 95% interval "
+            "(allowing for the group being chosen by the same data).",
         )
-        rest_stderr = GaugeMetricFamily(
-            "veil_estimate_rest_stderr", "Standard error of veil_estimate_rest.", labels=["metric", "window"]
+        # A numeric metric's mean and quantiles, in its units, labelled by its name (not a part's):
+        # per window one mean and len(QUANTILES) quantiles, each with its interval.
+        mean, mean_stderr, mean_lower, mean_upper = _gauges(
+            ["metric", "window"],
+            veil_numeric_mean="Unbiased estimate of a numeric metric's mean.",
+            veil_numeric_mean_stderr="Standard error of veil_numeric_mean.",
+            veil_numeric_mean_lower="Lower end of veil_numeric_mean's 95% interval.",
+            veil_numeric_mean_upper="Upper end of veil_numeric_mean's 95% interval.",
         )
-        rest_lower = GaugeMetricFamily(
-            "veil_estimate_rest_lower", "Lower end of veil_estimate_rest's 95% interval.", labels=["metric", "window"]
-        )
-        rest_upper = GaugeMetricFamily(
-            "veil_estimate_rest_upper",
-            "Upper end of veil_estimate_rest's 95% interval (allowing for the group being chosen by the same data).",
-            labels=["metric", "window"],
+        quantile, quantile_lower, quantile_upper = _gauges(
+            ["metric", "window", "q"],
+            veil_numeric_quantile="Estimate of a numeric metric's q-quantile (interpolated within its bucket).",
+            veil_numeric_quantile_lower="Lower end of veil_numeric_quantile's 95% interval "
+            "(a bucket boundary or the range's low end).",
+            veil_numeric_quantile_upper="Upper end of veil_numeric_quantile's 95% interval "
+            "(a bucket boundary or the range's high end).",
         )
         up = GaugeMetricFamily("veil_store_up", "1 when the counter store answered this scrape's reads, else 0.")
         info = InfoMetricFamily(
@@ -157,6 +171,20 @@ class EstimatesCollector:
             if e.estimate is None:
                 continue
             names = (e.metric.name, e.window.name)
+            numeric = e.metric.spec.numeric
+            if numeric is not None:
+                of = (numeric.metric, e.window.name)
+                if e.mean is not None:
+                    m = e.mean
+                    for family, value in zip(
+                        (mean, mean_stderr, mean_lower, mean_upper), (m.estimate, m.stderr, m.lower, m.upper)
+                    ):
+                        family.add_metric(list(of), value)
+                for x in e.quantiles:
+                    for family, value in zip(
+                        (quantile, quantile_lower, quantile_upper), (x.estimate, x.lower, x.upper)
+                    ):
+                        family.add_metric([*of, repr(x.q)], value)
             values = e.estimate.estimate
             k = values.size
             shown = np.arange(k) if k <= self._top else np.sort(np.argsort(-values, kind="stable")[: self._top])
@@ -171,4 +199,11 @@ class EstimatesCollector:
                 values_of_rest = (group.estimate, group.stderr, group.lower, group.upper)
                 for family, value in zip((rest, rest_stderr, rest_lower, rest_upper), values_of_rest):
                     family.add_metric(list(names), value)
-        yield from (estimate, stderr, lower, upper, rest, rest_stderr, rest_lower, rest_upper, reports, up, info)
+        yield from (estimate, stderr, lower, upper, rest, rest_stderr, rest_lower, rest_upper)
+        yield from (mean, mean_stderr, mean_lower, mean_upper, quantile, quantile_lower, quantile_upper)
+        yield from (reports, up, info)
+
+
+def _gauges(labels: list[str], **helps: str) -> list[GaugeMetricFamily]:
+    """A gauge family per name=help, in order, all with these labels."""
+    return [GaugeMetricFamily(name, text, labels=labels) for name, text in helps.items()]

@@ -14,6 +14,9 @@ store holds at that version. Anything else (a write by another process, a failed
 missed or out-of-order notice, a new bucket) leaves the versions unequal or the entry
 forgotten, and the counts are read.
 
+A numeric metric's part also carries what its estimate stands for, computed with it (once per
+estimate kept): the mean of its values (mean part) or their quantiles (distribution part).
+
 A metric whose estimate cannot be computed, for whatever reason, is served withheld with the
 reason (logged once per metric and kind of error); every other metric is served as usual.
 """
@@ -31,15 +34,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from veil.mechanism import PROJECTION_NOTE
+from veil.mechanism import MEAN, PROJECTION_NOTE, NumericSpec
 
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import PERIOD_NOT_SAID, Counts
 from .errors import InvalidRange, UnknownCategory, UnknownMetric, UnknownWindow, quoted
 from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, rest_estimate
+from .numeric import MeanEstimate, QuantileEstimate, mean_estimate, quantile_estimates
 from .store import CountsKey, Store, Version
 
-__all__ = ["WindowEstimate", "LiveEstimates", "estimates_json", "estimand", "with_group", "with_rest", "MAX_BUCKETS"]
+__all__ = [
+    "WindowEstimate",
+    "LiveEstimates",
+    "estimates_json",
+    "estimand",
+    "with_group",
+    "with_rest",
+    "MAX_BUCKETS",
+]
 
 MAX_BUCKETS = 10_000  # buckets one series or merged range may span: 416 days of hourly buckets
 _PAST_KEPT = 1 << 21  # categories of the bucket estimates series() keeps (some 40 bytes each: 80 MB)
@@ -70,6 +82,10 @@ class WindowEstimate:
     spanned: int = 1  # the reporting periods its span covers so far (for total: since counting began)
     provisional: bool = True  # the bucket is open, or ended less than max_lateness ago (total: always)
     data_periods: frozenset[int] = frozenset()  # the counts' periods (Counts.periods) it was computed from
+    # A numeric metric's part: the mean (mean part) or the quantiles (distribution part), computed
+    # once with the estimate (_numeric_estimates); None and () otherwise, and when withheld.
+    mean: MeanEstimate | None = None
+    quantiles: tuple[QuantileEstimate, ...] = ()
 
     @property
     def withheld(self) -> bool:
@@ -102,6 +118,7 @@ class WindowEstimate:
             "reports_per_device": self.reports_per_device,
             "periods": self.periods,
             "provisional": self.provisional,
+            **_numeric_json(self),
             **(
                 {}
                 if self.group is None
@@ -161,6 +178,51 @@ class WindowEstimate:
         ]
         records = ", ".join([_RECORD % fields for fields in zip(_labels_json(self.metric.spec.labels), *columns)])
         return head[:-1] + ', "categories": [' + records + "]}"
+
+
+def _numeric_json(e: WindowEstimate) -> dict[str, object]:
+    """A numeric part's "numeric", "mean" and "quantiles" keys (docs/protocol.md 9); none for a
+    metric of categories."""
+    numeric = e.metric.spec.numeric
+    if numeric is None:
+        return {}
+    body: dict[str, object] = {"numeric": _numeric_part_json(numeric)}
+    if e.mean is not None:
+        m = e.mean
+        body["mean"] = dict(zip(_MEAN_KEYS, _finite(np.array([m.estimate, m.stderr, m.lower, m.upper]))))
+    if e.quantiles:
+        rows = _finite(np.array([[x.q, x.estimate, x.lower, x.upper] for x in e.quantiles]).ravel())
+        body["quantiles"] = [dict(zip(_QUANTILE_KEYS, rows[i : i + 4])) for i in range(0, len(rows), 4)]
+    return body
+
+
+_MEAN_KEYS = ("estimate", "stderr", "lower", "upper")
+_QUANTILE_KEYS = ("q", "estimate", "lower", "upper")
+
+
+def _numeric_part_json(numeric: NumericSpec) -> dict[str, object]:
+    """A numeric part as the HTTP JSON shows it (the fields of the NumericSpec message)."""
+    return {
+        "metric": numeric.metric,
+        "part": numeric.part,
+        "low": numeric.low,
+        "high": numeric.high,
+        "boundaries": list(numeric.boundaries),
+        "levels": numeric.levels,
+    }
+
+
+def _numeric_estimates(
+    metric: MetricConfig, e: Estimate | None
+) -> tuple[MeanEstimate | None, tuple[QuantileEstimate, ...]]:
+    """What a numeric part's estimate stands for: the mean (mean part) or the quantiles
+    (distribution part); nothing for a metric of categories or a withheld estimate."""
+    numeric = metric.spec.numeric
+    if numeric is None or e is None:
+        return None, ()
+    if numeric.part == MEAN:
+        return mean_estimate(metric.spec, e), ()
+    return None, quantile_estimates(metric.spec, e)
 
 
 _RECORD = '{"label": %s, "estimate": %s, "stderr": %s, "lower": %s, "upper": %s, "projected": %s}'
@@ -507,7 +569,12 @@ class LiveEstimates:
                     what = said.get(pooled[i]) or said.setdefault(
                         pooled[i], estimand(metric, window, *pooled[i], buckets)
                     )
-                    found[i] = self._made(metric, window, (start, end), version, counts, pooled[i], now, e, "", what)
+                    try:
+                        found[i] = self._made(
+                            metric, window, (start, end), version, counts, pooled[i], now, e, "", what
+                        )
+                    except Exception as err:  # noqa: BLE001 (a numeric part's mean or quantiles: this metric's alone)
+                        found[i] = self._failed(metric, window, start, end, version, counts, err, pooled[i], now)
         return found  # type: ignore[return-value]
 
     def _failed(
@@ -552,7 +619,9 @@ class LiveEstimates:
         what: str,
     ) -> WindowEstimate:
         """The WindowEstimate of a bucket's span and counts (None: none read), its pooled and
-        spanned periods (_pooled), its estimate (None: withheld, for the reason) and estimand."""
+        spanned periods (_pooled), its estimate (None: withheld, for the reason) and estimand;
+        a numeric part's mean or quantiles computed here, once per estimate kept."""
+        mean, quantiles = _numeric_estimates(metric, estimate_)
         return WindowEstimate(
             metric,
             window,
@@ -567,19 +636,29 @@ class LiveEstimates:
             spanned=pooled[1],
             provisional=self._provisional(window, span[1], now),
             data_periods=frozenset() if counts is None else counts.periods,
+            mean=mean,
+            quantiles=quantiles,
         )
 
 
 def estimand(metric: MetricConfig, window: Window, periods: int, spanned: int, buckets: int = 1) -> str:
-    """What a bucket's (or a merged range of buckets') estimates are shares of, in words, under
+    """What a bucket's (or a merged range of buckets') estimates are shares of (a numeric part's:
+    the mean or distribution of), in words, under
     the SDK's reporting rule: a device sends the first reports_per_period report() calls of each
     period, at once; `periods` of the `spanned` periods (LiveEstimates._pooled) are pooled."""
     spec = metric.spec
     period, m = duration_text(spec.period), spec.reports_per_period
-    if m == 1:
-        text = f"share of devices by the value each reported first in its {period} period"
+    numeric = spec.numeric
+    if numeric is None:
+        text = "share of devices by the value" if m == 1 else "share of reports"
+    elif numeric.part == MEAN:
+        text = f"mean of {numeric.metric}" + (" over devices, of the value" if m == 1 else " over reports")
     else:
-        text = f"share of reports, each device sending its first {m} values of each {period} period"
+        text = f"distribution of {numeric.metric}" + (" over devices, the value" if m == 1 else " over reports")
+    if m == 1:
+        text += f" each reported first in its {period} period"
+    else:
+        text += f", each device sending its first {m} values of each {period} period"
     scope = (
         "since counting began"
         if window.span is None
@@ -603,6 +682,7 @@ def with_group(e: WindowEstimate, labels: list[str]) -> WindowEstimate:
     same when withheld. Raises UnknownCategory for a label the metric does not declare."""
     spec = e.metric.spec
     index = {label: j for j, label in enumerate(spec.labels)}
+    labels = _rejoined(labels, index)
     missing = [label for label in labels if label not in index]
     if missing or not labels:
         raise UnknownCategory(
@@ -613,6 +693,29 @@ def with_group(e: WindowEstimate, labels: list[str]) -> WindowEstimate:
     return dataclasses.replace(
         e, group=group_estimate(spec.mechanism, e.estimate, [index[x] for x in labels], tuple(dict.fromkeys(labels)))
     )
+
+
+def _rejoined(asked: list[str], declared: dict[str, int]) -> list[str]:
+    """The labels asked for, pieces a list split at commas put back together where they make a
+    declared label (a numeric part's bucket "[100, 250)" asked for as "[100, 250),[250, 500)"
+    in a query or on the command line); pieces joined with "," as split, or with ", " when
+    stripped."""
+    if all(x in declared for x in asked):
+        return asked
+    most = 1 + max(label.count(",") for label in declared)  # pieces one label can have been split into
+    out, i = [], 0
+    while i < len(asked):
+        for j in range(min(len(asked), i + most), i + 1, -1):
+            pieces = asked[i:j]
+            joined = next((x for x in (",".join(pieces), ", ".join(pieces)) if x in declared), None)
+            if joined is not None:
+                out.append(joined)
+                i = j
+                break
+        else:
+            out.append(asked[i])
+            i += 1
+    return out
 
 
 def with_rest(e: WindowEstimate, top: int) -> WindowEstimate:

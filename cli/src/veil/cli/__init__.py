@@ -20,7 +20,7 @@ __all__ = ["main"]
 
 # name -> (module under veil.cli, one-line help)
 _COMMANDS = {
-    "privacy": ("_privacy", "what each mechanism costs and guarantees at a given k and epsilon"),
+    "privacy": ("_privacy", "what each mechanism costs and guarantees at a given k and epsilon, or a numeric metric"),
     "serve": ("_serve", "run the aggregator daemon (gRPC and HTTP) from a config file"),
     "simulate": ("_simulate", "send simulated devices' reports to a running aggregator (a load generator)"),
     "estimates": ("_estimates", "print the current estimates of a running aggregator"),

@@ -14,7 +14,12 @@ connection, as behind one gateway, so tens of thousands cost little more than th
 memos. The app calls report() again and again; what leaves each device is the metric's rule: one
 randomized report per period. So the estimates are of the share of devices, as docs/estimates.md
 describes, and the all-time window's intervals allow for each device
-reporting in every period."""
+reporting in every period.
+
+Beside the metrics of categories, a numeric one (LOAD_MS, page load time in milliseconds): each
+device holds a number drawn from a known lognormal distribution and reports it with report(name,
+number), which the SDK reports in both parts (docs/protocol.md 9); the screen shows the mean and
+the quantiles beside the distribution's own."""
 
 from __future__ import annotations
 
@@ -50,6 +55,50 @@ def _zipf(k: int, s: float) -> tuple[float, ...]:
     total = sum(weights)
     return tuple(w / total for w in weights)
 
+
+@dataclass(frozen=True)
+class DemoNumeric:
+    """A numeric metric of the demo: each device's value is drawn from a lognormal distribution
+    (median, sigma of its log), clipped to the range on the device, as docs/protocol.md 9 says."""
+
+    name: str
+    low: float
+    high: float
+    buckets: tuple[float, ...]
+    epsilon: float  # both parts together; the mean and the distribution get half each
+    median: float
+    sigma: float
+
+    def draw(self, rng: random.Random) -> float:
+        return rng.lognormvariate(math.log(self.median), self.sigma)
+
+    @property
+    def truth_mean(self) -> float:
+        """The mean of the clipped values: E[min(X, high)] for X lognormal (low is 0 here)."""
+        mu, s = math.log(self.median), self.sigma
+        z = (math.log(self.high) - mu) / s
+        below = math.exp(mu + s * s / 2) * _normal_cdf(z - s)  # E[X; X < high]
+        return below + self.high * (1.0 - _normal_cdf(z))
+
+    def truth_quantile(self, q: float) -> float:
+        return min(self.high, self.median * math.exp(self.sigma * _normal_quantile(q)))
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def _normal_quantile(q: float) -> float:
+    """The standard normal's q-quantile (bisection on the CDF: the demo needs three, once)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _normal_cdf(mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+# Page load times in milliseconds: median 400 ms, a long tail (q99 about 3.2 s).
+LOAD_MS = DemoNumeric("load_ms", 0.0, 10000.0, (100, 250, 500, 1000, 2500, 5000), 4.0, 400.0, 0.9)
 
 DEMO_METRICS = (
     DemoMetric(
@@ -152,6 +201,17 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
                     "windows": ["total", *windows.values()],
                 }
                 for m in DEMO_METRICS
+            ]
+            + [
+                {
+                    "name": LOAD_MS.name,
+                    "type": "numeric",
+                    "range": [LOAD_MS.low, LOAD_MS.high],
+                    "buckets": list(LOAD_MS.buckets),
+                    "epsilon": LOAD_MS.epsilon,
+                    "period": args.period,
+                    "windows": ["total", *windows.values()],
+                }
             ],
         }
     )
@@ -197,12 +257,14 @@ class _Population:
             tls=False,
             schedule_delay_ms=250,
             max_batch_size=10_000,  # the aggregator's max_batch caps it
-            max_queue_size=len(DEMO_METRICS) * args.devices,  # every device's reports of one period
+            # every device's reports of one period: one per metric, one per part of the numeric one
+            max_queue_size=(len(DEMO_METRICS) + 2) * args.devices,
         )
         self.devices = [self.uplink] + [self.uplink.simulated_device() for _ in range(args.devices - 1)]
         self.cumulative = [list(itertools.accumulate(m.truth)) for m in DEMO_METRICS]
-        # values[m][d]: the value device d holds of metric m
+        # values[m][d]: the value device d holds of metric m; numbers[d]: its page load time
         self.values = [self._draw(m, args.devices) for m in range(len(DEMO_METRICS))]
+        self.numbers = [LOAD_MS.draw(self.rng) for _ in range(args.devices)]
 
     def _draw(self, m: int, count: int) -> list[int]:
         return self.rng.choices(range(len(DEMO_METRICS[m].labels)), cum_weights=self.cumulative[m], k=count)
@@ -212,12 +274,15 @@ class _Population:
         for d in _chosen(self.rng, len(self.devices), share):
             for m, held in enumerate(self.values):
                 held[d] = self._draw(m, 1)[0]
+            self.numbers[d] = LOAD_MS.draw(self.rng)
 
     def calls(self, chance: float) -> None:
         """One tick of the apps: each device calls report() for each metric with this chance."""
         for metric, held in zip(DEMO_METRICS, self.values):
             for d in _chosen(self.rng, len(self.devices), chance):
                 self.devices[d].report(metric.name, held[d])
+        for d in _chosen(self.rng, len(self.devices), chance):
+            self.devices[d].report(LOAD_MS.name, self.numbers[d])  # a number: the SDK reports both parts
 
 
 def _chosen(rng: random.Random, count: int, chance: float) -> Iterator[int]:
@@ -260,7 +325,7 @@ def _devices(endpoint: str, args: argparse.Namespace, period: int, stop: threadi
 
 
 WIDTH, HEIGHT = 80, 23  # an 80x24 terminal, its last line left for the cursor
-_ROWS_SHOWN = 4  # each metric's categories with the largest truths
+_ROWS_SHOWN = 3  # each metric's categories with the largest truths
 
 
 def frame(
@@ -277,13 +342,18 @@ def frame(
     if error:
         return [line[:WIDTH] for line in lines + [""] + textwrap.wrap(error, WIDTH, max_lines=3)], 0, 0
     said = f"Estimates of the {windows[DEMO_METRICS[0].name].estimand}."
-    lines += textwrap.wrap(said, WIDTH, max_lines=4, placeholder=" ... (the dashboard says it all)")
+    lines += textwrap.wrap(said, WIDTH, max_lines=2, placeholder=" ... (the dashboard says it all)")
     lines.append(f"{'in % (largest truths first)':<30}{'truth':>8}{'estimate':>10}   95% interval")
     inside = total = 0
     for metric in DEMO_METRICS:
         table, hits, count = render(metric, windows[metric.name])
         lines += table
         inside, total = inside + hits, total + count
+    table, hits, count = render_numeric(
+        LOAD_MS, windows[f"{LOAD_MS.name}.mean"], windows[f"{LOAD_MS.name}.distribution"]
+    )
+    lines += table
+    inside, total = inside + hits, total + count
     lines.append(f"{inside} of {total} truths inside their 95% intervals; every category on the dashboard.")
     return [line[:WIDTH] for line in lines], inside, total
 
@@ -304,6 +374,35 @@ def render(metric: DemoMetric, window) -> tuple[list[str], int, int]:
         lines.append(
             f"  {c.label:<28}{100 * metric.truth[j]:>8.1f}{100 * c.estimate:>10.1f}"
             f"   [{100 * c.lower:>5.1f}, {100 * c.upper:>5.1f}]" + ("" if inside[j] else "  outside")
+        )
+    return lines, sum(inside), len(inside)
+
+
+def render_numeric(metric: DemoNumeric, mean, distribution) -> tuple[list[str], int, int]:
+    """The lines of the numeric metric (its parts' WindowEstimate messages): its head, its mean
+    and its quantiles beside their truths, in milliseconds, and how many of those truths lie
+    inside their 95% intervals, out of how many."""
+    n = max(mean.n, distribution.n)
+    half = metric.epsilon / 2
+    head = f"{metric.name}: numeric, in ms, epsilon = {metric.epsilon:g} ({half:g} + {half:g}), n = {n:,}"
+    rows = []  # (name, truth, estimate, lower, upper)
+    if not mean.withheld:
+        rows.append(("mean", metric.truth_mean, mean.mean.estimate, mean.mean.lower, mean.mean.upper))
+    for q in [] if distribution.withheld else distribution.quantiles:
+        rows.append((f"q{100 * q.q:g}", metric.truth_quantile(q.q), q.estimate, q.lower, q.upper))
+    if not rows:
+        reason = mean.reason or distribution.reason
+        return (
+            [head, *textwrap.wrap(f"withheld: {reason}", WIDTH, initial_indent="  ", subsequent_indent="  ")[:2]],
+            0,
+            0,
+        )
+    inside = [lower <= truth <= upper for _, truth, _, lower, upper in rows]
+    lines = [f"{head} ({sum(inside)}/{len(inside)} inside)"]
+    for (name, truth, estimate, lower, upper), hit in zip(rows, inside):
+        lines.append(
+            f"  {name:<28}{truth:>8.0f}{estimate:>10.0f}   [{lower:>5.0f}, {upper:>5.0f}]"
+            + ("" if hit else "  outside")
         )
     return lines, sum(inside), len(inside)
 
@@ -434,5 +533,5 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int, stor
             t.join(timeout=5)
         aggregator.stop(grace=1.0)
     if total:
-        print(f"final: {inside} of {total} categories' truths inside their 95% intervals.")
+        print(f"final: {inside} of {total} truths (categories, the mean, quantiles) inside their 95% intervals.")
     return 0

@@ -7,7 +7,9 @@ a group of categories. The JSON has the shape of the HTTP listener's GET /v1/est
 
 Intervals are shown as what they are, [lower, upper] (a score interval clipped to [0, 1], not
 symmetric about the estimate); one that lies entirely below 0 as "no evidence of presence"
-(docs/math.md section 5). A bucket still open to late reports is marked provisional.
+(docs/math.md section 5). A bucket still open to late reports is marked provisional. A numeric
+metric's part shows its mean or quantiles with their intervals, in the metric's units (series
+tables: as its columns; CSV: as rows labelled mean, q50, q90, q99).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
         "reports_per_device": window.reports_per_device,
         "periods": window.periods,
         "provisional": window.provisional,
+        **_numeric(window, number),
         **(
             {
                 "group": {
@@ -113,6 +116,37 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
             for c in window.categories
         ],
     }
+
+
+def _numeric(window, number) -> dict[str, Any]:
+    """A numeric part's "numeric", "mean" and "quantiles" keys, as /v1/estimates has them."""
+    if not window.HasField("numeric"):
+        return {}
+    from veil.wire.v1 import veil_pb2
+
+    n = window.numeric
+    try:
+        part = veil_pb2.NumericPart.Name(n.part).removeprefix("NUMERIC_").lower()  # NUMERIC_MEAN -> mean
+    except ValueError:  # a part of a later revision
+        part = str(n.part)
+    body: dict[str, Any] = {
+        "numeric": {
+            "metric": n.metric,
+            "part": part,
+            "low": n.low,
+            "high": n.high,
+            "boundaries": list(n.boundaries),
+            "levels": n.levels,
+        }
+    }
+    if window.HasField("mean"):
+        m = window.mean
+        body["mean"] = {x: number(getattr(m, x)) for x in ("estimate", "stderr", "lower", "upper")}
+    if window.quantiles:
+        body["quantiles"] = [
+            {x: number(getattr(q, x)) for x in ("q", "estimate", "lower", "upper")} for q in window.quantiles
+        ]
+    return body
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
         if "group" in w:
             g = w["group"]
             print(f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}{interval_text(g):>24}")
+        for line in numeric_lines(w):
+            print(f"  {line}")
         print()
     if args.projection:
         print(f"* {PROJECTION_NOTE}")
@@ -189,6 +225,29 @@ def interval_text(c: dict) -> str:
     if c["upper"] is not None and c["upper"] < 0:
         return ABSENT
     return f"[{_f(c['lower']):>8}, {_f(c['upper']):>8}]"
+
+
+def numeric_lines(w: dict) -> list[str]:
+    """A numeric part's mean (with its standard error and 95% interval) or quantiles (each with
+    its 95% interval, whose ends are bucket boundaries), in the metric's units; none otherwise."""
+    lines = []
+    if "mean" in w:
+        m = w["mean"]
+        lines.append(
+            f"mean of {w['numeric']['metric']}: {_g(m['estimate'])} (stderr {_g(m['stderr'])}), "
+            f"95% interval [{_g(m['lower'])}, {_g(m['upper'])}]"
+        )
+    for q in w.get("quantiles", []):
+        lines.append(
+            f"q{_g(100 * q['q'])} of {w['numeric']['metric']}: {_g(q['estimate'])}, "
+            f"95% interval [{_g(q['lower'])}, {_g(q['upper'])}]"
+        )
+    return lines
+
+
+def _g(x: float | None) -> str:
+    """A number in a numeric metric's units, to 4 significant digits."""
+    return "n/a" if x is None else f"{x:.4g}"
 
 
 def _f(x: float | None) -> str:
@@ -223,12 +282,18 @@ def _series_table(windows: list[dict], top: int) -> None:
         for c in w["categories"]:
             sums[c["label"]] = sums.get(c["label"], 0.0) + (c["estimate"] or 0.0)
     labels = sorted(sums, key=lambda label: -sums[label])[: max(top, 0)]
+    if "numeric" in w0:  # a numeric part: its mean or quantiles, in its units, not its points' shares
+        labels = [c["label"] for c in _numeric_rows(shown[-1])] if shown else []
     columns = labels + ([_group_name(w0["group"])] if any("group" in w for w in windows) else [])
     print(f"{'bucket start':<18}{'n':>10}{'c':>4}" + "".join(f"  {label[:25]:<25}" for label in columns))
     for w in windows:
         row = f"{_when(w['start']) + ('*' if w['provisional'] else ''):<18}{w['n']:>10,}{w['reports_per_device']:>4}"
         if w["withheld"]:
             print(row + "  withheld")
+            continue
+        if "numeric" in w:
+            by_name = {c["label"]: c for c in _numeric_rows(w)}
+            print(row + "".join(f"  {_numeric_cell(by_name.get(label)):<25}" for label in labels))
             continue
         by_label = {c["label"]: c for c in w["categories"]}
         cells = [by_label[label] for label in labels] + ([w["group"]] if "group" in w else [])
@@ -238,8 +303,21 @@ def _series_table(windows: list[dict], top: int) -> None:
         print(f"* {PROVISIONAL}")
 
 
+def _numeric_rows(w: dict) -> list[dict]:
+    """A numeric part's mean ("mean") or quantiles ("q50", "q90", "q99") as rows with a label,
+    estimate, stderr (None for a quantile), lower and upper, in the metric's units."""
+    rows = [{"label": "mean", **w["mean"]}] if "mean" in w else []
+    rows += [{"label": f"q{100 * q['q']:g}", "stderr": None, **q} for q in w.get("quantiles", [])]
+    return rows
+
+
+def _numeric_cell(c: dict | None) -> str:
+    return "n/a" if c is None else f"{_g(c['estimate'])} [{_g(c['lower'])}, {_g(c['upper'])}]"
+
+
 def _csv(windows: list[dict]) -> None:
-    """One row per window (or bucket) and category, the group's (if asked) after them."""
+    """One row per window (or bucket) and category, the group's (if asked) after them, then a
+    numeric part's mean or quantiles (labelled mean, q50, q90, q99; in the metric's units)."""
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(
         [
@@ -264,6 +342,7 @@ def _csv(windows: list[dict]) -> None:
         head = [w["metric"], w["window"], w["start"], w["end"], w["n"], w["reports_per_device"], w["periods"]]
         head += [w["provisional"], w["withheld"]]
         rows = list(w["categories"]) + ([{**w["group"], "label": _group_name(w["group"])}] if "group" in w else [])
+        rows += _numeric_rows(w)
         if not rows:
             out.writerow(head + ["", "", "", "", "", w["estimand"]])
         for c in rows:

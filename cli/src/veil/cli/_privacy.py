@@ -1,4 +1,5 @@
-"""`veil privacy`: the cost and guarantee of every mechanism at one k and epsilon."""
+"""`veil privacy`: the cost and guarantee of every mechanism at one k and epsilon, or what a
+numeric metric costs (--range: _numeric_privacy)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from typing import TypedDict
 
 from veil.mechanism import EPSILON_RANGE, MECHANISMS, MechanismSpec, epsilon_to_gamma, posterior_bounds, spec_for
 
+from . import CliError
+from ._numeric_privacy import add_numeric_arguments, run_numeric
+
 PRIORS = (0.01, 0.1, 0.5)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--k", type=int, required=True, help="number of categories (at least 2)")
+    parser.add_argument("--k", type=int, help="number of categories (at least 2)")
     parser.add_argument(
         "--epsilon",
         type=float,
@@ -24,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mechanism", choices=MECHANISMS, help="one mechanism only (default: every mechanism that applies to k)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_numeric_arguments(parser)
     parser.epilog = (
         "n*risk is n times the sum over categories of the minimax estimator's variance: divide by "
         "the number of reports n for the expected squared error. Every mechanism here treats "
@@ -69,6 +74,10 @@ def _size(count: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.range is not None:
+        return run_numeric(args)
+    if args.k is None:
+        raise CliError("--k: the number of categories is needed (or --range for a numeric metric).")
     names = [args.mechanism] if args.mechanism else [m for m in MECHANISMS if m != "warner" or args.k == 2]
     # spec_for checks k and epsilon (the range every spec accepts) before anything is printed.
     rows = [describe(spec_for(name, args.k, args.epsilon)) for name in names]

@@ -25,6 +25,13 @@
 // section.trend[data-metric][data-window][data-buckets][data-withheld][data-provisional] with
 // g.series[data-label] (path.line, path.band), rect.withheld-bucket and rect.provisional-bucket. Query parameter ?refresh=SECONDS sets the
 // polling period (default 2).
+//
+// A numeric metric's parts (entry.numeric, docs/protocol.md section 9): the mean part's panel
+// shows the mean with its 95% interval in the metric's units (g.mean[data-estimate][data-lower]
+// [data-upper]) instead of the rounding points' shares, and its trend the mean's line and band
+// (g.series[data-label="mean"]); the distribution part's panel shows its buckets in their order
+// and, under them, the quantiles on the range (g.quantile[data-q][data-estimate][data-lower]
+// [data-upper]: a marker at the estimate, its interval between bucket boundaries).
 "use strict";
 
 (() => {
@@ -78,6 +85,12 @@
     if (x === null || x === undefined) return "n/a";
     const p = 100 * x;
     return number(p, digits ?? (Math.abs(p) >= 10 ? 1 : 2)) + "%";
+  }
+
+  // A number in a numeric metric's units: 4 significant digits, grouped.
+  const units = new Intl.NumberFormat(undefined, {maximumSignificantDigits: 4});
+  function unit(x) {
+    return x === null || x === undefined ? "n/a" : units.format(x + 0).replace("-", "\u2212"); // + 0: never "-0"
   }
 
   // A label cut to fit its column (wide characters count double); the tooltip has it whole.
@@ -145,8 +158,87 @@
       "data-provisional": String(Boolean(entry.provisional)), "data-periods": String(entry.periods ?? ""),
     }, ...header(entry));
     if (entry.withheld) section.append(el("p", {class: "reason"}, entry.reason));
-    else section.append(chart(entry, shownRows(entry), showProjection));
+    else if (entry.numeric?.part === "mean" && entry.mean) section.append(meanChart(entry));
+    else if (entry.numeric?.part === "distribution") {
+      section.append(chart(entry, entry.categories, showProjection)); // the buckets in their order
+      if (entry.quantiles) section.append(quantileChart(entry));
+    } else section.append(chart(entry, shownRows(entry), showProjection));
     return section;
+  }
+
+  // ---- a numeric metric's parts ------------------------------------------------------------
+  const QW = 580, QL = 56, QR = 200, QROW = 22;
+
+  // The mean with its 95% interval, on an axis around the interval (the range is often far wider).
+  function meanChart(entry) {
+    const m = entry.mean, n = entry.numeric;
+    const spread = Math.max((m.upper ?? m.estimate) - (m.lower ?? m.estimate), (n.high - n.low) * 1e-3);
+    let lo = Math.max(n.low, (m.lower ?? m.estimate) - spread), hi = Math.min(n.high, (m.upper ?? m.estimate) + spread);
+    const step = niceStep(hi - lo);
+    lo = Math.floor(lo / step) * step; hi = Math.ceil(hi / step) * step;
+    const x = (v) => QL + ((v - lo) / (hi - lo)) * (QW - QL - QR);
+    const mid = 14, height = 44;
+    const root = svg("svg", {class: "chart", viewBox: `0 0 ${QW} ${height}`, width: QW, height, role: "img",
+      "aria-label": `${n.metric}: mean with its 95% interval`});
+    for (let i = Math.ceil(lo / step - 1e-9); i <= Math.floor(hi / step + 1e-9); i++) {
+      const at = x(i * step);
+      root.append(svg("line", {class: "grid", x1: at, x2: at, y1: 2, y2: mid + 10}));
+      root.append(svg("text", {class: "tick", x: at, y: mid + 24}, unit(i * step)));
+    }
+    const interval = Number.isFinite(m.lower) && Number.isFinite(m.upper)
+      ? `95% interval ${unit(m.lower)} to ${unit(m.upper)}` : "no interval (too few reports)";
+    const g = svg("g", {class: "mean", "data-estimate": m.estimate ?? "", "data-lower": m.lower ?? "",
+      "data-upper": m.upper ?? ""},
+    svg("title", {}, `mean of ${n.metric}: ${unit(m.estimate)} (${interval}; standard error ${unit(m.stderr)})`));
+    g.append(svg("text", {class: "label", x: QL - 6, y: mid + 4}, "mean"));
+    if (Number.isFinite(m.lower) && Number.isFinite(m.upper)) {
+      const a = x(m.lower), b = x(m.upper);
+      g.append(svg("rect", {class: "band", x: a, y: mid - 6, width: Math.max(1, b - a), height: 12}));
+      g.append(svg("path", {class: "interval", d: `M${a} ${mid}H${b}M${a} ${mid - 6}V${mid + 6}M${b} ${mid - 6}V${mid + 6}`}));
+    }
+    g.append(svg("circle", {class: "marker", cx: x(m.estimate), cy: mid, r: 4}));
+    g.append(svg("text", {class: "value", x: QW - QR + 8, y: mid + 4},
+      `${unit(m.estimate)} [${unit(m.lower)}, ${unit(m.upper)}]`));
+    root.append(g);
+    return root;
+  }
+
+  // The quantiles on the range, each bucket an equal slot (buckets are often spaced by factors):
+  // a marker at the estimate and its interval, whose ends are bucket boundaries.
+  function quantileChart(entry) {
+    const n = entry.numeric, edges = [n.low, ...n.boundaries, n.high];
+    const slot = (QW - QL - QR) / (edges.length - 1);
+    const x = (v) => { // position within its bucket, linear there
+      let i = 0;
+      while (i < edges.length - 2 && v >= edges[i + 1]) i++;
+      const share = Math.min(1, Math.max(0, (v - edges[i]) / (edges[i + 1] - edges[i])));
+      return QL + slot * (i + share);
+    };
+    const height = 8 + entry.quantiles.length * QROW + 18;
+    const root = svg("svg", {class: "chart quantiles", viewBox: `0 0 ${QW} ${height}`, width: QW, height, role: "img",
+      "aria-label": `${n.metric}: quantiles with their 95% intervals`});
+    const bottom = 8 + entry.quantiles.length * QROW;
+    edges.forEach((edge, i) => {
+      const at = QL + slot * i;
+      root.append(svg("line", {class: "grid", x1: at, x2: at, y1: 4, y2: bottom}));
+      root.append(svg("text", {class: "tick", x: at, y: bottom + 14}, unit(edge)));
+    });
+    entry.quantiles.forEach((q, j) => {
+      const mid = 8 + j * QROW + QROW / 2, name = `q${Number((100 * q.q).toPrecision(3))}`;
+      const g = svg("g", {class: "quantile", "data-q": q.q, "data-estimate": q.estimate ?? "",
+        "data-lower": q.lower ?? "", "data-upper": q.upper ?? ""},
+      svg("title", {}, `${name} of ${n.metric}: ${unit(q.estimate)} (95% interval ${unit(q.lower)} to ${unit(q.upper)}, ` +
+        "bucket boundaries: a quantile is known no finer than its buckets)"));
+      g.append(svg("text", {class: "label", x: QL - 6, y: mid + 4}, name));
+      const a = x(q.lower), b = q.upper >= n.high ? QL + slot * (edges.length - 1) : x(q.upper);
+      g.append(svg("rect", {class: "band", x: a, y: mid - 6, width: Math.max(1, b - a), height: 12}));
+      g.append(svg("path", {class: "interval", d: `M${a} ${mid - 6}V${mid + 6}M${b} ${mid - 6}V${mid + 6}`}));
+      g.append(svg("path", {class: "marker", d: `M${x(q.estimate)} ${mid - 7}l5 7l-5 7l-5 -7Z`}));
+      g.append(svg("text", {class: "value", x: QW - QR + 8, y: mid + 4},
+        `${unit(q.estimate)} [${unit(q.lower)}, ${unit(q.upper)}]`));
+      root.append(g);
+    });
+    return root;
   }
 
   // The categories a panel shows: those matching the search (largest first, at most 100), or
@@ -309,7 +401,10 @@
   }
 
   function trendChart(entry, buckets) {
-    const labels = trendLabels(buckets);
+    // A mean part: the mean's line and band, in the metric's units (its points' shares mean little).
+    const mean = entry.numeric?.part === "mean";
+    const labels = mean ? ["mean"] : trendLabels(buckets);
+    const format = mean ? unit : percent;
     const withheld = buckets.filter((b) => b.withheld).length;
     const provisional = buckets.filter((b) => b.provisional).length;
     const section = el("section", {class: "trend", "data-metric": entry.metric, "data-window": entry.window,
@@ -318,10 +413,16 @@
       el("h2", {}, el("span", {class: "name"}, entry.metric),
         el("span", {class: "window"}, `${entry.window} buckets, last ${buckets.length}`)));
     if (!buckets.length) { section.append(el("p", {class: "reason"}, "No retained bucket.")); return section; }
-    const rows = buckets.map((b) => (b.withheld ? null : new Map(b.categories.map((c) => [c.label, c]))));
+    const rows = buckets.map((b) => (b.withheld ? null
+      : mean ? (b.mean ? new Map([["mean", b.mean]]) : null) : new Map(b.categories.map((c) => [c.label, c]))));
     const values = rows.flatMap((r) => (r ? labels.flatMap((l) => [r.get(l)?.lower, r.get(l)?.upper]) : []))
       .filter(Number.isFinite);
-    let lo = Math.min(0, ...values), hi = Math.max(0.01, ...values);
+    let lo = mean ? Math.min(...values) : Math.min(0, ...values);
+    let hi = mean ? Math.max(...values) : Math.max(0.01, ...values);
+    if (mean && !(hi > lo)) { // no bucket shown yet, or one value: some room around it
+      const at = Number.isFinite(lo) ? lo : (entry.numeric.low + entry.numeric.high) / 2;
+      lo = at - 1; hi = at + 1;
+    }
     const step = niceStep(hi - lo);
     hi = Math.ceil(hi / step - 1e-9) * step;
     lo = Math.floor(lo / step + 1e-9) * step;
@@ -334,7 +435,7 @@
     for (let i = Math.round(lo / step); i <= Math.round(hi / step); i++) {
       const v = i * step;
       root.append(svg("line", {class: i === 0 ? "zero" : "grid", x1: TL, x2: TW - TR, y1: y(v), y2: y(v)}));
-      root.append(svg("text", {class: "tick", x: TL - 20, y: y(v) + 4}, percent(v, tickDigits)));
+      root.append(svg("text", {class: "tick", x: TL - 20, y: y(v) + 4}, mean ? unit(v) : percent(v, tickDigits)));
     }
     buckets.forEach((b, i) => {
       if (!b.withheld && !b.provisional) return;
@@ -345,11 +446,11 @@
         : `${when}: provisional (reports made in it may still arrive)`));
       root.append(r);
     });
-    const format = new Intl.DateTimeFormat(undefined, bucketSpan(entry) >= 86400
+    const when = new Intl.DateTimeFormat(undefined, bucketSpan(entry) >= 86400
       ? {month: "short", day: "numeric"} : {month: "short", day: "numeric", hour: "2-digit"});
     for (const i of new Set([0, Math.floor((n - 1) / 2), n - 1])) {
       root.append(svg("text", {class: "tick", x: Math.min(Math.max(x(i), TL + 36), TW - TR - 36), y: TH - 6},
-        format.format(buckets[i].start * 1000)));
+        when.format(buckets[i].start * 1000)));
     }
     labels.forEach((label, s) => {
       const g = svg("g", {class: `series s${s}`, "data-label": label});
@@ -368,7 +469,9 @@
       });
       flush();
       g.prepend(svg("path", {class: "band", d: band || "M0 0"}), svg("path", {class: "line", d: line || "M0 0"}));
-      g.append(svg("title", {}, label));
+      const last = [...rows].reverse().find((r) => r?.get(label))?.get(label);
+      g.append(svg("title", {}, last ? `${label}: latest ${format(last.estimate)} [${format(last.lower)}, ${format(last.upper)}]`
+        : label));
       root.append(g);
     });
     section.append(root);
