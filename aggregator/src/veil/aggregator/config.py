@@ -92,6 +92,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from veil.mechanism import (
+    DEFAULT_MEAN_SHARE,
     DEFAULT_MECHANISM,
     DISTRIBUTION,
     EPSILON_RANGE,
@@ -102,7 +103,7 @@ from veil.mechanism import (
     MetricSpec,
     NumericSpec,
     check_epsilon,
-    mean_levels,
+    numeric_parts,
 )
 from veil.mechanism import parse_duration as mechanism_duration
 
@@ -731,7 +732,6 @@ def _metric(raw: object, key: str) -> list[MetricConfig]:
 CATEGORIES = "categories"
 NUMERIC = "numeric"
 _RULE_KEYS = ("period", "reports_per_period", "period_budget", "lifetime_budget")
-_DEFAULT_MEAN_SHARE = 0.5
 
 
 def _rules(raw: Mapping[str, object], key: str, epsilon: float) -> dict[str, Any]:
@@ -793,24 +793,15 @@ def _numeric_parts(raw: Mapping[str, object], key: str, name: str, epsilon: floa
         raise ConfigError(f"{key}.buckets: the distribution needs bucket boundaries, e.g. [100, 250, 500, 1000].")
     if DISTRIBUTION not in wanted and buckets:
         raise ConfigError(f'{key}.buckets: given, but estimate does not ask for the "distribution".')
-    share = raw.get("mean_share", _DEFAULT_MEAN_SHARE if len(wanted) == 2 else None)
-    if len(wanted) == 1:
-        if "mean_share" in raw:
-            raise ConfigError(f"{key}.mean_share: only for a metric estimating both the mean and the distribution.")
-        share = 1.0
-    elif isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+    share = raw.get("mean_share", DEFAULT_MEAN_SHARE)
+    if len(wanted) == 1 and "mean_share" in raw:
+        raise ConfigError(f"{key}.mean_share: only for a metric estimating both the mean and the distribution.")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
         raise ConfigError(
             f"{key}.mean_share: expected the share of epsilon the mean gets, above 0 and below 1, got {share!r}."
         )
-    parts: list[tuple[NumericSpec, float]] = []
-    if MEAN in wanted:
-        mean_epsilon = check_epsilon(share * epsilon)
-        parts.append((NumericSpec(name, MEAN, low, high, (), mean_levels(mean_epsilon)), share))
-    if DISTRIBUTION in wanted:
-        parts.append(
-            (NumericSpec(name, DISTRIBUTION, low, high, tuple(buckets)), 1.0 - share if MEAN in wanted else 1.0)
-        )
-    return parts
+    check_epsilon(share * epsilon if len(wanted) == 2 else epsilon)  # the mean's own epsilon in range
+    return numeric_parts(name, low, high, tuple(buckets), tuple(wanted), epsilon, float(share))
 
 
 def _windows(raw: Mapping[str, object], key: str) -> tuple[Window, ...]:

@@ -1,7 +1,7 @@
 """`veil privacy --range LOW,HIGH ...`: what a numeric metric costs (docs/math.md 9).
 
 A numeric metric's parts are metrics of categories, each with its share of the metric's epsilon
-(config.py: the mean gets mean_share of it, the distribution the rest). Both keep a memoized
+(veil.mechanism.numeric_parts, as the aggregator's config makes them). Both keep a memoized
 response per category: a device whose value stays put (same rounding point, same bucket) sends
 its memoized responses again and spends nothing new, so a steady value costs the metric's
 epsilon once. Each new point or bucket a device's value reaches costs that part's epsilon once,
@@ -18,12 +18,13 @@ import textwrap
 from typing import Any
 
 from veil.mechanism import (
+    DEFAULT_MEAN_SHARE,
     DEFAULT_MECHANISM,
     DISTRIBUTION,
     MEAN,
     NumericSpec,
-    mean_levels,
     number_text,
+    numeric_parts,
     spec_for,
     worst_mean_variance,
 )
@@ -32,7 +33,6 @@ from . import CliError
 
 __all__ = ["add_numeric_arguments", "run_numeric"]
 
-_DEFAULT_MEAN_SHARE = 0.5  # the config's default (docs/operating.md)
 _SIZES = (10**4, 10**6)  # n at which the mean's 95% half-width is shown
 
 
@@ -47,7 +47,7 @@ def add_numeric_arguments(parser: argparse.ArgumentParser) -> None:
         help="mean, distribution or both (default: the mean, and the distribution when buckets are given)",
     )
     numeric.add_argument(
-        "--mean-share", type=float, default=None, help=f"with both: the mean's share of epsilon ({_DEFAULT_MEAN_SHARE})"
+        "--mean-share", type=float, default=None, help=f"with both: the mean's share of epsilon ({DEFAULT_MEAN_SHARE})"
     )
 
 
@@ -73,21 +73,11 @@ def parts(args: argparse.Namespace) -> list[tuple[NumericSpec, float]]:
         raise CliError(f"--estimate: expected mean, distribution or both, got {args.estimate!r}.")
     if DISTRIBUTION in wanted and not buckets:
         raise CliError("--buckets: the distribution needs bucket boundaries, e.g. 100,250,500,1000.")
-    if len(wanted) == 1:
-        share = 1.0
-    else:
-        share = _DEFAULT_MEAN_SHARE if args.mean_share is None else args.mean_share
-        if not 0 < share < 1:
-            raise CliError(f"--mean-share: expected a share above 0 and below 1, got {share!r}.")
+    share = DEFAULT_MEAN_SHARE if args.mean_share is None else args.mean_share
+    if len(wanted) == 2 and not 0 < share < 1:
+        raise CliError(f"--mean-share: expected a share above 0 and below 1, got {share!r}.")
     low, high = bounds
-    found: list[tuple[NumericSpec, float]] = []
-    if MEAN in wanted:
-        found.append((NumericSpec("metric", MEAN, low, high, (), mean_levels(share * args.epsilon)), share))
-    if DISTRIBUTION in wanted:
-        found.append(
-            (NumericSpec("metric", DISTRIBUTION, low, high, tuple(buckets)), 1 - share if MEAN in wanted else 1.0)
-        )
-    return found
+    return numeric_parts("metric", low, high, tuple(buckets), tuple(wanted), args.epsilon, share)
 
 
 def describe(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from ._errors import MechanismError
 from ._law import PROJECTION_NOTE, LinearEstimator, WeightLaw
 from ._metric import DEFAULT_MECHANISM, DEFAULT_PERIOD, MAX_PERIOD, MetricSpec, parse_duration, spec_for
 from ._numeric import (
+    DEFAULT_MEAN_SHARE,
     DISTRIBUTION,
     MAX_LEVELS,
     MEAN,
@@ -23,6 +24,7 @@ from ._numeric import (
     mean_levels,
     mean_variance,
     number_text,
+    numeric_parts,
     part_name,
     worst_mean_variance,
 )
@@ -72,6 +74,8 @@ __all__ = [
     "worst_mean_variance",
     "checked_number",
     "number_text",
+    "numeric_parts",
+    "DEFAULT_MEAN_SHARE",
     "MECHANISMS",
     "WireShape",
     "register",

@@ -39,6 +39,8 @@ __all__ = [
     "worst_mean_variance",
     "checked_number",
     "number_text",
+    "DEFAULT_MEAN_SHARE",
+    "numeric_parts",
 ]
 
 MEAN = "mean"
@@ -253,3 +255,32 @@ def checked_number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise MechanismError("A numeric metric's value must be a finite number.")
     return float(value)
+
+
+DEFAULT_MEAN_SHARE = 0.5  # the mean's share of epsilon when a metric estimates both parts
+
+
+def numeric_parts(
+    metric: str,
+    low: float,
+    high: float,
+    boundaries: tuple[float, ...],
+    parts: tuple[str, ...],
+    epsilon: float,
+    mean_share: float = DEFAULT_MEAN_SHARE,
+) -> list[tuple[NumericSpec, float]]:
+    """A numeric metric's parts (of PARTS, each at most once) with each one's share of its epsilon:
+    the mean gets mean_share and the distribution the rest when both are estimated, either one all
+    of it when alone (basic composition: the parts' spending adds up to the metric's); the mean's
+    rounding points chosen for its own epsilon (mean_levels)."""
+    if not parts or len(set(parts)) != len(parts) or not set(parts) <= set(PARTS):
+        raise MechanismError(f"A numeric metric estimates {MEAN}, {DISTRIBUTION} or both, not {list(parts)!r}.")
+    if len(parts) == 2 and not 0 < mean_share < 1:
+        raise MechanismError(f"The mean's share of epsilon is above 0 and below 1, not {mean_share!r}.")
+    share = mean_share if len(parts) == 2 else 1.0
+    found: list[tuple[NumericSpec, float]] = []
+    if MEAN in parts:
+        found.append((NumericSpec(metric, MEAN, low, high, (), mean_levels(share * epsilon)), share))
+    if DISTRIBUTION in parts:
+        found.append((NumericSpec(metric, DISTRIBUTION, low, high, boundaries), 1.0 - share if MEAN in parts else 1.0))
+    return found
