@@ -33,6 +33,21 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def _shared_redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def shared_redis_server(_shared_redis_server: RedisServer) -> RedisServer:
+    """One redis-server for the whole run (of this worker), emptied (FLUSHALL) for this test: for
+    tests that only write and read keys; a test that stops, stalls or reconfigures its server
+    takes redis_server."""
+    assert _shared_redis_server.command("FLUSHALL") == b"+OK\r\n"
+    return _shared_redis_server
+
+
 @pytest.fixture
 def make_redis_server() -> Iterator[Callable[..., RedisServer]]:
     """Start RedisServer(**options) (appendonly, appendfsync, replicaof, args); every server
