@@ -147,6 +147,11 @@ export const counters: Counters = reporter.counters();
 """
 
 
+# No byte-compiling at install: Python compiles what it imports anyway, and compiling the whole
+# of numpy's, numba's and grpcio's trees is work no test here needs.
+PIP_INSTALL = ("-m", "pip", "install", "-q", "--no-compile")
+
+
 def run(*args: object, cwd: Path, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess[str]:
     out = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs)
     assert out.returncode == 0, f"{args}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
@@ -221,9 +226,9 @@ def installed(dist, tmp_path_factory) -> dict[str, Path]:
     both outside the repository; their pythons."""
     home = tmp_path_factory.mktemp("user")
     aggregator = venv(home / "aggregator")
-    run(aggregator, "-m", "pip", "install", "-q", f"veil[aggregator] @ {dist['wheel'].as_uri()}", cwd=home)
+    run(aggregator, *PIP_INSTALL, f"veil[aggregator] @ {dist['wheel'].as_uri()}", cwd=home)
     sdk = venv(home / "sdk")
-    run(sdk, "-m", "pip", "install", "-q", dist["sdist"], cwd=home)
+    run(sdk, *PIP_INSTALL, dist["sdist"], cwd=home)
     return {"aggregator": aggregator, "sdk": sdk, "home": home}
 
 
@@ -295,7 +300,7 @@ def test_a_report_count_estimate_round_trip_through_every_installed_package(inst
 @pytest.mark.slow  # a virtualenv and an install of their own; the default run reports over gRPC from the aggregator's
 def test_the_wheel_s_grpc_extra_alone_reports_over_grpc(dist, tmp_path):
     sdk_grpc = venv(tmp_path / "sdk-grpc")
-    run(sdk_grpc, "-m", "pip", "install", "-q", f"veil[grpc] @ {dist['wheel'].as_uri()}", cwd=tmp_path)
+    run(sdk_grpc, *PIP_INSTALL, f"veil[grpc] @ {dist['wheel'].as_uri()}", cwd=tmp_path)
     modules = run(sdk_grpc, "-c", "import sys, veil.client; print(sorted(sys.modules))", cwd=tmp_path).stdout
     assert "numpy" not in modules and "veil.aggregator" not in modules
     config = running.config_dict(f"sqlite:///{tmp_path / 'veil.db'}")
