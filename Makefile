@@ -12,7 +12,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:
 	@echo "make demo      run Veil end to end on this machine (the main job): an aggregator on the"
 	@echo "               embedded SQLite store (a temporary file), simulated devices, the dashboard"
-	@echo "make test      lint, then run the test suite (installs what it needs)"
+	@echo "make test      lint, then run the test suite (installs what it needs) on WORKERS=2 processes"
+	@echo "               (WORKERS=0: in one); the slowest tests are listed, each test's time is kept in .test-results/"
 	@echo "make lint      ruff (lint and format check) and mypy, as configured in pyproject.toml"
 	@echo "make test-all  the test suite with the slow statistical tests"
 	@echo "make test-oldest  the SDK's tests on the oldest grpcio and protobuf it supports (make test runs it)"
@@ -36,6 +37,14 @@ $(VENV)/.dev: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e '.[aggregator]' --group dev
 	touch $@ $(VENV)/.aggregator
 
+# The suite runs on WORKERS processes (pytest-xdist), a test file each at a time, so a file's
+# module fixtures (its servers, the wheel) start once; WORKERS=0 runs it in this process. Every
+# run prints its slowest tests (--durations, pyproject.toml) and keeps every test's time in
+# $(RESULTS)/*.xml (JUnit XML).
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) $(if $(filter 0,$(WORKERS)),,--dist loadfile)
+RESULTS := .test-results
+
 # The SDK's tests (tests/client, tests/wire) on the oldest grpcio and protobuf pyproject.toml
 # allows, pinned in client/oldest-constraints.txt, in a virtualenv of their own: the SDK with its
 # grpc extra and the test group, no aggregator extra (its grpcio floor is the newest), so
@@ -50,8 +59,8 @@ $(OLDEST)/.installed: pyproject.toml client/oldest-constraints.txt
 	touch $@
 
 test-oldest: $(OLDEST)/.installed redis-server client/js/dist/.built
-	$(OLDEST)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/client tests/wire \
-	  --ignore tests/wire/test_toy_mechanism.py
+	$(OLDEST)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider $(XDIST) tests/client tests/wire \
+	  --ignore tests/wire/test_toy_mechanism.py --junitxml=$(RESULTS)/oldest.xml
 
 # The tests start their own redis-server on free ports; install Debian's where it is missing.
 redis-server:
@@ -95,11 +104,11 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/mypy
 
 test: lint $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q $(XDIST) --junitxml=$(RESULTS)/default.xml
 	$(MAKE) test-oldest
 
 test-all: $(VENV)/.dev redis-server chromium promtool client/js/dist/.built
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) --junitxml=$(RESULTS)/all.xml
 
 # Runs bench_randomize.py, bench_client.py, bench_ingest.py and bench_capacity.py (each writes its own JSON), then
 # combines them: bench/results/latest.json, bench/results/throughput.png and one table on stdout.
@@ -129,5 +138,5 @@ dist: $(VENV)/.dev client/js/dist/.built
 	cd client/js && npm pack --ignore-scripts --pack-destination $(abspath $(DIST))
 
 clean:
-	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist
+	rm -rf $(VENV) $(OLDEST) $(RESULTS) .pytest_cache .ruff_cache .mypy_cache build dist client/js/node_modules client/js/dist
 	find . -name __pycache__ -prune -exec rm -rf {} +

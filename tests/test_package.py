@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from veil_testing import running
 from veil_testing.processes import ServeProcess
-from veil_testing.wheel import build_wheel
+
+pytestmark = pytest.mark.starts_first  # minutes of builds and installs
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = [
@@ -36,8 +37,9 @@ def test_the_editable_install_imports_every_subpackage_from_the_checkout():
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    return build_wheel(ROOT, tmp_path_factory.mktemp("wheel"))
+def wheel(dist) -> Path:
+    """The wheel `make dist` builds (one build a run: the tests below install it too)."""
+    return dist["wheel"]
 
 
 def test_the_wheel_has_one_namespace_and_no_veil_init(wheel):
@@ -74,10 +76,10 @@ def test_the_wheel_imports_every_subpackage(wheel, tmp_path):
 # The sdist and the wheel (built from it) and the npm tarball, each installed into an environment
 # of its own in a temporary directory: the aggregator from the wheel (with its extra), the Python
 # SDK from the sdist (no extra: it reports over HTTP, with no grpcio installed) and from the wheel
-# with its grpc extra (over gRPC), the TypeScript SDK from the tarball in two Node projects, with and
-# without the optional gRPC peers. Devices of both SDKs report to that aggregator, and its own
-# `veil estimates` counts them. Installs come from the package registries (pip's and npm's caches
-# make repeat runs quick).
+# (over gRPC: in the aggregator's environment, and, in the slow run, with the grpc extra alone), the
+# TypeScript SDK from the tarball in two Node projects, with and without the optional gRPC peers.
+# Devices of both SDKs report to that aggregator, and its own `veil estimates` counts them.
+# Installs come from the package registries (pip's and npm's caches make repeat runs quick).
 
 JS = ROOT / "client" / "js"
 ROUND_TRIP_REPORTS = 150  # per device; the metric's min_n is 100, so each count is estimated
@@ -143,6 +145,11 @@ const reporter: Reporter = new Reporter({ transport: new GrpcTransport("127.0.0.
   store: nodeFileStore("state") });
 export const counters: Counters = reporter.counters();
 """
+
+
+# No byte-compiling at install: Python compiles what it imports anyway, and compiling the whole
+# of numpy's, numba's and grpcio's trees is work no test here needs.
+PIP_INSTALL = ("-m", "pip", "install", "-q", "--no-compile")
 
 
 def run(*args: object, cwd: Path, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -215,16 +222,14 @@ def test_the_npm_package_s_copies_match_their_one_home(copy, home):
 
 @pytest.fixture(scope="module")
 def installed(dist, tmp_path_factory) -> dict[str, Path]:
-    """The aggregator's environment (the wheel with its extra), the SDK's (the sdist alone) and
-    the SDK's with gRPC (the wheel with the grpc extra), all outside the repository; their pythons."""
+    """The aggregator's environment (the wheel with its extra) and the SDK's (the sdist alone),
+    both outside the repository; their pythons."""
     home = tmp_path_factory.mktemp("user")
     aggregator = venv(home / "aggregator")
-    run(aggregator, "-m", "pip", "install", "-q", f"veil[aggregator] @ {dist['wheel'].as_uri()}", cwd=home)
+    run(aggregator, *PIP_INSTALL, f"veil[aggregator] @ {dist['wheel'].as_uri()}", cwd=home)
     sdk = venv(home / "sdk")
-    run(sdk, "-m", "pip", "install", "-q", dist["sdist"], cwd=home)
-    sdk_grpc = venv(home / "sdk-grpc")
-    run(sdk_grpc, "-m", "pip", "install", "-q", f"veil[grpc] @ {dist['wheel'].as_uri()}", cwd=home)
-    return {"aggregator": aggregator, "sdk": sdk, "sdk_grpc": sdk_grpc, "home": home}
+    run(sdk, *PIP_INSTALL, dist["sdist"], cwd=home)
+    return {"aggregator": aggregator, "sdk": sdk, "home": home}
 
 
 def test_the_sdk_installed_from_the_sdist_is_typed_for_a_user_s_mypy_strict(installed, tmp_path):
@@ -258,11 +263,12 @@ def test_a_report_count_estimate_round_trip_through_every_installed_package(inst
         where = run(installed["aggregator"], "-c", "import veil.aggregator; print(veil.aggregator.__file__)", cwd=home)
         assert Path(where.stdout.strip()).is_relative_to(home)  # served from the install, not the checkout
         n = ROUND_TRIP_REPORTS
-        # The SDK alone over HTTP (grpc never loaded), then with the grpc extra over gRPC.
+        # The SDK alone over HTTP (grpc never loaded), then the wheel's over gRPC (the wheel's
+        # SDK with the grpc extra alone: test_the_wheel_s_grpc_extra_alone_reports_over_grpc).
         http = f"http://127.0.0.1:{serve.http_port}"
         out = run(installed["sdk"], "-c", REPORT_PY, http, "browser", "firefox", n, cwd=home).stdout
         assert out.splitlines() == [str(n), "grpc loaded: False"]
-        out = run(installed["sdk_grpc"], "-c", REPORT_PY, serve.endpoint, "browser", "chrome", n, cwd=home).stdout
+        out = run(installed["aggregator"], "-c", REPORT_PY, serve.endpoint, "browser", "chrome", n, cwd=home).stdout
         assert out.splitlines() == [str(n), "grpc loaded: True"]
 
         # Node: the tarball alone reports over HTTP (and GrpcTransport names what it needs); with
@@ -289,6 +295,18 @@ def test_a_report_count_estimate_round_trip_through_every_installed_package(inst
         by_metric = {e["metric"]: e for e in json.loads(estimates.stdout)["estimates"]}
         assert by_metric["browser"]["n"] == 2 * n and by_metric["os"]["n"] == 2 * n
         assert not by_metric["os"]["withheld"] and len(by_metric["os"]["categories"]) == 6
+
+
+@pytest.mark.slow  # a virtualenv and an install of their own; the default run reports over gRPC from the aggregator's
+def test_the_wheel_s_grpc_extra_alone_reports_over_grpc(dist, tmp_path):
+    sdk_grpc = venv(tmp_path / "sdk-grpc")
+    run(sdk_grpc, *PIP_INSTALL, f"veil[grpc] @ {dist['wheel'].as_uri()}", cwd=tmp_path)
+    modules = run(sdk_grpc, "-c", "import sys, veil.client; print(sorted(sys.modules))", cwd=tmp_path).stdout
+    assert "numpy" not in modules and "veil.aggregator" not in modules
+    config = running.config_dict(f"sqlite:///{tmp_path / 'veil.db'}")
+    with ServeProcess(tmp_path / "serve", config) as serve:
+        out = run(sdk_grpc, "-c", REPORT_PY, serve.endpoint, "browser", "chrome", ROUND_TRIP_REPORTS, cwd=tmp_path)
+    assert out.stdout.splitlines() == [str(ROUND_TRIP_REPORTS), "grpc loaded: True"]
 
 
 def test_the_node_export_is_typed_under_node10_module_resolution(dist, tmp_path):

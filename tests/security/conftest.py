@@ -1,18 +1,15 @@
-"""Fixtures of the security tests: an in-process aggregator on a frozen clock, and a tally of
-the inputs the fuzzers tried, printed in pytest's terminal summary."""
+"""Fixtures of the security tests: an in-process aggregator on a frozen clock (the tally of the
+inputs the fuzzers tried is tests/conftest.py's)."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
 from veil_testing.running import InProcessAggregators
 
 from veil.aggregator.daemon import Aggregator
-
-_TALLY = pytest.StashKey[Counter]()
 
 
 @pytest.fixture
@@ -30,17 +27,3 @@ def start_frozen_aggregator() -> Iterator[Callable[..., Aggregator]]:
 
     yield start
     aggregators.stop_all()
-
-
-@pytest.fixture
-def tally(request) -> Counter:
-    """Counts kept for the terminal summary: tally["name"] += n."""
-    return request.config.stash.setdefault(_TALLY, Counter())
-
-
-def pytest_terminal_summary(terminalreporter, config) -> None:
-    counts = config.stash.get(_TALLY, None)
-    if counts:
-        terminalreporter.section("security: inputs tried")
-        for name, value in sorted(counts.items()):
-            terminalreporter.write_line(f"{name}: {value}")

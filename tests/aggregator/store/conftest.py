@@ -1,6 +1,6 @@
-"""The store under test: MemoryStore, RedisStore on a fresh redis-server, RedisStore on a real
-Redis Cluster (its counters split over shards), emptied for the test, and SqliteStore on a fresh
-file."""
+"""The store under test: MemoryStore, RedisStore on a redis-server and on a real Redis Cluster
+(its counters split over shards), each server shared by the run and emptied for the test, and
+SqliteStore on a fresh file."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}  # a failing test 
 def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
     """Opens a handle on one store: the same MemoryStore or SqliteStore every time (a SQLite file
     has one process writing it; its threads share the store), or a new RedisStore (its own
-    connections) on the test's redis-server. Every handle is closed after the test."""
+    connections) on the test's (emptied) server. Every handle is closed after the test."""
     handles: list[Store] = []
     if request.param in ("memory", "sqlite"):
         tmp_path = request.getfixturevalue("tmp_path")
@@ -28,7 +28,7 @@ def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]
         def make() -> Store:
             return one
     else:
-        server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
+        server = request.getfixturevalue("shared_redis_server" if request.param == "redis" else "redis_cluster")
         url = server.url
 
         def make() -> Store:
