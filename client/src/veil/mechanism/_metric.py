@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from ._errors import MechanismError
 from ._numeric import MEAN, NumericSpec
@@ -125,6 +126,7 @@ class MetricSpec:
         reports_per_period: int = 1,
         period_budget: float | None = None,
         lifetime_budget: float | None = None,
+        numeric: NumericSpec | None = None,
     ) -> MetricSpec:
         return cls(
             name,
@@ -134,33 +136,18 @@ class MetricSpec:
             reports_per_period,
             period_budget,
             lifetime_budget,
+            numeric,
         )
 
     @classmethod
     def numeric_part(
-        cls,
-        numeric: NumericSpec,
-        mechanism: str = DEFAULT_MECHANISM,
-        epsilon: float = 1.0,
-        *,
-        period: int = DEFAULT_PERIOD,
-        reports_per_period: int = 1,
-        period_budget: float | None = None,
-        lifetime_budget: float | None = None,
+        cls, numeric: NumericSpec, mechanism: str = DEFAULT_MECHANISM, epsilon: float = 1.0, **rule: Any
     ) -> MetricSpec:
-        """The spec of one part of a numeric metric: the mean's design is always k-RR over its
-        rounding points; the distribution's is ``mechanism`` over its buckets."""
-        name = KrrSpec.name if numeric.part == MEAN else mechanism
-        return cls(
-            numeric.name,
-            numeric.labels,
-            spec_for(name, numeric.k, epsilon),
-            period,
-            reports_per_period,
-            period_budget,
-            lifetime_budget,
-            numeric,
-        )
+        """The spec of one part of a numeric metric (``rule``: create's period, reports_per_period
+        and budgets): the mean's design is always k-RR over its rounding points; the
+        distribution's is ``mechanism`` over its buckets."""
+        design = KrrSpec.name if numeric.part == MEAN else mechanism
+        return cls.create(numeric.name, numeric.labels, design, epsilon, numeric=numeric, **rule)
 
     @property
     def k(self) -> int:
