@@ -48,7 +48,8 @@ RESULTS := .test-results
 # The SDK's tests (tests/client, tests/wire) on the oldest grpcio and protobuf pyproject.toml
 # allows, pinned in client/oldest-constraints.txt, in a virtualenv of their own: the SDK with its
 # grpc extra and the test group, no aggregator extra (its grpcio floor is the newest), so
-# test_toy_mechanism.py, which serves through the daemon, runs in `make test` only.
+# test_toy_mechanism.py and tests/client/test_numeric.py, which serve through the daemon, run in
+# `make test` only.
 OLDEST := .venv-oldest
 $(OLDEST)/.installed: pyproject.toml client/oldest-constraints.txt
 	rm -rf $(OLDEST)
@@ -60,7 +61,8 @@ $(OLDEST)/.installed: pyproject.toml client/oldest-constraints.txt
 
 test-oldest: $(OLDEST)/.installed redis-server client/js/dist/.built
 	$(OLDEST)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider $(XDIST) tests/client tests/wire \
-	  --ignore tests/wire/test_toy_mechanism.py --junitxml=$(RESULTS)/oldest.xml
+	  --ignore tests/wire/test_toy_mechanism.py --ignore tests/client/test_numeric.py \
+	  --junitxml=$(RESULTS)/oldest.xml
 
 # The tests start their own redis-server on free ports; install Debian's where it is missing.
 redis-server:
