@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from veil.mechanism import MEAN, PROJECTION_NOTE, NumericSpec
+from veil.mechanism import MEAN, PROJECTION_NOTE
 
 from .config import AggregatorConfig, MetricConfig, Window
 from .counts import PERIOD_NOT_SAID, Counts
@@ -186,7 +186,7 @@ def _numeric_json(e: WindowEstimate) -> dict[str, object]:
     numeric = e.metric.spec.numeric
     if numeric is None:
         return {}
-    body: dict[str, object] = {"numeric": _numeric_part_json(numeric)}
+    body: dict[str, object] = {"numeric": numeric.canonical()}  # the NumericSpec message's fields
     if e.mean is not None:
         m = e.mean
         body["mean"] = dict(zip(_MEAN_KEYS, _finite(np.array([m.estimate, m.stderr, m.lower, m.upper]))))
@@ -198,18 +198,6 @@ def _numeric_json(e: WindowEstimate) -> dict[str, object]:
 
 _MEAN_KEYS = ("estimate", "stderr", "lower", "upper")
 _QUANTILE_KEYS = ("q", "estimate", "lower", "upper")
-
-
-def _numeric_part_json(numeric: NumericSpec) -> dict[str, object]:
-    """A numeric part as the HTTP JSON shows it (the fields of the NumericSpec message)."""
-    return {
-        "metric": numeric.metric,
-        "part": numeric.part,
-        "low": numeric.low,
-        "high": numeric.high,
-        "boundaries": list(numeric.boundaries),
-        "levels": numeric.levels,
-    }
 
 
 def _numeric_estimates(
