@@ -54,10 +54,10 @@ def test_upload_round_trips_with_columnar_reports():
 
 
 def test_services_and_mechanisms_match_the_mechanism_package():
-    from veil.mechanism import MECHANISMS
+    from veil.mechanism import MECHANISMS, HashedSpec
 
     values = {name.lower().replace("_", "-"): value for name, value in veil_pb2.Mechanism.items() if value}
-    assert values == {name: shape.proto for name, shape in MECHANISMS.items()}
+    assert values == {**{name: shape.proto for name, shape in MECHANISMS.items()}, HashedSpec.name: HashedSpec.proto}
     service = veil_pb2.DESCRIPTOR.services_by_name
     assert set(service["Collector"].methods_by_name) == {"GetMetricSpecs", "Upload", "UploadBatches"}
     assert set(service["Estimates"].methods_by_name) == {"Get", "Watch", "Series"}

@@ -28,6 +28,7 @@ __all__ = [
     "count_subsets",
     "count_bitmaps",
     "decode_index_sets",
+    "decode_hashed",
     "decode_subset_bitmaps",
     "decode_bitmaps",
     "encode_categories",
@@ -473,6 +474,50 @@ def decode_index_sets(reports, k, v):
             previous = index
         for c in range(q):
             v[reports[i, c]] += 1
+    return -1
+
+
+@_kernel
+def decode_hashed(reports, parents, extend, modulus, buckets, v):
+    """Hashed reports of a strings round (veil.mechanism.HashedSpec), one report per row of
+    uint32 words (a_0..a_7, c, bucket). The candidates are the rows of ``parents`` (uint8,
+    one prefix per row), each extended by every byte when ``extend`` (v: 256 per parent, in
+    byte order), else the parents themselves. A report is bad when a coefficient is not below
+    the modulus or its bucket not below ``buckets``. Adds into v (int64) the reports that hold
+    each candidate: h(u) = (c + sum_i a_i u_i) mod P in bucket mask; returns the first bad
+    report or -1. The 256 extensions' hashes are (h(parent) + a_L x) mod P: a table of a_L x
+    mod P per report makes each parent's 256 tests independent of one another."""
+    mask = np.int64(buckets - 1)
+    size = parents.shape[1]
+    table = np.empty(256, np.int64)
+    for i in range(reports.shape[0]):
+        for w in range(9):
+            if np.int64(reports[i, w]) >= modulus:
+                return i
+        bucket = np.int64(reports[i, 9])
+        if bucket > mask:
+            return i
+        if extend:
+            a = np.int64(reports[i, size])
+            step = np.int64(0)
+            for x in range(256):
+                table[x] = step
+                step += a
+                if step >= modulus:
+                    step -= modulus
+        for j in range(parents.shape[0]):
+            h = np.int64(reports[i, 8])
+            for b in range(size):
+                h = (h + np.int64(reports[i, b]) * np.int64(parents[j, b])) % modulus
+            if not extend:
+                v[j] += (h & mask) == bucket
+                continue
+            base = j * 256
+            for x in range(256):
+                t = h + table[x]
+                if t >= modulus:
+                    t -= modulus
+                v[base + x] += (t & mask) == bucket
     return -1
 
 

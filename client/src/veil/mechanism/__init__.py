@@ -39,6 +39,20 @@ from ._privacy import (
 from ._random import RandomSource, SeededRandomSource, SystemRandomSource, WordRandomSource
 from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, minimax_q, subset_gain, subset_objective
+from ._strings import (
+    CODE_BYTES,
+    HASHED,
+    MODULUS,
+    REPORT_WORDS,
+    ROUNDS,
+    HashedSpec,
+    StringsRound,
+    buckets_for,
+    code_text,
+    prefix_hash,
+    round_name,
+    string_code,
+)
 from ._wire import (
     BITMAPS,
     INDEX_SETS,
@@ -76,6 +90,18 @@ __all__ = [
     "number_text",
     "numeric_parts",
     "DEFAULT_MEAN_SHARE",
+    "HashedSpec",
+    "StringsRound",
+    "HASHED",
+    "CODE_BYTES",
+    "ROUNDS",
+    "MODULUS",
+    "REPORT_WORDS",
+    "string_code",
+    "code_text",
+    "round_name",
+    "buckets_for",
+    "prefix_hash",
     "MECHANISMS",
     "WireShape",
     "register",

@@ -24,6 +24,7 @@ from typing import Any
 from ._errors import MechanismError
 from ._numeric import MEAN, NumericSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, fingerprint_of
+from ._strings import HashedSpec, StringsRound, round_name
 from ._wire import wire_shape
 
 __all__ = ["DEFAULT_MECHANISM", "DEFAULT_PERIOD", "MAX_PERIOD", "spec_for", "MetricSpec", "parse_duration"]
@@ -70,10 +71,17 @@ class MetricSpec:
     # A part of a numeric metric (revision 3): how a number becomes one of this spec's
     # categories. Its name, labels and k are then the part's (NumericSpec).
     numeric: NumericSpec | None = None
+    # A round of a strings metric (revision 4): its candidates are its labels (never sent, so
+    # they are derived from it), its design is HashedSpec.
+    strings: StringsRound | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise MechanismError("A metric needs a non-empty name.")
+        if (self.strings is not None) != isinstance(self.mechanism, HashedSpec):
+            raise MechanismError(f"Metric {self.name!r}: a strings round, and only one, has the hashed design.")
+        if self.strings is not None and tuple(self.labels) != self.strings.labels:
+            raise MechanismError(f"Metric {self.name!r} is not labelled with its strings round's candidates.")
         if self.numeric is not None:
             numeric = self.numeric
             if self.name != numeric.name or tuple(self.labels) != numeric.labels:
@@ -149,6 +157,13 @@ class MetricSpec:
         design = KrrSpec.name if numeric.part == MEAN else mechanism
         return cls.create(numeric.name, numeric.labels, design, epsilon, numeric=numeric, **rule)
 
+    @classmethod
+    def strings_round(cls, strings: StringsRound, epsilon: float = 1.0, **rule: Any) -> MetricSpec:
+        """The spec of one round of a strings metric (``rule``: create's period, reports_per_period
+        and budgets): hashed over the round's candidates, named ``<metric>.r<round>``."""
+        design = HashedSpec(len(strings.candidates), epsilon, strings.buckets)
+        return cls(round_name(strings.metric, strings.round), strings.labels, design, strings=strings, **rule)
+
     @property
     def k(self) -> int:
         return self.mechanism.k
@@ -177,6 +192,7 @@ class MetricSpec:
             "period": self.period,
             "reports_per_period": self.reports_per_period,
             **({"numeric": self.numeric.canonical()} if self.numeric is not None else {}),
+            **({"labels": [], "strings": self.strings.canonical()} if self.strings is not None else {}),
         }
 
     @cached_property

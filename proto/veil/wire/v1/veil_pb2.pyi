@@ -14,6 +14,7 @@ class Mechanism(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RAPPOR_ADMISSIBLE: _ClassVar[Mechanism]
     KRR: _ClassVar[Mechanism]
     WARNER: _ClassVar[Mechanism]
+    HASHED: _ClassVar[Mechanism]
 
 class NumericPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,12 +27,13 @@ RAPPOR: Mechanism
 RAPPOR_ADMISSIBLE: Mechanism
 KRR: Mechanism
 WARNER: Mechanism
+HASHED: Mechanism
 NUMERIC_PART_UNSPECIFIED: NumericPart
 NUMERIC_MEAN: NumericPart
 NUMERIC_DISTRIBUTION: NumericPart
 
 class MetricSpec(_message.Message):
-    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget", "time_resolution_seconds", "numeric")
+    __slots__ = ("name", "labels", "mechanism", "epsilon", "q", "fingerprint", "period_seconds", "reports_per_period", "period_budget", "lifetime_budget", "time_resolution_seconds", "numeric", "strings")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +46,7 @@ class MetricSpec(_message.Message):
     LIFETIME_BUDGET_FIELD_NUMBER: _ClassVar[int]
     TIME_RESOLUTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NUMERIC_FIELD_NUMBER: _ClassVar[int]
+    STRINGS_FIELD_NUMBER: _ClassVar[int]
     name: str
     labels: _containers.RepeatedScalarFieldContainer[str]
     mechanism: Mechanism
@@ -56,7 +59,22 @@ class MetricSpec(_message.Message):
     lifetime_budget: float
     time_resolution_seconds: int
     numeric: NumericSpec
-    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ..., time_resolution_seconds: _Optional[int] = ..., numeric: _Optional[_Union[NumericSpec, _Mapping]] = ...) -> None: ...
+    strings: StringsRound
+    def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., q: _Optional[int] = ..., fingerprint: _Optional[str] = ..., period_seconds: _Optional[int] = ..., reports_per_period: _Optional[int] = ..., period_budget: _Optional[float] = ..., lifetime_budget: _Optional[float] = ..., time_resolution_seconds: _Optional[int] = ..., numeric: _Optional[_Union[NumericSpec, _Mapping]] = ..., strings: _Optional[_Union[StringsRound, _Mapping]] = ...) -> None: ...
+
+class StringsRound(_message.Message):
+    __slots__ = ("metric", "round", "rounds", "buckets", "parents")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    round: int
+    rounds: int
+    buckets: int
+    parents: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, metric: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., buckets: _Optional[int] = ..., parents: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class NumericSpec(_message.Message):
     __slots__ = ("metric", "part", "low", "high", "boundaries", "levels")
@@ -112,14 +130,21 @@ class Bitmaps(_message.Message):
     bits: bytes
     def __init__(self, bits: _Optional[bytes] = ...) -> None: ...
 
+class HashedReports(_message.Message):
+    __slots__ = ("words",)
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    words: bytes
+    def __init__(self, words: _Optional[bytes] = ...) -> None: ...
+
 class UploadRequest(_message.Message):
-    __slots__ = ("batch_id", "metric", "spec_fingerprint", "count", "index_sets", "bitmaps", "made_unix")
+    __slots__ = ("batch_id", "metric", "spec_fingerprint", "count", "index_sets", "bitmaps", "hashed", "made_unix")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     INDEX_SETS_FIELD_NUMBER: _ClassVar[int]
     BITMAPS_FIELD_NUMBER: _ClassVar[int]
+    HASHED_FIELD_NUMBER: _ClassVar[int]
     MADE_UNIX_FIELD_NUMBER: _ClassVar[int]
     batch_id: bytes
     metric: str
@@ -127,8 +152,9 @@ class UploadRequest(_message.Message):
     count: int
     index_sets: IndexSets
     bitmaps: Bitmaps
+    hashed: HashedReports
     made_unix: int
-    def __init__(self, batch_id: _Optional[bytes] = ..., metric: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., count: _Optional[int] = ..., index_sets: _Optional[_Union[IndexSets, _Mapping]] = ..., bitmaps: _Optional[_Union[Bitmaps, _Mapping]] = ..., made_unix: _Optional[int] = ...) -> None: ...
+    def __init__(self, batch_id: _Optional[bytes] = ..., metric: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., count: _Optional[int] = ..., index_sets: _Optional[_Union[IndexSets, _Mapping]] = ..., bitmaps: _Optional[_Union[Bitmaps, _Mapping]] = ..., hashed: _Optional[_Union[HashedReports, _Mapping]] = ..., made_unix: _Optional[int] = ...) -> None: ...
 
 class UploadResponse(_message.Message):
     __slots__ = ("accepted", "duplicate", "specs_version")
@@ -207,7 +233,7 @@ class CategoryEstimate(_message.Message):
     def __init__(self, label: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ..., projected: _Optional[float] = ...) -> None: ...
 
 class WindowEstimate(_message.Message):
-    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group", "provisional", "periods", "numeric", "mean", "quantiles")
+    __slots__ = ("metric", "window", "start_unix", "end_unix", "n", "mechanism", "epsilon", "spec_fingerprint", "withheld", "reason", "categories", "estimand", "reports_per_device", "period_seconds", "group", "provisional", "periods", "numeric", "mean", "quantiles", "strings")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +254,7 @@ class WindowEstimate(_message.Message):
     NUMERIC_FIELD_NUMBER: _ClassVar[int]
     MEAN_FIELD_NUMBER: _ClassVar[int]
     QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    STRINGS_FIELD_NUMBER: _ClassVar[int]
     metric: str
     window: str
     start_unix: int
@@ -248,7 +275,36 @@ class WindowEstimate(_message.Message):
     numeric: NumericSpec
     mean: MeanEstimate
     quantiles: _containers.RepeatedCompositeFieldContainer[QuantileEstimate]
-    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: bool = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: bool = ..., periods: _Optional[int] = ..., numeric: _Optional[_Union[NumericSpec, _Mapping]] = ..., mean: _Optional[_Union[MeanEstimate, _Mapping]] = ..., quantiles: _Optional[_Iterable[_Union[QuantileEstimate, _Mapping]]] = ...) -> None: ...
+    strings: StringsEstimate
+    def __init__(self, metric: _Optional[str] = ..., window: _Optional[str] = ..., start_unix: _Optional[int] = ..., end_unix: _Optional[int] = ..., n: _Optional[int] = ..., mechanism: _Optional[_Union[Mechanism, str]] = ..., epsilon: _Optional[float] = ..., spec_fingerprint: _Optional[str] = ..., withheld: bool = ..., reason: _Optional[str] = ..., categories: _Optional[_Iterable[_Union[CategoryEstimate, _Mapping]]] = ..., estimand: _Optional[str] = ..., reports_per_device: _Optional[int] = ..., period_seconds: _Optional[int] = ..., group: _Optional[_Union[GroupEstimate, _Mapping]] = ..., provisional: bool = ..., periods: _Optional[int] = ..., numeric: _Optional[_Union[NumericSpec, _Mapping]] = ..., mean: _Optional[_Union[MeanEstimate, _Mapping]] = ..., quantiles: _Optional[_Iterable[_Union[QuantileEstimate, _Mapping]]] = ..., strings: _Optional[_Union[StringsEstimate, _Mapping]] = ...) -> None: ...
+
+class StringsEstimate(_message.Message):
+    __slots__ = ("values", "floor", "candidates", "n")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[DiscoveredValue]
+    floor: float
+    candidates: int
+    n: int
+    def __init__(self, values: _Optional[_Iterable[_Union[DiscoveredValue, _Mapping]]] = ..., floor: _Optional[float] = ..., candidates: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+
+class DiscoveredValue(_message.Message):
+    __slots__ = ("code", "text", "estimate", "stderr", "lower", "upper")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    code: bytes
+    text: str
+    estimate: float
+    stderr: float
+    lower: float
+    upper: float
+    def __init__(self, code: _Optional[bytes] = ..., text: _Optional[str] = ..., estimate: _Optional[float] = ..., stderr: _Optional[float] = ..., lower: _Optional[float] = ..., upper: _Optional[float] = ...) -> None: ...
 
 class MeanEstimate(_message.Message):
     __slots__ = ("estimate", "stderr", "lower", "upper")
