@@ -190,13 +190,14 @@ class Access:
         self,
         auth: AuthConfig,
         *,
-        metrics: Mapping[str, MetricSpec],
+        metrics: Mapping[str, MetricSpec | None],
         upload_bytes: int,
         budget: ByteBudget,
         limits: Mapping[str, Limits] | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        """metrics: the declared metrics' specs by name; upload_bytes: what each read reserves
+        """metrics: the declared metrics' specs by name (None for a strings metric's rounds,
+        whose specs change with the period); upload_bytes: what each read reserves
         of the budget (the largest valid upload); budget: with its share per token (_budget);
         limits: token_limits of this process's share."""
         self.authenticator = Authenticator(auth)

@@ -49,6 +49,13 @@
     mean_share = 0.5              # with both: the mean's share of epsilon (and of the budgets)
     epsilon = 2.0                 # per report, both parts together; period, budgets, windows as above
 
+    [[metrics]]                   # a strings metric: apps report any string; frequent ones are found
+    name = "crash_signature"      # (docs/protocol.md section 10, docs/estimates.md)
+    type = "strings"
+    epsilon = 4.0                 # per report; a device answers one round per period
+    period = "1d"                 # rounds move on each period; the first values after 9 periods
+    survivors = 32                # prefixes kept per round (default 32): what can be found at most
+
     [tls]                         # TLS on both listeners (gRPC and HTTP); absent: plaintext
     cert_file = "/etc/veil/tls/server.crt"      # the certificate chain, PEM
     key_file = "/etc/veil/tls/server.key"       # its private key, PEM, owner-only
@@ -94,16 +101,22 @@ from urllib.parse import urlsplit
 from veil.mechanism import (
     DEFAULT_MEAN_SHARE,
     DEFAULT_MECHANISM,
+    DEFAULT_SURVIVORS,
     DISTRIBUTION,
     EPSILON_RANGE,
     MAX_PERIOD,
     MEAN,
     MECHANISMS,
+    ROUNDS,
     MechanismError,
     MetricSpec,
     NumericSpec,
+    StringsRound,
+    buckets_for,
     check_epsilon,
+    epsilon_to_gamma,
     numeric_parts,
+    round_name,
 )
 from veil.mechanism import parse_duration as mechanism_duration
 
@@ -231,6 +244,47 @@ class MetricConfig:
 
 
 @dataclass(frozen=True)
+class StringsConfig:
+    """A strings metric (docs/protocol.md 10): its rounds' specs follow from the counts, period by
+    period (veil.aggregator.rounds); this is what the config fixes of them."""
+
+    name: str
+    epsilon: float
+    period: int
+    period_budget: float | None = None
+    lifetime_budget: float | None = None
+    survivors: int = DEFAULT_SURVIVORS
+
+    @property
+    def buckets(self) -> int:
+        return buckets_for(epsilon_to_gamma(self.epsilon))
+
+    @property
+    def window(self) -> Window:
+        """The one window of its rounds: the period, kept while a round of a later period
+        may still need it (nine periods) and a week of periods beyond for the estimates."""
+        return Window(STRINGS_WINDOW, self.period, (ROUNDS + _DEFAULT_RETENTION_BUCKETS) * self.period)
+
+    @property
+    def round_names(self) -> tuple[str, ...]:
+        return tuple(round_name(self.name, r) for r in range(ROUNDS))
+
+    def round_config(self, strings: StringsRound) -> MetricConfig:
+        """The metric of one of its rounds, as ingest and the estimates see it."""
+        spec = MetricSpec.strings_round(
+            strings,
+            self.epsilon,
+            period=self.period,
+            period_budget=self.period_budget,
+            lifetime_budget=self.lifetime_budget,
+        )
+        return MetricConfig(spec, (self.window,))
+
+
+STRINGS_WINDOW = "period"
+
+
+@dataclass(frozen=True)
 class TokenConfig:
     """One token: its name (safe to log), role, the SHA-256 digest of its value (never the
     value), and for an upload token the metrics it may report and its rate limit."""
@@ -267,6 +321,7 @@ class AuthConfig:
 @dataclass(frozen=True)
 class AggregatorConfig:
     metrics: tuple[MetricConfig, ...]
+    strings: tuple[StringsConfig, ...] = ()  # strings metrics: their rounds are not in `metrics`
     grpc_address: str = _DEFAULT_GRPC
     http_address: str = _DEFAULT_HTTP
     store_url: str = _DEFAULT_STORE_URL
@@ -409,11 +464,22 @@ def parse_config(
         raise ConfigError("metrics: declare at least one [[metrics]] table.")
     declared: dict[str, tuple[str, ...]] = {}  # a name tokens may list -> the wire metrics it covers
     metrics_list: list[MetricConfig] = []
+    strings_list: list[StringsConfig] = []
     for i, entry in enumerate(raw_metrics):
+        if isinstance(entry, Mapping) and entry.get("type") == STRINGS:
+            found = _strings(entry, f"metrics[{i}]")
+            for name in (found.name, *found.round_names):
+                if name in declared:
+                    raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
+            declared[found.name] = found.round_names
+            for name in found.round_names:
+                declared[name] = (name,)
+            strings_list.append(found)
+            continue
         parts = _metric(entry, f"metrics[{i}]")
         names = {m.name for m in parts} | {m.spec.numeric.metric for m in parts if m.spec.numeric is not None}
         for name in sorted(names):
-            if name in declared:
+            if name in declared or any(name in s.round_names for s in strings_list):
                 raise ConfigError(f"metrics[{i}].name: {name!r} is declared twice.")
             declared[name] = tuple(m.name for m in parts) if name not in {m.name for m in parts} else (name,)
         metrics_list += parts
@@ -445,6 +511,7 @@ def parse_config(
         )
     return AggregatorConfig(
         metrics=metrics,
+        strings=tuple(strings_list),
         grpc_address=grpc_address,
         http_address=_address(server.get("http", _DEFAULT_HTTP), "server.http", allow_empty=True),
         store_url=url,
@@ -697,7 +764,9 @@ def _metric(raw: object, key: str) -> list[MetricConfig]:
         raise ConfigError(f"{key}: expected a table with name, labels, mechanism, epsilon and windows.")
     kind = raw.get("type", CATEGORIES)
     if kind not in (CATEGORIES, NUMERIC):
-        raise ConfigError(f'{key}.type: expected "{CATEGORIES}" (the default) or "{NUMERIC}", got {kind!r}.')
+        raise ConfigError(
+            f'{key}.type: expected "{CATEGORIES}" (the default), "{NUMERIC}" or "{STRINGS}", got {kind!r}.'
+        )
     _only(
         raw,
         {"name", "type", "mechanism", "epsilon", "windows", *_RULE_KEYS}
@@ -731,6 +800,39 @@ def _metric(raw: object, key: str) -> list[MetricConfig]:
 
 CATEGORIES = "categories"
 NUMERIC = "numeric"
+STRINGS = "strings"
+
+
+def _strings(raw: Mapping[str, object], key: str) -> StringsConfig:
+    """A [[metrics]] table of type "strings": no labels, mechanism or windows (its rounds have
+    their own), one answer per device and period."""
+    _only(raw, {"name", "type", "epsilon", "survivors", *_RULE_KEYS}, f"{key}.")
+    name = _text(raw.get("name"), f"{key}.name")
+    epsilon = raw.get("epsilon")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise ConfigError(f"{key}.epsilon: expected a number from %g to %g, got {epsilon!r}." % EPSILON_RANGE)
+    rules = _rules(raw, key, float(epsilon))
+    if rules["reports_per_period"] != 1:
+        raise ConfigError(
+            f"{key}.reports_per_period: a strings metric's device answers its round once per period; "
+            f"expected 1, got {rules['reports_per_period']!r}."
+        )
+    survivors = _whole(raw.get("survivors", DEFAULT_SURVIVORS), f"{key}.survivors", low=1)
+    if survivors > _MAX_SURVIVORS:
+        raise ConfigError(
+            f"{key}.survivors: expected at most {_MAX_SURVIVORS} (each costs 256 candidates a round), got {survivors}."
+        )
+    found = StringsConfig(
+        name, float(epsilon), rules["period"], rules["period_budget"], rules["lifetime_budget"], survivors
+    )
+    try:
+        found.round_config(StringsRound(name, 0, found.buckets, (b"",)))  # the checks of a spec
+    except MechanismError as err:
+        raise ConfigError(f"{key}: {err}") from None
+    return found
+
+
+_MAX_SURVIVORS = 256
 _RULE_KEYS = ("period", "reports_per_period", "period_budget", "lifetime_budget")
 
 

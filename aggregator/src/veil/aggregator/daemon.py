@@ -52,7 +52,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from veil.client import is_loopback
-from veil.mechanism import max_report_bytes
+from veil.mechanism import REPORT_WORDS, max_report_bytes
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
@@ -67,6 +67,7 @@ from .http import HttpListener, Page
 from .ingest import MAX_BATCHES, Ingest
 from .instruments import EstimatesCollector, Instruments
 from .live import LiveEstimates
+from .rounds import Rounds
 from .service import CollectorService, EstimatesService, add_estimates_to_server
 from .store import Store, open_store
 
@@ -100,9 +101,12 @@ def max_message_bytes(config: AggregatorConfig) -> int:
     (veil.mechanism.max_report_bytes), in as many as ingest.MAX_BATCHES batches (UploadBatches),
     each with the longest metric name and fingerprint and a request's other fields. gRPC
     refuses anything larger before it is read."""
-    reports = max(config.max_batch * max_report_bytes(m.spec.mechanism) for m in config.metrics)
-    fields = max(len(m.name.encode()) + len(m.spec.fingerprint.encode()) + _FIELDS_BYTES for m in config.metrics)
-    return reports + MAX_BATCHES * fields
+    widths = [max_report_bytes(m.spec.mechanism) for m in config.metrics]
+    names = [len(m.name.encode()) + len(m.spec.fingerprint.encode()) for m in config.metrics]
+    for s in config.strings:  # a round's report is REPORT_WORDS uint32 words; its fingerprint 32 hex digits
+        widths.append(4 * REPORT_WORDS)
+        names += [len(name.encode()) + 32 for name in s.round_names]
+    return config.max_batch * max(widths) + MAX_BATCHES * (max(names) + _FIELDS_BYTES)
 
 
 def inflight_bytes(config: AggregatorConfig) -> int:
@@ -184,7 +188,8 @@ class Aggregator:
         budget = inflight_bytes(config)
         self.store = store if store is not None else open_configured_store(config)
         self.instruments = Instruments(registry)
-        self.live = LiveEstimates(config, self.store, clock=clock)
+        self.rounds = Rounds(config, self.store, clock)  # strings metrics' rounds, for ingest and estimates alike
+        self.live = LiveEstimates(config, self.store, clock=clock, rounds=self.rounds)
         # The store's two hooks: this process's writes as they happen, and each write call's time.
         self.store.observe_applied(self.live.applied)
         self.store.observe_flushes(self.instruments.observe_flush)
@@ -197,7 +202,10 @@ class Aggregator:
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.access = Access(
             config.auth,
-            metrics={m.name: m.spec for m in config.metrics},
+            metrics={
+                **{m.name: m.spec for m in config.metrics},
+                **{name: None for s in config.strings for name in s.round_names},
+            },
             upload_bytes=limit,
             budget=ByteBudget(budget, token_share(budget, limit, config.workers)),
             limits=_worker_limits(config.auth, config.processes),
@@ -220,7 +228,7 @@ class Aggregator:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         collector = self.collector = CollectorService(
-            Ingest(config, self.store, self.instruments, clock, lambda: self._store_ok is False)
+            Ingest(config, self.store, self.instruments, clock, lambda: self._store_ok is False, self.rounds)
         )
         veil_pb2_grpc.add_CollectorServicer_to_server(collector, self._grpc)
         self._estimates = EstimatesService(config, self.live, self._stopping)

@@ -19,11 +19,21 @@ from __future__ import annotations
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from veil.mechanism import BITMAPS, INDEX_SETS, AdmissibleRapporSpec, MechanismSpec, MetricSpec, encodings, report_bytes
+from veil.mechanism import (
+    BITMAPS,
+    INDEX_SETS,
+    REPORT_WORDS,
+    AdmissibleRapporSpec,
+    MechanismSpec,
+    MetricSpec,
+    encodings,
+    report_bytes,
+)
 from veil.wire.v1 import veil_pb2
 
 from . import _kernels
 from .counts import Counts
+from .discovery import count_hashed
 from .errors import InvalidBatch
 
 __all__ = [
@@ -65,10 +75,12 @@ def reports_held(request: veil_pb2.UploadRequest, metric: MetricSpec | None) -> 
     """How many reports the upload's payload can hold, at most its claimed count: what a rate
     limit charges, so that a batch claiming more reports than it carries costs what it carries
     (0 for a metric not declared, or an encoding the spec does not use)."""
+    payload = request.WhichOneof("reports")
+    if payload == HASHED_PAYLOAD:  # a strings round (whose spec changes with the period: not asked)
+        return min(request.count, len(request.hashed.words) // (REPORT_WORDS * _WORD_BYTES))
     if metric is None:
         return 0
     spec = metric.mechanism
-    payload = request.WhichOneof("reports")
     if payload not in encodings(spec):
         return 0
     data = request.index_sets.indices if payload == INDEX_SETS else request.bitmaps.bits
@@ -81,11 +93,35 @@ def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_re
     spec = metric.mechanism
     _check_batch(request, max_reports)
     payload = request.WhichOneof("reports")
+    if metric.strings is not None and payload in (INDEX_SETS, BITMAPS):
+        raise InvalidBatch(f"a strings round's reports are sent as {HASHED_PAYLOAD} reports, not {payload}")
     if payload == INDEX_SETS:
         return _count_index_sets(spec, request.count, request.index_sets)
     if payload == BITMAPS:
         return _count_bitmaps(spec, request.count, request.bitmaps)
-    raise InvalidBatch("no reports payload: set index_sets or bitmaps")
+    if payload == HASHED_PAYLOAD:
+        return _count_hashed(metric, request.count, request.hashed)
+    allowed = (HASHED_PAYLOAD,) if metric.strings is not None else encodings(spec)
+    raise InvalidBatch(f"no reports payload: set {' or '.join(allowed)}")
+
+
+HASHED_PAYLOAD = "hashed"  # UploadRequest.hashed: a strings round's reports (docs/protocol.md 10)
+_WORD_BYTES = 4
+
+
+def _count_hashed(metric: MetricSpec, count: int, hashed: veil_pb2.HashedReports) -> Counts:
+    """The counts of a strings round's hashed reports: each candidate's reports holding it."""
+    if metric.strings is None:
+        raise InvalidBatch(f"{metric.mechanism.name} reports are not sent as hashed reports")
+    data = hashed.words
+    _check_length("hashed.words", len(data), count * REPORT_WORDS * _WORD_BYTES, f"{count} reports of 10 uint32 words")
+    reports = np.frombuffer(data, "<u4").reshape(count, REPORT_WORDS)
+    counts = Counts.zeros(metric.mechanism)
+    bad = count_hashed(metric, reports, counts)
+    if bad >= 0:
+        fault = metric.mechanism.check_report([int(w) for w in reports[bad]])  # type: ignore[attr-defined]
+        raise InvalidBatch(fault or "bad hashed report", report=bad)
+    return counts
 
 
 def _count_index_sets(spec: MechanismSpec, count: int, index_sets: veil_pb2.IndexSets) -> Counts:

@@ -28,14 +28,13 @@ from statistics import NormalDist
 
 import numpy as np
 
-from veil.mechanism import MODULUS, MechanismError, MetricSpec, StringsRound, code_text
+from veil.mechanism import DEFAULT_SURVIVORS, MODULUS, MechanismError, MetricSpec, StringsRound, code_text
 
 from ._kernels import decode_hashed
 from .counts import Counts
 from .estimate import Estimate
 
 __all__ = [
-    "DEFAULT_SURVIVORS",
     "FALSE_REPORT_RATE",
     "DiscoveredValue",
     "Discovery",
@@ -47,7 +46,6 @@ __all__ = [
     "count_hashed",
 ]
 
-DEFAULT_SURVIVORS = 32
 FALSE_REPORT_RATE = 0.05  # the chance that a round with no frequent value reports any
 
 

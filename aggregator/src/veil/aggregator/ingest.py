@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from .decode import decode_upload
 from .decode import warm_up as decode_warm_up
 from .errors import InvalidBatch, StaleSpec, StoreError, StoreUnavailable, UnknownMetric, quoted
 from .instruments import Instruments
+from .rounds import Rounds
 from .store import BatchWrite, CountsKey, Store
 
 __all__ = [
@@ -175,6 +177,35 @@ def time_resolution(metric: MetricConfig) -> int:
 Targets = tuple[tuple[CountsKey, int | None], ...]
 
 
+@dataclass(frozen=True)
+class _View:
+    """The metrics served in one epoch (Rounds.epoch), by name, with their time resolutions and
+    the specs answer that names them."""
+
+    epoch: tuple
+    metrics: dict[str, MetricConfig]
+    resolutions: dict[str, int]
+    answer: veil_pb2.GetMetricSpecsResponse
+    version: str
+
+    @classmethod
+    def of(cls, epoch: tuple, metrics: Sequence[MetricConfig], config: AggregatorConfig) -> _View:
+        resolutions = {m.name: time_resolution(m) for m in metrics}
+        specs = []
+        for m in metrics:
+            spec = spec_to_proto(m.spec)
+            spec.time_resolution_seconds = resolutions[m.name]
+            specs.append(spec)
+        answer = veil_pb2.GetMetricSpecsResponse(
+            specs=specs, max_batch=config.max_batch, max_lateness_seconds=config.max_lateness
+        )
+        # Names the answer's every field but the clock (specs, budgets, resolutions, max_batch,
+        # max_lateness): deterministic serialization, so the same config gives the same version.
+        version = hashlib.sha256(answer.SerializeToString(deterministic=True)).hexdigest()[:32]
+        answer.specs_version = version
+        return cls(epoch, {m.name: m for m in metrics}, resolutions, answer, version)
+
+
 class Ingest:
     """Checks, targets, writes and answers uploads (see the module docstring). `clock` is the
     time windows go by; `store_down` is True while the daemon's last ping of the store failed:
@@ -187,49 +218,55 @@ class Ingest:
         instruments: Instruments,
         clock: Callable[[], float] = time.time,
         store_down: Callable[[], bool] = lambda: False,
+        rounds: Rounds | None = None,
     ) -> None:
         self._config = config
         self._store = store
         self._store_down = store_down
         self._instruments = instruments
         self._clock = clock
-        self._metrics = {m.name: m for m in config.metrics}
-        self._resolutions = {m.name: time_resolution(m) for m in config.metrics}
-        specs = []
-        for m in config.metrics:
-            spec = spec_to_proto(m.spec)
-            spec.time_resolution_seconds = self._resolutions[m.name]
-            specs.append(spec)
-        self._specs = veil_pb2.GetMetricSpecsResponse(
-            specs=specs, max_batch=config.max_batch, max_lateness_seconds=config.max_lateness
-        )
-        # Names the answer's every field but the clock (specs, budgets, resolutions, max_batch,
-        # max_lateness): deterministic serialization, so the same config gives the same version.
-        digest = hashlib.sha256(self._specs.SerializeToString(deterministic=True)).hexdigest()
-        self.specs_version: str = digest[:32]
-        self._specs.specs_version = self.specs_version
-        # Per metric, the targets of the buckets current when last asked: (since, until, targets).
-        self._targets: dict[str, tuple[float, float, Targets]] = {}
-        self._since_recorded: set[str] = set()
+        self._rounds = Rounds(config, store, clock) if rounds is None else rounds
+        self._declared = tuple(config.metrics)
+        self._view_lock = threading.Lock()
+        self._view: _View | None = None
+        # Per (metric, fingerprint), the targets of the buckets current when last asked: (since, until, targets).
+        self._targets: dict[tuple[str, str], tuple[float, float, Targets]] = {}
+        self._since_recorded: set[tuple[str, str]] = set()
         self._children: dict[tuple[str, str], tuple] = {}  # Prometheus children per (metric, outcome)
         decode_warm_up()  # the first upload must not wait for numba
 
     # -- specs ---------------------------------------------------------------------------------
 
+    def _current(self, now: float) -> _View:
+        """The metrics served at `now` and their specs answer: the declared ones, and the rounds
+        of strings metrics, which change with the period (Rounds.epoch)."""
+        epoch = self._rounds.epoch(now)
+        view = self._view
+        if view is not None and view.epoch == epoch:
+            return view
+        with self._view_lock:
+            if self._view is None or self._view.epoch != epoch:
+                self._view = _View.of(epoch, (*self._declared, *self._rounds.current(now)), self._config)
+            return self._view
+
+    @property
+    def specs_version(self) -> str:
+        """The current specs answer's version (docs/protocol.md 1)."""
+        return self._current(self._clock()).version
+
     def specs(self, metrics: Sequence[str] = (), if_version: str = "") -> veil_pb2.GetMetricSpecsResponse:
         """The specs answer (of the named metrics; all when none), or `unchanged` without specs
         when if_version is the current specs_version."""
         now = int(self._clock())
-        if if_version and if_version == self.specs_version:
-            return veil_pb2.GetMetricSpecsResponse(
-                specs_version=self.specs_version, unchanged=True, server_time_unix=now
-            )
+        view = self._current(now)
+        if if_version and if_version == view.version:
+            return veil_pb2.GetMetricSpecsResponse(specs_version=view.version, unchanged=True, server_time_unix=now)
         answer = veil_pb2.GetMetricSpecsResponse()
-        answer.CopyFrom(self._specs)
+        answer.CopyFrom(view.answer)
         if metrics:
             wanted = set(metrics)
             del answer.specs[:]
-            answer.specs.extend(s for s in self._specs.specs if s.name in wanted)
+            answer.specs.extend(s for s in view.answer.specs if s.name in wanted)
         answer.server_time_unix = now
         return answer
 
@@ -313,8 +350,11 @@ class Ingest:
         """The checked batch of an upload, with the buckets it goes to; UnknownMetric, StaleSpec,
         StoreUnavailable (known down: no store call, which would only time out), _Future,
         _TooLate, InvalidBatch, or _Cancelled (its caller no longer `active`)."""
-        metric = self._metrics.get(request.metric)
+        view = self._current(now)
+        metric = view.metrics.get(request.metric)
         if metric is None:
+            if self._rounds.owner(request.metric) is not None:
+                raise StaleSpec(f"Round {quoted(request.metric)} is not served now; fetch the specs again.")
             raise UnknownMetric(
                 f"Metric {quoted(request.metric)} is not declared by this aggregator; fetch the specs again."
             )
@@ -322,17 +362,20 @@ class Ingest:
             raise StaleSpec(f"The batch was randomized under another spec of {metric.name!r}; fetch the specs again.")
         if self._store_down():
             raise StoreUnavailable(_UNAVAILABLE)
-        made = self._made(metric, request.made_unix, now)
+        made = self._made(metric, request.made_unix, now, view.resolutions[metric.name])
+        if metric.spec.strings is not None and int(made // metric.spec.period) != int(now // metric.spec.period):
+            # Its counts chose the next round's parents when its period ended (veil.aggregator.rounds).
+            raise StaleSpec(f"Round {metric.name!r} of the period the batch was made in is over; it is not counted.")
         targets = self._targets_at(metric, made, now)
         counts = decode_upload(request, metric.spec, max_reports=self._config.max_batch)
         if not active():
             # The caller gave up (deadline or cancel): write nothing; its retry carries the same id.
             raise _Cancelled
-        if metric.name not in self._since_recorded:
+        if (metric.name, metric.spec.fingerprint) not in self._since_recorded:
             # Before the first write of this process: the all-time window's intervals count
             # the periods since counting began (Store.since), never from after a report.
             self._store.since(metric.name, metric.spec.fingerprint, int(min(now, made)))
-            self._since_recorded.add(metric.name)
+            self._since_recorded.add((metric.name, metric.spec.fingerprint))
         return BatchWrite(
             metric.name,
             request.batch_id,
@@ -342,13 +385,12 @@ class Ingest:
             period=int(made // metric.spec.period),
         )
 
-    def _made(self, metric: MetricConfig, made_unix: int, now: float) -> float:
+    def _made(self, metric: MetricConfig, made_unix: int, now: float, resolution: int) -> float:
         """When the batch's reports were made: the start of its slot (made_unix floored to the
         time resolution: a revision-1-era client that sends an exact time is not refused for
         it), or `now` when it does not say (0); _TooLate or _Future outside the accepted span."""
         if made_unix == 0:
             return now
-        resolution = self._resolutions[metric.name]
         slot = made_unix // resolution * resolution
         if now > slot + resolution + self._config.max_lateness:
             raise _TooLate(
@@ -367,7 +409,7 @@ class Ingest:
         """Every window's bucket holding `made`, with its expiry, but those already expired at
         `now` (purged: a late batch never brings one back); _TooLate when none is left. The
         buckets current at `now` are kept per metric and reused until one of them ends."""
-        held = self._targets.get(metric.name)
+        held = self._targets.get((metric.name, metric.spec.fingerprint))
         if held is not None and held[0] <= made < held[1] and held[0] <= now < held[1]:
             return held[2]
         targets = tuple(
@@ -378,7 +420,7 @@ class Ingest:
         since = max((start for start, _ in spans), default=-math.inf)
         until = min((end for _, end in spans), default=math.inf)
         if since <= now < until:
-            self._targets[metric.name] = (since, until, targets)
+            self._targets[metric.name, metric.spec.fingerprint] = (since, until, targets)
             return targets
         kept = tuple((key, expiry) for key, expiry in targets if expiry is None or expiry > now)
         if not kept:
@@ -391,8 +433,8 @@ class Ingest:
     def _outcome(self, request: veil_pb2.UploadRequest, result: bool | Exception, started: float) -> Outcome:
         """The batch's outcome (result: whether the store applied it, or why it was refused),
         counted in the instruments and logged."""
-        metric = self._metrics.get(request.metric)
-        name = metric.name if metric else "(undeclared)"  # bounded label values only
+        declared = request.metric in self._current(self._clock()).metrics or self._rounds.owner(request.metric)
+        name = request.metric if declared else "(undeclared)"  # bounded label values only
         if isinstance(result, bool):
             status = STATUSES["accepted" if result else "duplicate"]
             outcome = Outcome(status, accepted=request.count, duplicate=not result)

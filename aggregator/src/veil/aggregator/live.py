@@ -34,13 +34,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from veil.mechanism import MEAN, PROJECTION_NOTE
+from veil.mechanism import MEAN, PROJECTION_NOTE, ROUNDS
 
-from .config import AggregatorConfig, MetricConfig, Window
+from .config import STRINGS_WINDOW, AggregatorConfig, MetricConfig, StringsConfig, Window
 from .counts import PERIOD_NOT_SAID, Counts
+from .discovery import Discovery, discovered
 from .errors import InvalidRange, UnknownCategory, UnknownMetric, UnknownWindow, quoted
 from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, rest_estimate
 from .numeric import MeanEstimate, QuantileEstimate, mean_estimate, quantile_estimates
+from .rounds import Rounds
 from .store import CountsKey, Store, Version
 
 __all__ = [
@@ -86,6 +88,9 @@ class WindowEstimate:
     # once with the estimate (_numeric_estimates); None and () otherwise, and when withheld.
     mean: MeanEstimate | None = None
     quantiles: tuple[QuantileEstimate, ...] = ()
+    # A strings metric's: what its verification round found (veil.aggregator.discovery); then
+    # `metric` is that round's and `window` the period.
+    strings: Discovery | None = None
 
     @property
     def withheld(self) -> bool:
@@ -241,10 +246,20 @@ def estimates_json(current: list[WindowEstimate], generated_at: float) -> bytes:
 class LiveEstimates:
     """Estimates for the config's metrics, read from a store, cached per bucket and version."""
 
-    def __init__(self, config: AggregatorConfig, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        rounds: Rounds | None = None,
+    ) -> None:
         self._config = config
         self._store = store
         self._clock = clock
+        self._rounds = Rounds(config, store, clock) if rounds is None else rounds
+        # strings metric -> (the counts' key, their version, the estimate made of them)
+        self._strings_cache: dict[str, tuple[CountsKey, Version, WindowEstimate]] = {}
         self._cache: dict[tuple[str, str], WindowEstimate] = {}
         self._changing: set[tuple[str, str]] = set()  # (metric, window) found changed by the last call
         # (metric, window) -> (key, version, counts): the bucket's counts at that version, from
@@ -292,8 +307,61 @@ class LiveEstimates:
         return pairs
 
     def current(self, metric: str | None = None, window: str | None = None) -> list[WindowEstimate]:
-        """The estimates now, in config order. Raises UnknownMetric for names not declared and
-        StoreUnavailable when the store cannot be read.
+        """The estimates now, in config order, the strings metrics' last (_strings_current).
+        Raises UnknownMetric for names not declared and StoreUnavailable when the store cannot
+        be read."""
+        strings = tuple(s for s in self._rounds.metrics if not metric or s.name == metric)
+        if metric and strings:
+            return self._strings_current(strings, window)
+        declared_window = not window or any(w.name == window for m in self._config.metrics for w in m.windows)
+        found = self._declared_current(metric, window) if declared_window or not strings else []
+        if not metric and (not window or window == STRINGS_WINDOW):
+            found += self._strings_current(strings, window)
+        return found
+
+    def _strings_current(self, strings: tuple[StringsConfig, ...], window: str | None) -> list[WindowEstimate]:
+        """What each strings metric found: its verification round (8) of the last period that
+        has one with reports, the period before now's (complete) or else now's (provisional);
+        withheld with the reason until a first period gets that far (docs/protocol.md 10)."""
+        if window and window != STRINGS_WINDOW:
+            raise UnknownWindow(f"A strings metric has one window, {STRINGS_WINDOW!r}, not {quoted(window)}.")
+        now = self._clock()
+        found = []
+        for s in strings:
+            period = int(now // s.period)
+            made_in = [(m, p) for p in (period, period - 1) if (m := self._rounds.round(s, p, ROUNDS - 1)) is not None]
+            if not made_in:
+                first = self._rounds.round(s, period, 0)
+                assert first is not None  # round 0 is always served
+                start = period * s.period
+                reason = (
+                    f"No period has reached round {ROUNDS - 1} yet: values are found {ROUNDS} periods of "
+                    f"{duration_text(s.period)} after reports begin, then every period."
+                )
+                found.append(
+                    self._made(first, s.window, (start, start + s.period), 0, None, (1, 1), now, None, reason, "")
+                )
+                continue
+            keys = [Rounds.key(m, p) for m, p in made_in]
+            requests = [(key, m.spec.mechanism.estimator.weights, m.spec.k) for key, (m, _) in zip(keys, made_in)]
+            _, read = self._store.versioned_read((), requests)
+            # Now's period once it has enough reports to show; until then the one before.
+            least = max(self._config.min_n, 2)
+            i = next((i for i, (_, counts) in enumerate(read) if counts.total >= least), 0)
+            (metric, _), key, (version, counts) = made_in[i], keys[i], read[i]
+            held = self._strings_cache.get(s.name)
+            if held is not None and held[0] == key and held[1] == version and not self._aged(held[2], now):
+                found.append(held[2])
+                continue
+            made = self._compute(metric, s.window, key.bucket, key.bucket + s.period, version, counts, now)
+            if made.estimate is not None:
+                made = dataclasses.replace(made, strings=discovered(metric.spec, made.estimate))
+            self._strings_cache[s.name] = (key, version, made)
+            found.append(made)
+        return found
+
+    def _declared_current(self, metric: str | None = None, window: str | None = None) -> list[WindowEstimate]:
+        """The estimates of the declared metrics (not strings metrics) now.
 
         Every estimate computed here is of counts read together with their version, or of
         known counts (carried forward by applied()) at the version the store has now. A bucket

@@ -28,6 +28,7 @@ from veil.mechanism import (
     DISTRIBUTION,
     MEAN,
     PARTS,
+    HashedSpec,
     MechanismError,
     MetricSpec,
     NumericSpec,
@@ -93,10 +94,12 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     """The proto of a spec, as the aggregator serves it."""
     # An enum value, maybe one this proto's enum does not name (proto3 keeps it): protoc's .pyi
     # types enum values as the enum.
-    mechanism = cast(veil_pb2.Mechanism, wire_shape(spec.mechanism.name).proto)
+    strings = spec.strings
+    proto = HashedSpec.proto if strings is not None else wire_shape(spec.mechanism.name).proto
+    mechanism = cast(veil_pb2.Mechanism, proto)
     return veil_pb2.MetricSpec(
         name=spec.name,
-        labels=spec.labels,
+        labels=() if strings is not None else spec.labels,  # a round's candidates follow from its parents
         mechanism=mechanism,
         epsilon=spec.mechanism.epsilon,
         q=spec.mechanism.q or 0,
@@ -106,6 +109,15 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
         period_budget=spec.period_budget or 0.0,
         lifetime_budget=spec.lifetime_budget or 0.0,
         numeric=None if spec.numeric is None else numeric_to_proto(spec.numeric),
+        strings=None
+        if strings is None
+        else veil_pb2.StringsRound(
+            metric=strings.metric,
+            round=strings.round,
+            rounds=strings.rounds,
+            buckets=strings.buckets,
+            parents=strings.parents,
+        ),
     )
 
 

@@ -41,6 +41,7 @@ from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec, minimax_q, subset_gain, subset_objective
 from ._strings import (
     CODE_BYTES,
+    DEFAULT_SURVIVORS,
     HASHED,
     MODULUS,
     REPORT_WORDS,
@@ -93,6 +94,7 @@ __all__ = [
     "HashedSpec",
     "StringsRound",
     "HASHED",
+    "DEFAULT_SURVIVORS",
     "CODE_BYTES",
     "ROUNDS",
     "MODULUS",

@@ -44,6 +44,7 @@ __all__ = [
     "MODULUS",
     "REPORT_WORDS",
     "HASHED",
+    "DEFAULT_SURVIVORS",
     "HashedSpec",
     "StringsRound",
     "string_code",
@@ -58,6 +59,7 @@ ROUNDS = CODE_BYTES + 1  # a byte per round, then the verification round
 MODULUS = 2**31 - 1  # prime: a nonzero byte difference times a uniform coefficient is uniform
 REPORT_WORDS = CODE_BYTES + 2  # a_0..a_7, c, the reported bucket
 HASHED = "hashed"
+DEFAULT_SURVIVORS = 32  # the prefixes a round passes on, unless the aggregator's config says otherwise
 _HASH_PREFIX = b"veil.strings.v1\x00"
 _MAX_BUCKETS = 1 << 16
 _SYSTEM = SystemRandomSource()
