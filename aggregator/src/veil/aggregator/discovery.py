@@ -9,9 +9,10 @@ module decides what follows from them:
   floor would lose true values to noise in every one of the eight rounds.
 - ``discovered``: the verification round's candidates were chosen by other devices, so its
   estimates carry no selection bias and their intervals are those of a declared category. A code
-  is reported when its estimate exceeds the detection floor, z times the standard error of a
-  share of zero, z the one-sided quantile of 0.05 / k (Bonferroni over the k candidates): with
-  no frequent value among them, all k stay below it together with probability at least 95%.
+  is reported when its estimate reaches the detection floor, the share of the smallest count
+  that a candidate nobody holds reaches with probability at most 0.05 / k (Bonferroni over the
+  k candidates; the count binomial): with no frequent value among them, all k stay below it
+  together with probability at least 95%.
   A value is reported because its estimate cleared the floor, so its interval is the selective
   one (Fithian, Sun and Taylor 2014; Lee et al. 2016): the shares theta at which the estimate
   is within the middle 95% of its law given that it cleared the floor, the normal law with the
@@ -24,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
@@ -41,6 +41,7 @@ __all__ = [
     "first_round",
     "next_round",
     "detection_floor",
+    "binomial_threshold",
     "discovered",
     "selective_interval",
     "count_hashed",
@@ -68,15 +69,34 @@ def next_round(spec: MetricSpec, estimate: Estimate, keep: int = DEFAULT_SURVIVO
 
 
 def detection_floor(spec: MetricSpec, n: int, reports_per_device: int = 1) -> float:
-    """The share below which the verification round reports nothing: z_(1 - 0.05/k) times the
-    standard error of a share of zero, sqrt(c B / n) (B the second moment of a report's
-    contribution from a device without the value; veil.aggregator.estimate)."""
+    """The share below which the verification round reports nothing: the estimate of the
+    smallest count that a candidate nobody holds reaches with probability at most 0.05 / k.
+    Such a candidate's count is binomial (n / c independent answers, each holding it with
+    probability b; c = reports_per_device), counted exactly: at a high epsilon b is tiny and a
+    count of two is already a large share, where a normal tail would call it rare when it is not."""
     if n <= 0:
         return math.nan
+    devices = max(n // reports_per_device, 1)
+    count = reports_per_device * binomial_threshold(
+        devices, spec.mechanism.other_probability, FALSE_REPORT_RATE / spec.k
+    )
     linear = spec.mechanism.estimator
-    _, _, _, b = linear.moments(spec.mechanism.weight_law())
-    z = NormalDist().inv_cdf(1.0 - FALSE_REPORT_RATE / spec.k)
-    return z * math.sqrt(reports_per_device * b / n)
+    return (count * linear.alpha[0] + linear.beta[0] * n) / n  # as estimate() computes a share from a count
+
+
+def binomial_threshold(n: int, b: float, alpha: float) -> int:
+    """The smallest c with P(X >= c) <= alpha for X binomial(n, b): the upper tail summed from
+    far above the mean (40 standard deviations, where it is nothing) down."""
+    sd = math.sqrt(n * b * (1.0 - b))
+    top = min(n, math.ceil(n * b + 40.0 * sd + 40.0))
+    log_b, log_rest = math.log(b), math.log1p(-b)
+    tail = 0.0
+    for c in range(top, -1, -1):
+        log_pmf = math.lgamma(n + 1) - math.lgamma(c + 1) - math.lgamma(n - c + 1) + c * log_b + (n - c) * log_rest
+        tail += math.exp(log_pmf)
+        if tail > alpha:
+            return c + 1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -108,7 +128,7 @@ def discovered(spec: MetricSpec, estimate: Estimate) -> Discovery:
     if not strings.verification:
         raise MechanismError(f"{spec.name!r} is not a verification round.")
     floor = detection_floor(spec, estimate.n, estimate.reports_per_device)
-    found = [i for i in range(spec.k) if estimate.n and estimate.estimate[i] > floor]
+    found = [i for i in range(spec.k) if estimate.n and estimate.estimate[i] >= floor]
     found.sort(key=lambda i: (-estimate.estimate[i], i))
     _, _, a, b = spec.mechanism.estimator.moments(spec.mechanism.weight_law())
     scale = estimate.reports_per_device / estimate.n if estimate.n else math.nan
