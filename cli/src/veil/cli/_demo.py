@@ -19,7 +19,10 @@ reporting in every period.
 Beside the metrics of categories, a numeric one (LOAD_MS, page load time in milliseconds): each
 device holds a number drawn from a known lognormal distribution and reports it with report(name,
 number), which the SDK reports in both parts (docs/protocol.md 9); the screen shows the mean and
-the quantiles beside the distribution's own."""
+the quantiles beside the distribution's own. And a strings one (CRASHES, crash signatures): each
+device holds a signature, a few common ones or one of its own, reports it with report(name,
+text), and the aggregator finds the common ones nine periods in (docs/protocol.md 10); the
+screen shows what it found beside the truth."""
 
 from __future__ import annotations
 
@@ -96,6 +99,51 @@ def _normal_quantile(q: float) -> float:
         lo, hi = (mid, hi) if _normal_cdf(mid) < q else (lo, mid)
     return (lo + hi) / 2
 
+
+@dataclass(frozen=True)
+class DemoStrings:
+    """A strings metric of the demo: each device holds one of `common` (text, share) or, with
+    the rest of the chance, a signature of its own that no other device holds."""
+
+    name: str
+    epsilon: float
+    common: tuple[tuple[str, float], ...]
+
+    def draw(self, rng: random.Random) -> str:
+        x = rng.random()
+        for text, share in self.common:
+            if x < share:
+                return text
+            x -= share
+        return f"crash at 0x{rng.getrandbits(48):012x}"
+
+    def truth(self, shown: str) -> float:
+        """The share of a found value, by how the aggregator shows it (a long one as its hash)."""
+        return sum(share for text, share in self.common if _shown(text) == shown)
+
+    def text(self, shown: str) -> str:
+        """A found value as the demo, which knows the truth, can name it: a long one's text
+        beside its hash (the aggregator knows only the hash)."""
+        return next((f"{text[:19]}.. {shown[:7]}" for text, _ in self.common if _shown(text) == shown != text), shown)
+
+
+def _shown(text: str) -> str:
+    from veil.mechanism import code_text, string_code
+
+    return code_text(string_code(text))
+
+
+CRASHES = DemoStrings(
+    "crash_signature",
+    8.0,
+    (
+        ("SIGSEGV", 0.12),
+        ("ANR", 0.07),
+        ("OOM", 0.05),
+        ("NullPointerException in FeedAdapter.bind", 0.03),
+        ("SIGABRT", 0.02),
+    ),
+)
 
 # Page load times in milliseconds: median 400 ms, a long tail (q99 about 3.2 s).
 LOAD_MS = DemoNumeric("load_ms", 0.0, 10000.0, (100, 250, 500, 1000, 2500, 5000), 4.0, 400.0, 0.9)
@@ -211,7 +259,8 @@ def _config(args: argparse.Namespace, store_url: str, grpc_address: str, http_ad
                     "epsilon": LOAD_MS.epsilon,
                     "period": args.period,
                     "windows": ["total", *windows.values()],
-                }
+                },
+                {"name": CRASHES.name, "type": "strings", "epsilon": CRASHES.epsilon, "period": args.period},
             ],
         }
     )
@@ -257,14 +306,16 @@ class _Population:
             tls=False,
             schedule_delay_ms=250,
             max_batch_size=10_000,  # the aggregator's max_batch caps it
-            # every device's reports of one period: one per metric, one per part of the numeric one
-            max_queue_size=(len(DEMO_METRICS) + 2) * args.devices,
+            # every device's reports of one period: one per metric, one per part of the numeric one,
+            # one of the strings one
+            max_queue_size=(len(DEMO_METRICS) + 3) * args.devices,
         )
         self.devices = [self.uplink] + [self.uplink.simulated_device() for _ in range(args.devices - 1)]
         self.cumulative = [list(itertools.accumulate(m.truth)) for m in DEMO_METRICS]
         # values[m][d]: the value device d holds of metric m; numbers[d]: its page load time
         self.values = [self._draw(m, args.devices) for m in range(len(DEMO_METRICS))]
         self.numbers = [LOAD_MS.draw(self.rng) for _ in range(args.devices)]
+        self.crashes = [CRASHES.draw(self.rng) for _ in range(args.devices)]
 
     def _draw(self, m: int, count: int) -> list[int]:
         return self.rng.choices(range(len(DEMO_METRICS[m].labels)), cum_weights=self.cumulative[m], k=count)
@@ -275,6 +326,7 @@ class _Population:
             for m, held in enumerate(self.values):
                 held[d] = self._draw(m, 1)[0]
             self.numbers[d] = LOAD_MS.draw(self.rng)
+            self.crashes[d] = CRASHES.draw(self.rng)
 
     def calls(self, chance: float) -> None:
         """One tick of the apps: each device calls report() for each metric with this chance."""
@@ -283,6 +335,8 @@ class _Population:
                 self.devices[d].report(metric.name, held[d])
         for d in _chosen(self.rng, len(self.devices), chance):
             self.devices[d].report(LOAD_MS.name, self.numbers[d])  # a number: the SDK reports both parts
+        for d in _chosen(self.rng, len(self.devices), chance):
+            self.devices[d].report(CRASHES.name, self.crashes[d])  # a string: the SDK answers its round
 
 
 def _chosen(rng: random.Random, count: int, chance: float) -> Iterator[int]:
@@ -325,7 +379,7 @@ def _devices(endpoint: str, args: argparse.Namespace, period: int, stop: threadi
 
 
 WIDTH, HEIGHT = 80, 23  # an 80x24 terminal, its last line left for the cursor
-_ROWS_SHOWN = 3  # each metric's categories with the largest truths
+_ROWS_SHOWN = 2  # each metric's categories with the largest truths
 
 
 def frame(
@@ -352,6 +406,9 @@ def frame(
     table, hits, count = render_numeric(
         LOAD_MS, windows[f"{LOAD_MS.name}.mean"], windows[f"{LOAD_MS.name}.distribution"]
     )
+    lines += table
+    inside, total = inside + hits, total + count
+    table, hits, count = render_strings(CRASHES, windows.get(CRASHES.name))
     lines += table
     inside, total = inside + hits, total + count
     lines.append(f"{inside} of {total} truths inside their 95% intervals; every category on the dashboard.")
@@ -403,6 +460,29 @@ def render_numeric(metric: DemoNumeric, mean, distribution) -> tuple[list[str], 
         lines.append(
             f"  {name:<28}{truth:>8.0f}{estimate:>10.0f}   [{lower:>5.0f}, {upper:>5.0f}]"
             + ("" if hit else "  outside")
+        )
+    return lines, sum(inside), len(inside)
+
+
+def render_strings(metric: DemoStrings, window) -> tuple[list[str], int, int]:
+    """The lines of the strings metric (its WindowEstimate message, None before any): its head
+    with the detection floor, and the values found with the largest shares beside their truths,
+    and how many found values' truths lie inside their 95% intervals, out of how many found."""
+    head = f"{metric.name}: strings, epsilon = {metric.epsilon:g}"
+    if window is None or window.withheld or not window.HasField("strings"):
+        reason = "" if window is None else window.reason
+        wrapped = textwrap.wrap(f"{head}: {reason or 'no estimate yet'}", WIDTH, subsequent_indent="  ")
+        return wrapped[:2], 0, 0
+    found = window.strings.values
+    inside = [v.lower <= metric.truth(v.text) <= v.upper for v in found]
+    lines = [
+        f"{head}, n = {window.n:,}: {len(found)} found above {100 * window.strings.floor:.1f}% "
+        f"({sum(inside)}/{len(inside)} inside)"
+    ]
+    for v, hit in list(zip(found, inside))[:_ROWS_SHOWN]:
+        lines.append(
+            f"  {metric.text(v.text)[:28]:<28}{100 * metric.truth(v.text):>8.1f}{100 * v.estimate:>10.1f}"
+            f"   [{100 * v.lower:>5.1f}, {100 * v.upper:>5.1f}]" + ("" if hit else "  outside")
         )
     return lines, sum(inside), len(inside)
 
@@ -510,10 +590,12 @@ def _run(args: argparse.Namespace, store_url: str, where: str, period: int, stor
             while not stop.wait(args.interval):
                 try:
                     response = stub.Get(veil_pb2.EstimatesRequest(window="total"), timeout=10)
+                    found = stub.Get(veil_pb2.EstimatesRequest(metric=CRASHES.name), timeout=10)
                 except grpc.RpcError as err:  # e.g. Redis went away: say so and keep going
                     windows, error = {}, f"estimates unavailable: {err.code().name} ({err.details()})"
                 else:
-                    windows, error = {w.metric: w for w in response.estimates}, ""
+                    windows = {w.metric: w for w in (*response.estimates, *found.estimates)}
+                    error = ""
                 # The redrawn screen keeps where everything is (the ports may not be the defaults).
                 lines, hits, count = frame(
                     time.strftime("%H:%M:%S"), dashboard, endpoint, args.devices, hint, windows, error
