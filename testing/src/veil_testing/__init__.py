@@ -9,6 +9,7 @@
 - config_toml: aggregator configs as TOML text
 - running: the daemon tests' metrics, configs, in-process aggregators, tokens and uploads
 - promtool: promtool's lint of /metrics text
+- planted_strings: a strings metric's verification round over planted values, as served
 - pki: a throwaway CA with server and client certificates
 - wheel: Veil's wheel built from a source tree (build_wheel)
 - benchlib: what every benchmark script shares (machine facts, timer, results files)

@@ -58,7 +58,8 @@ def _answer(read, query: dict[str, list[str]]) -> tuple[int, bytes]:
         elif top:
             if not top.isdigit():
                 raise _BadQuery(f"top: expected a whole number, got {top[:40]!r}.")
-            found = [with_rest(e, int(top)) for e in found]
+            # A strings metric lists what it found; its round's candidates have no "other".
+            found = [e if e.metric.spec.strings is not None else with_rest(e, int(top)) for e in found]
     except UnknownMetric as err:
         return 404, _error(str(err))
     except (InvalidRange, _BadQuery) as err:

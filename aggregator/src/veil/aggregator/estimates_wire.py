@@ -18,12 +18,13 @@ from typing import cast
 import numpy as np
 
 from veil.client import numeric_to_proto
-from veil.mechanism import wire_shape
+from veil.mechanism import HashedSpec, wire_shape
 from veil.wire.v1 import veil_pb2
 
 from . import _kernels
 from .live import WindowEstimate
 from .store import Version
+from .strings_estimates import metric_name, strings_message
 
 __all__ = ["ResponseCache", "encode_categories", "encode_window", "estimates_field", "warm_up"]
 
@@ -100,13 +101,15 @@ def estimates_field(e: WindowEstimate) -> bytes:
 def encode_window(e: WindowEstimate) -> bytes:
     """One WindowEstimate message, serialized exactly as the message SerializeToString would."""
     spec = e.metric.spec
+    # A strings round's design is never declared, so it is no registered mechanism (wire_shape).
+    mechanism = HashedSpec.proto if spec.strings is not None else wire_shape(spec.mechanism.name).proto
     head = veil_pb2.WindowEstimate(
-        metric=spec.name,
+        metric=metric_name(spec),
         window=e.window.name,
         start_unix=e.start,
         end_unix=e.end,
         n=e.n,
-        mechanism=cast(veil_pb2.Mechanism, wire_shape(spec.mechanism.name).proto),  # protoc's .pyi: no int
+        mechanism=cast(veil_pb2.Mechanism, mechanism),  # protoc's .pyi: no int
         epsilon=spec.mechanism.epsilon,
         spec_fingerprint=spec.fingerprint,
         withheld=e.withheld,
@@ -139,12 +142,13 @@ def encode_window(e: WindowEstimate) -> bytes:
         quantiles=[
             veil_pb2.QuantileEstimate(q=x.q, estimate=x.estimate, lower=x.lower, upper=x.upper) for x in e.quantiles
         ],
+        strings=strings_message(e.strings),
     ).SerializeToString()
-    if e.estimate is None:
+    if e.estimate is None or spec.strings is not None:  # a strings metric has no categories
         return head + tail
     est = e.estimate
     assert est.projection is not None  # live estimates are always projected
-    # Fields go in number order: 1..10, then 11 (the categories), then 12..20.
+    # Fields go in number order: 1..10, then 11 (the categories), then 12..21.
     return (
         head + encode_categories(spec.labels, (est.estimate, est.stderr, est.lower, est.upper, est.projection)) + tail
     )
@@ -158,7 +162,7 @@ class ResponseCache:
     one per request shape (metric name or "", window name or ""), names the config declares."""
 
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], tuple[tuple[int, Version, int, int, bool], bytes]] = {}
+        self._windows: dict[tuple[str, str], tuple[tuple[int, Version, int, int, bool, str], bytes]] = {}
         self._responses: dict[tuple[str, str], tuple[tuple, bytes]] = {}
 
     def response(self, shape: tuple[str, str], estimates: list[WindowEstimate]) -> bytes:
@@ -181,7 +185,8 @@ class ResponseCache:
         return encoded
 
     @staticmethod
-    def _state(e: WindowEstimate) -> tuple[int, Version, int, int, bool]:
+    def _state(e: WindowEstimate) -> tuple[int, Version, int, int, bool, str]:
         """What a window's bytes depend on besides its metric and window: its bucket and version,
-        and what time alone changes (a period begun: c and the estimand; its lateness ended)."""
-        return (e.start, e.version, e.reports_per_device, e.spanned, e.provisional)
+        what time alone changes (a period begun: c and the estimand; its lateness ended), and its
+        spec (a strings metric's verification round changes with the period)."""
+        return (e.start, e.version, e.reports_per_device, e.spanned, e.provisional, e.metric.spec.fingerprint)

@@ -14,6 +14,11 @@ its mean (veil_numeric_mean, with stderr, lower and upper) and quantiles (veil_n
 with q = "0.5", "0.9", "0.99", each with lower and upper) under its own name: 4 + 9 series per
 window.
 
+A strings metric is exported under its own name as what its verification round found: the
+metrics_top largest values (veil_strings_share{value}, the value's text, with stderr, lower and
+upper: at most 4 x metrics_top series per window) and its detection floor
+(veil_strings_floor); not its round's candidates (strings_estimates.StringsGauges).
+
 Everything lives on a registry passed in (a fresh CollectorRegistry by default), never on the
 process-global one, so two aggregators in one process, or a test, never share series.
 """
@@ -29,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from .errors import StoreError
 from .estimate import rest_estimate
 from .live import LiveEstimates
+from .strings_estimates import StringsGauges, metric_name
 
 __all__ = ["Instruments", "EstimatesCollector"]
 
@@ -141,6 +147,7 @@ class EstimatesCollector:
             veil_numeric_quantile_upper="Upper end of veil_numeric_quantile's 95% interval "
             "(a bucket boundary or the range's high end).",
         )
+        strings = StringsGauges(self._top)
         up = GaugeMetricFamily("veil_store_up", "1 when the counter store answered this scrape's reads, else 0.")
         info = InfoMetricFamily(
             "veil_metric",
@@ -167,7 +174,11 @@ class EstimatesCollector:
             current = []
             up.add_metric([], 0)
         for e in current:
-            reports.add_metric([e.metric.name, e.window.name], e.n)
+            reports.add_metric([metric_name(e.metric.spec), e.window.name], e.n)
+            if e.metric.spec.strings is not None:
+                if e.strings is not None:
+                    strings.add(e.window.name, e.strings)
+                continue
             if e.estimate is None:
                 continue
             names = (e.metric.name, e.window.name)
@@ -201,6 +212,7 @@ class EstimatesCollector:
                     family.add_metric(list(names), value)
         yield from (estimate, stderr, lower, upper, rest, rest_stderr, rest_lower, rest_upper)
         yield from (mean, mean_stderr, mean_lower, mean_upper, quantile, quantile_lower, quantile_upper)
+        yield from strings.families()
         yield from (reports, up, info)
 
 

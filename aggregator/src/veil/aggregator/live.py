@@ -44,6 +44,7 @@ from .estimate import Estimate, GroupEstimate, estimate_many, group_estimate, re
 from .numeric import MeanEstimate, QuantileEstimate, mean_estimate, quantile_estimates
 from .rounds import Rounds
 from .store import CountsKey, Store, Version
+from .strings_estimates import metric_name, strings_json
 
 __all__ = [
     "WindowEstimate",
@@ -88,8 +89,8 @@ class WindowEstimate:
     # once with the estimate (_numeric_estimates); None and () otherwise, and when withheld.
     mean: MeanEstimate | None = None
     quantiles: tuple[QuantileEstimate, ...] = ()
-    # A strings metric's: what its verification round found (veil.aggregator.discovery); then
-    # `metric` is that round's and `window` the period.
+    # A strings metric's (metric.spec: its verification round): what the round found; None
+    # otherwise, and when withheld.
     strings: Discovery | None = None
 
     @property
@@ -108,7 +109,7 @@ class WindowEstimate:
         """to_json() but for "categories" (its last key)."""
         spec = self.metric.spec
         return {
-            "metric": spec.name,
+            "metric": metric_name(spec),
             "window": self.window.name,
             "start": self.start,
             "end": self.end,
@@ -124,6 +125,7 @@ class WindowEstimate:
             "periods": self.periods,
             "provisional": self.provisional,
             **_numeric_json(self),
+            **strings_json(self.strings),
             **(
                 {}
                 if self.group is None
@@ -147,7 +149,7 @@ class WindowEstimate:
 
     @functools.cached_property
     def _categories(self) -> list[dict[str, object]]:
-        if self.estimate is None:
+        if self.estimate is None or self.metric.spec.strings is not None:  # a round's candidates are no categories
             return []
         e = self.estimate
         assert e.projection is not None  # live estimates are always projected (see _compute_many)
@@ -174,7 +176,7 @@ class WindowEstimate:
         (tests compare), a little faster, and no thousands of long-lived dicts for the garbage
         collector to track (each fresh HTTP read at k = 1024 would add some 3000 per window)."""
         e = self.estimate
-        if e is None or e.projection is None:
+        if e is None or e.projection is None or self.metric.spec.strings is not None:
             return json.dumps(self.to_json(), allow_nan=False)
         head = json.dumps(self._head(), allow_nan=False)  # "categories" goes where its closing brace was
         columns = [

@@ -127,7 +127,8 @@ class EstimatesService(veil_pb2_grpc.EstimatesServicer):
             last = None
             while not ended.is_set():
                 current = self._current(request, context)
-                marker = [(e.start, e.version) for e in current]
+                # The spec too: a strings metric's verification round changes with its period.
+                marker = [(e.start, e.version, e.metric.spec.fingerprint) for e in current]
                 if marker != last:
                     last = marker
                     yield self._responses.response((request.metric, request.window), current)

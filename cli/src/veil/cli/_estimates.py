@@ -9,7 +9,9 @@ Intervals are shown as what they are, [lower, upper] (a score interval clipped t
 symmetric about the estimate); one that lies entirely below 0 as "no evidence of presence"
 (docs/math.md section 5). A bucket still open to late reports is marked provisional. A numeric
 metric's part shows its mean or quantiles with their intervals, in the metric's units (series
-tables: as its columns; CSV: as rows labelled mean, q50, q90, q99).
+tables: as its columns; CSV: as rows labelled mean, q50, q90, q99). A strings metric shows the
+values its last discovery found, each with its share and selective interval, and the detection
+floor below which nothing can be found (CSV: a row per value, labelled with its text).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def to_json(window) -> dict[str, Any]:  # a JSON document
     """A WindowEstimate message as /v1/estimates shows it (undefined numbers as null)."""
-    from veil.mechanism import wire_shape_of
+    from veil.mechanism import HASHED, HashedSpec, wire_shape_of
 
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None
@@ -80,7 +82,8 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
         "start": window.start_unix,
         "end": window.end_unix,
         "n": window.n,
-        "mechanism": wire_shape_of(window.mechanism).name,
+        # A strings metric's rounds are hashed, a design never declared (no registered shape).
+        "mechanism": HASHED if window.mechanism == HashedSpec.proto else wire_shape_of(window.mechanism).name,
         "epsilon": window.epsilon,
         "spec_fingerprint": window.spec_fingerprint,
         "withheld": window.withheld,
@@ -91,6 +94,7 @@ def to_json(window) -> dict[str, Any]:  # a JSON document
         "periods": window.periods,
         "provisional": window.provisional,
         **_numeric(window, number),
+        **_strings(window, number),
         **(
             {
                 "group": {
@@ -149,6 +153,22 @@ def _numeric(window, number) -> dict[str, Any]:
     return body
 
 
+def _strings(window, number) -> dict[str, Any]:
+    """A strings metric's "strings" key, as /v1/estimates has it (the codes in hex)."""
+    if not window.HasField("strings"):
+        return {}
+    s = window.strings
+    values = [
+        {
+            "code": v.code.hex(),
+            "text": v.text,
+            **{x: number(getattr(v, x)) for x in ("estimate", "stderr", "lower", "upper")},
+        }
+        for v in s.values
+    ]
+    return {"strings": {"values": values, "floor": number(s.floor), "candidates": s.candidates, "n": s.n}}
+
+
 def run(args: argparse.Namespace) -> int:
     from veil.mechanism import PROJECTION_NOTE, MechanismError, parse_duration
     from veil.wire.v1 import veil_pb2, veil_pb2_grpc
@@ -183,11 +203,20 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"projection": PROJECTION_NOTE, "estimates": windows}, indent=2))
         return 0
     if args.csv:
-        _csv(windows)
+        print_csv(windows)
         return 0
     if ranged and not args.merged:
         _series_table(windows, args.top)
         return 0
+    print_table(windows, args.projection)
+    return 0
+
+
+def print_table(windows: list[dict], projection: bool) -> None:
+    """The current estimates as `veil estimates` prints them: per window its header, then its
+    categories (with the projection, if asked), group, numeric part's lines or strings' values."""
+    from veil.mechanism import PROJECTION_NOTE
+
     for w in windows:
         print(
             f"{w['metric']} / {w['window']}  ({w['mechanism']}, epsilon = {w['epsilon']:g})  n = {w['n']:,}"
@@ -198,20 +227,24 @@ def run(args: argparse.Namespace) -> int:
         if w["withheld"]:
             print(f"  withheld: {w['reason']}\n")
             continue
+        if "strings" in w:
+            for line in strings_lines(w["strings"]):
+                print(f"  {line}")
+            print()
+            continue
         head = f"  {'category':<24}{'estimate':>10}{'stderr':>10}{'95% interval':>24}"
-        print(head + (f"{'projected*':>12}" if args.projection else ""))
+        print(head + (f"{'projected*':>12}" if projection else ""))
         for c in w["categories"]:
             line = f"  {c['label'][:23]:<24}{_f(c['estimate']):>10}{_f(c['stderr']):>10}{interval_text(c):>24}"
-            print(line + (f"{_f(c['projected']):>12}" if args.projection else ""))
+            print(line + (f"{_f(c['projected']):>12}" if projection else ""))
         if "group" in w:
             g = w["group"]
             print(f"  {_group_name(g)[:23]:<24}{_f(g['estimate']):>10}{_f(g['stderr']):>10}{interval_text(g):>24}")
         for line in numeric_lines(w):
             print(f"  {line}")
         print()
-    if args.projection:
+    if projection:
         print(f"* {PROJECTION_NOTE}")
-    return 0
 
 
 PROVISIONAL = "provisional (reports made in this bucket may still arrive)"
@@ -243,6 +276,35 @@ def numeric_lines(w: dict) -> list[str]:
             f"95% interval [{_g(q['lower'])}, {_g(q['upper'])}]"
         )
     return lines
+
+
+def strings_lines(found: dict) -> list[str]:
+    """A strings metric's found values (text, estimate and selective 95% interval, in %) and
+    what could not be found: the floor, of how many candidates, from how many reports."""
+    lines = [f"{'value':<32}{'estimate':>10}{'stderr':>10}{'95% interval':>22}"] if found["values"] else []
+    for v in found["values"]:
+        lines.append(f"{_text(v['text'], 31):<32}{_p(v['estimate']):>10}{_p(v['stderr']):>10}{_p_interval(v):>22}")
+    floor = _p(found["floor"])
+    lines.append(
+        f"{len(found['values'])} of {found['candidates']:,} candidates found above the floor, {floor}, "
+        f"from {found['n']:,} reports; a value below {floor} cannot be found"
+    )
+    return lines
+
+
+def _text(text: str, width: int) -> str:
+    """A value's text on one line (control characters escaped), cut to width."""
+    shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
+    return shown if len(shown) <= width else shown[: width - 1] + "\u2026"
+
+
+def _p(x: float | None) -> str:
+    """A share in percent, to 2 decimals."""
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def _p_interval(v: dict) -> str:
+    return f"[{_p(v['lower'])}, {_p(v['upper'])}]"
 
 
 def _g(x: float | None) -> str:
@@ -315,9 +377,10 @@ def _numeric_cell(c: dict | None) -> str:
     return "n/a" if c is None else f"{_g(c['estimate'])} [{_g(c['lower'])}, {_g(c['upper'])}]"
 
 
-def _csv(windows: list[dict]) -> None:
+def print_csv(windows: list[dict]) -> None:
     """One row per window (or bucket) and category, the group's (if asked) after them, then a
-    numeric part's mean or quantiles (labelled mean, q50, q90, q99; in the metric's units)."""
+    numeric part's mean or quantiles (labelled mean, q50, q90, q99; in the metric's units), or
+    a strings metric's found values (labelled with their text)."""
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(
         [
@@ -343,6 +406,7 @@ def _csv(windows: list[dict]) -> None:
         head += [w["provisional"], w["withheld"]]
         rows = list(w["categories"]) + ([{**w["group"], "label": _group_name(w["group"])}] if "group" in w else [])
         rows += _numeric_rows(w)
+        rows += [{"label": v["text"], **v} for v in w.get("strings", {}).get("values", [])]
         if not rows:
             out.writerow(head + ["", "", "", "", "", w["estimand"]])
         for c in rows:

@@ -32,6 +32,13 @@
 // (g.series[data-label="mean"]); the distribution part's panel shows its buckets in their order
 // and, under them, the quantiles on the range (g.quantile[data-q][data-estimate][data-lower]
 // [data-upper]: a marker at the estimate, its interval between bucket boundaries).
+//
+// A strings metric (entry.strings, docs/protocol.md section 10) lists the values its last
+// discovery found, as bars with their (selective) 95% intervals (g.bar[data-label] the value's
+// text, [data-code] its code), the detection floor drawn on the axis (line.floor) and said in
+// words under them (p.floor[data-floor][data-found][data-candidates]): a value whose share is
+// below the floor cannot be seen. The search filters its values; it has no trend (a discovery is
+// of one period).
 "use strict";
 
 (() => {
@@ -158,12 +165,31 @@
       "data-provisional": String(Boolean(entry.provisional)), "data-periods": String(entry.periods ?? ""),
     }, ...header(entry));
     if (entry.withheld) section.append(el("p", {class: "reason"}, entry.reason));
+    else if (entry.strings) section.append(...stringsChart(entry));
     else if (entry.numeric?.part === "mean" && entry.mean) section.append(meanChart(entry));
     else if (entry.numeric?.part === "distribution") {
       section.append(chart(entry, entry.categories, showProjection)); // the buckets in their order
       if (entry.quantiles) section.append(quantileChart(entry));
     } else section.append(chart(entry, shownRows(entry), showProjection));
     return section;
+  }
+
+  // ---- a strings metric --------------------------------------------------------------------
+  // The found values, largest first (those matching the search), and what could not be found.
+  function stringsChart(entry) {
+    const s = entry.strings;
+    const wanted = search.value.trim().toLowerCase();
+    const rows = s.values.filter((v) => !wanted || v.text.toLowerCase().includes(wanted))
+      .map((v) => ({...v, label: v.text, projected: null}));
+    const shown = rows.length ? chart(entry, rows, false, s.floor)
+      : el("p", {class: "reason"}, s.values.length ? "No value found matches the search." : "No value found.");
+    const floor = el("p", {class: "floor", "data-floor": s.floor ?? "", "data-found": String(s.values.length),
+      "data-candidates": String(s.candidates)},
+    `Values below ${percent(s.floor)} of devices cannot be seen (the detection floor). `,
+    `Found ${integer.format(s.values.length)} of ${integer.format(s.candidates)} candidates, `,
+    `from ${integer.format(s.n)} reports.`);
+    floor.title = "A value is shown when its estimate clears the floor; its interval allows for that choice.";
+    return [shown, floor];
   }
 
   // ---- a numeric metric's parts ------------------------------------------------------------
@@ -280,9 +306,10 @@
     return `[${percent(c.lower)}, ${percent(c.upper)}]`;
   }
 
-  function chart(entry, rows, showProjection) {
+  // floor: a strings metric's detection floor, drawn on the axis (null: none).
+  function chart(entry, rows, showProjection, floor = null) {
     const values = rows.flatMap((c) => (absent(c) ? [c.estimate, c.projected] : [c.estimate, c.lower, c.upper, c.projected]))
-      .filter(Number.isFinite);
+      .concat([floor]).filter(Number.isFinite);
     // Unbiased estimates can be negative: the axis starts at min(0, lowest value) and 0 is marked.
     let lo = Math.min(0, ...values), hi = Math.max(0, ...values);
     if (hi - lo < 0.01) hi = lo + 0.01;
@@ -310,7 +337,7 @@
       }
       const estimate = c.estimate ?? 0;
       const g = svg("g", {class: (estimate < 0 ? "bar negative" : "bar") + (c.rest ? " rest" : "") + (absent(c) ? " absent" : ""),
-        "data-label": c.label,
+        "data-label": c.label, ...(c.code ? {"data-code": c.code} : {}),
         "data-estimate": c.estimate ?? "", "data-lower": c.lower ?? "", "data-upper": c.upper ?? "",
         "data-projected": c.projected ?? ""});
       const interval = absent(c)
@@ -345,6 +372,10 @@
       g.append(svg("text", {class: "value", x: X1 + 8, y: mid + 4}, value));
       root.append(g);
     });
+    if (Number.isFinite(floor)) {
+      root.append(svg("line", {class: "floor", x1: x(floor), x2: x(floor), y1: TOP - 2, y2: plotBottom},
+        svg("title", {}, `detection floor ${percent(floor)}: a smaller share cannot be seen`)));
+    }
     return root;
   }
 
@@ -353,9 +384,13 @@
 
   function bucketSpan(entry) { return entry.end - entry.start; }
 
+  // A trend is of a window with buckets, and of categories or a numeric part: a strings metric's
+  // values are found anew each period.
+  function trended(entry) { return entry.end && entry.mechanism !== "hashed"; }
+
   // The windows with buckets (from the current estimates) in the trend selector; the first by default.
   function trendChoices(body) {
-    const names = [...new Set(body.estimates.filter((e) => e.end).map((e) => e.window))];
+    const names = [...new Set(body.estimates.filter(trended).map((e) => e.window))];
     const have = [...trendWindow.options].map((o) => o.value);
     if (names.join("\u0000") !== have.join("\u0000")) {
       const kept = trendWindow.value;
@@ -371,7 +406,7 @@
     if (!force && key === trendKey && Date.now() - trendAt < TREND_MS) return;
     trendAt = Date.now();
     trendKey = key;
-    const entries = body.estimates.filter((e) => e.window === trendWindow.value && e.end);
+    const entries = body.estimates.filter((e) => e.window === trendWindow.value && trended(e));
     const headers = {Accept: "application/json"};
     if (token !== null) headers.Authorization = `Bearer ${token}`;
     const charts = await Promise.all(entries.map(async (entry) => {
