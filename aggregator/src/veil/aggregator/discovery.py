@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from veil.mechanism import DEFAULT_SURVIVORS, MODULUS, MechanismError, MetricSpec, StringsRound, code_text
+from veil.mechanism import DEFAULT_SURVIVORS, MODULUS, HashedSpec, MechanismError, MetricSpec, StringsRound, code_text
 
 from ._kernels import decode_hashed
 from .counts import Counts
@@ -76,10 +76,10 @@ def detection_floor(spec: MetricSpec, n: int, reports_per_device: int = 1) -> fl
     count of two is already a large share, where a normal tail would call it rare when it is not."""
     if n <= 0:
         return math.nan
+    design = spec.mechanism
+    assert isinstance(design, HashedSpec)  # a strings round's (MetricSpec checks it)
     devices = max(n // reports_per_device, 1)
-    count = reports_per_device * binomial_threshold(
-        devices, spec.mechanism.other_probability, FALSE_REPORT_RATE / spec.k
-    )
+    count = reports_per_device * binomial_threshold(devices, design.other_probability, FALSE_REPORT_RATE / spec.k)
     linear = spec.mechanism.estimator
     return (count * linear.alpha[0] + linear.beta[0] * n) / n  # as estimate() computes a share from a count
 
