@@ -1235,6 +1235,11 @@ def test_the_grafana_dashboard_is_valid_promql_over_metrics_the_aggregator_serve
     registry = _exported_registry(config, instruments, LiveEstimates(config, MemoryStore()))
     served = {s.name for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
     served |= {"veil_estimate", "veil_estimate_stderr", "veil_estimate_rest", "veil_estimate_rest_stderr"}  # n = 0
+    # Exported once a numeric or strings metric has an estimate (test_prometheus.py and
+    # test_strings_estimates.py read them off /metrics with data).
+    served |= {f"veil_numeric_mean{s}" for s in ("", "_stderr", "_lower", "_upper")}
+    served |= {f"veil_numeric_quantile{s}" for s in ("", "_lower", "_upper")}
+    served |= {f"veil_strings_share{s}" for s in ("", "_stderr", "_lower", "_upper")} | {"veil_strings_floor"}
     asked = {name for e in queries for name in re.findall(r"\b((?:veil|process)_[a-z_]+)\b", e)}
     assert asked and asked <= served, asked - served
 
