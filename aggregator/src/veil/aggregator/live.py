@@ -322,8 +322,8 @@ class LiveEstimates:
         return found
 
     def _strings_current(self, strings: tuple[StringsConfig, ...], window: str | None) -> list[WindowEstimate]:
-        """What each strings metric found: its verification round (8) of the last period that
-        has one with reports, the period before now's (complete) or else now's (provisional);
+        """What each strings metric found: its verification round (8) of the period before now's
+        (complete) when it has enough reports to show, else of now's (provisional);
         withheld with the reason until a first period gets that far (docs/protocol.md 10)."""
         if window and window != STRINGS_WINDOW:
             raise UnknownWindow(f"A strings metric has one window, {STRINGS_WINDOW!r}, not {quoted(window)}.")
@@ -331,7 +331,7 @@ class LiveEstimates:
         found = []
         for s in strings:
             period = int(now // s.period)
-            made_in = [(m, p) for p in (period, period - 1) if (m := self._rounds.round(s, p, ROUNDS - 1)) is not None]
+            made_in = [(m, p) for p in (period - 1, period) if (m := self._rounds.round(s, p, ROUNDS - 1)) is not None]
             if not made_in:
                 first = self._rounds.round(s, period, 0)
                 assert first is not None  # round 0 is always served
@@ -347,7 +347,7 @@ class LiveEstimates:
             keys = [Rounds.key(m, p) for m, p in made_in]
             requests = [(key, m.spec.mechanism.estimator.weights, m.spec.k) for key, (m, _) in zip(keys, made_in)]
             _, read = self._store.versioned_read((), requests)
-            # Now's period once it has enough reports to show; until then the one before.
+            # The period before now's, complete, when it has enough reports to show; else now's.
             least = max(self._config.min_n, 2)
             i = next((i for i, (_, counts) in enumerate(read) if counts.total >= least), 0)
             (metric, _), key, (version, counts) = made_in[i], keys[i], read[i]

@@ -476,8 +476,7 @@ def render_strings(metric: DemoStrings, window) -> tuple[list[str], int, int]:
     found = window.strings.values
     inside = [v.lower <= metric.truth(v.text) <= v.upper for v in found]
     lines = [
-        f"{head}, n = {window.n:,}: {len(found)} found above {100 * window.strings.floor:.1f}% "
-        f"({sum(inside)}/{len(inside)} inside)"
+        f"{head}, n = {window.n:,}, floor {100 * window.strings.floor:.1f}%: {sum(inside)}/{len(inside)} found inside"
     ]
     for v, hit in list(zip(found, inside))[:_ROWS_SHOWN]:
         lines.append(
