@@ -11,6 +11,10 @@ export {
   checkNumeric, clip, MAX_LEVELS, NUMERIC_PARTS, numberText, numericCategory, numericLabels, partName, type Numeric,
   type NumericPart,
 } from "./numeric.js";
+export {
+  candidateCount, candidates, checkStrings, CODE_BYTES, codeText, HASHED, hashedDesign, hashedSupport, MODULUS,
+  prefixBytes, prefixHash, randomizeHashed, REPORT_WORDS, roundName, ROUNDS, stringCode, type Strings,
+} from "./strings.js";
 export { parseSpecs, ServerClock, type Metric } from "./specs.js";
 export { fetchSpecs, HttpTransport, type Endpoint } from "./http.js";
 export {

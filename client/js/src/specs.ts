@@ -1,11 +1,13 @@
 // The aggregator's specs as a device uses them: each checked against its fingerprint and q (a spec
 // this SDK does not reproduce is left out, and its metric's reports are dropped as unknown: they
 // would be refused or wrong), with its design; a part of a numeric metric also against the name
-// and labels its numeric spec derives.
+// and labels its numeric spec derives; a round of a strings metric also against its name, with
+// its k and design derived from its parents and buckets.
 
 import { fingerprint } from "./canonical.js";
 import { design, type Design } from "./mechanism.js";
 import { checkNumeric, numericLabels, partName, type Numeric, type NumericPart } from "./numeric.js";
+import { candidateCount, checkStrings, HASHED, hashedDesign, roundName, type Strings } from "./strings.js";
 import type { SpecsAnswer } from "./transport.js";
 
 /** A metric as fetched: its spec, checked against its fingerprint, and its design. */
@@ -25,10 +27,15 @@ export interface Metric {
   design: Design;
   /** Set for a part of a numeric metric: how a number becomes one of its categories. */
   numeric?: Numeric;
+  /** Set for a round of a strings metric (design: hashed; labels: none). */
+  strings?: Strings;
+  /** strings: the fingerprint of the round's spec with no parents, the memo keys' design. */
+  memoDesign?: string;
 }
 
 const MECHANISM_NAMES: Record<string, string> = {
   SUBSET: "subset", RAPPOR: "rappor", RAPPOR_ADMISSIBLE: "rappor-admissible", KRR: "krr", WARNER: "warner",
+  HASHED,
 };
 const PART_NAMES: Record<string, NumericPart> = { NUMERIC_MEAN: "mean", NUMERIC_DISTRIBUTION: "distribution" };
 
@@ -49,6 +56,21 @@ function numericOf(s: any): Numeric | undefined {
   return numeric;
 }
 
+/** MetricSpec.strings in proto3 JSON (parents as base64, fields at their default absent), checked
+ * and its parents sorted; undefined for any other metric; throws for a round this SDK cannot use. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function stringsOf(s: any): Strings | undefined {
+  const r = s.strings;
+  if (r === undefined || r === null) return undefined;
+  const parents = (r.parents ?? []).map((p: string) => Uint8Array.from(atob(p), (c) => c.charCodeAt(0)));
+  const strings = checkStrings({ metric: r.metric ?? "", round: Number(r.round ?? 0), rounds: Number(r.rounds ?? 0),
+    buckets: Number(r.buckets ?? 0), parents });
+  if (s.name !== roundName(strings.metric, strings.round) || (s.labels ?? []).length > 0) {
+    throw new RangeError(`${s.name} is not named as its strings round says, or lists labels.`);
+  }
+  return strings;
+}
+
 /** The metrics of an answer whose fingerprints this SDK reproduces, and the largest batch allowed. */
 export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number } {
   const metrics: Metric[] = [];
@@ -61,15 +83,20 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
       const epsilon = Number(s.epsilon);
       if (!mechanism) continue;
       const numeric = numericOf(s);
-      const mine = fingerprint({ name: s.name, labels, mechanism, k: labels.length, epsilon, period: periodSeconds,
-        reportsPerPeriod, numeric });
+      const strings = stringsOf(s);
+      if ((strings !== undefined) !== (mechanism === HASHED)) continue;  // a hashed design is a strings round's
+      const k = strings ? candidateCount(strings) : labels.length;
+      const canonical = { name: s.name, labels, mechanism, k, epsilon, period: periodSeconds, reportsPerPeriod,
+        numeric, strings };
+      const mine = fingerprint(canonical);
       if (mine !== s.fingerprint) continue;
-      const d = design(mechanism, labels.length, epsilon);
+      const d = strings ? hashedDesign(k, epsilon, strings.buckets) : design(mechanism, k, epsilon);
       if ((Number(s.q) || 0) !== d.q) continue;  // a q this SDK does not compute: its reports would be wrong
       metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
         timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
         periodBudget: Number(s.periodBudget) || null,
-        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}) });
+        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}),
+        ...(strings ? { strings, memoDesign: fingerprint({ ...canonical, strings: { ...strings, parents: [] } }) } : {}) });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }
