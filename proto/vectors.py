@@ -5,13 +5,16 @@
 
 Every other implementation (client/js) reads these files and must reproduce them: fingerprints
 of specs, thresholds, reports from given random words, encoded uploads (one batch, and several
-in an UploadBatchesRequest), memo keys, numeric values' categories and rounding thresholds, and
+in an UploadBatchesRequest), memo keys, numeric values' categories and rounding thresholds,
+strings' codes, devices' rounds, hashed reports, what they hold and their memo keys, and
 estimates from counts. Needs the aggregator extra (numpy) for the estimates.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import math
 import random
@@ -23,8 +26,32 @@ from google.protobuf import json_format
 from veil.aggregator.counts import Counts
 from veil.aggregator.estimate import estimate
 from veil.client import encode_batch, encode_batches
-from veil.client._memo import alpha_message, memo_key, rounding_alpha
-from veil.mechanism import DISTRIBUTION, MEAN, MetricSpec, NumericSpec, WordRandomSource, encoding, mean_levels
+from veil.client._memo import (
+    alpha_message,
+    device_round,
+    memo_key,
+    round_message,
+    rounding_alpha,
+    strings_memo_key,
+    strings_memo_message,
+)
+from veil.mechanism import (
+    DISTRIBUTION,
+    HASHED,
+    MEAN,
+    MODULUS,
+    ROUNDS,
+    MetricSpec,
+    NumericSpec,
+    StringsRound,
+    WordRandomSource,
+    buckets_for,
+    code_text,
+    encoding,
+    epsilon_to_gamma,
+    mean_levels,
+    string_code,
+)
 from veil.wire.v1 import veil_pb2
 
 OUT = Path(__file__).resolve().parent / "veil" / "wire" / "v1" / "vectors"
@@ -49,6 +76,10 @@ _MECHANISMS = ("subset", "krr", "warner", "rappor", "rappor-admissible")
 def _spec(mechanism: str, k: int, epsilon: float, **rule) -> MetricSpec:
     labels = [f"c{j}" for j in range(k)]
     return MetricSpec.create("m", labels, mechanism, epsilon, **rule)
+
+
+def _canonical_text(canonical: dict) -> str:
+    return json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _spec_json(spec: MetricSpec) -> dict:
@@ -94,10 +125,16 @@ def fingerprints() -> list[dict]:
     )
     cases.append(MetricSpec.create("big", [str(j) for j in range(300)], "krr", 3.0, period=31622400))
     cases += [MetricSpec.numeric_part(numeric, "subset", 2.0) for numeric in _NUMERIC_PARTS]
+    cases += [MetricSpec.strings_round(strings, epsilon, **rule) for strings, epsilon, rule in _STRINGS_ROUNDS]
     out = []
     for spec in cases:
-        canonical = json.dumps(spec.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        out.append({"spec": _spec_json(spec), "canonical_json": canonical, "fingerprint": spec.fingerprint})
+        out.append(
+            {
+                "spec": _spec_json(spec),
+                "canonical_json": _canonical_text(spec.canonical()),
+                "fingerprint": spec.fingerprint,
+            }
+        )
     return out
 
 
@@ -203,6 +240,12 @@ def encodings() -> list[dict]:
         source = WordRandomSource(words)
         reports = [spec.mechanism.randomize(v % k, source) for v in range(3)]
         out.append(_upload_case(spec, reports, batch_id, made_unix))
+    # Strings rounds' reports (HashedReports): 40 bytes each, whatever the round.
+    for (strings, epsilon, rule), made_unix in zip(_STRINGS_ROUNDS[:3], (1_700_006_400, 0, 86400), strict=True):
+        spec = MetricSpec.strings_round(strings, epsilon, **rule)
+        source = WordRandomSource([rng.getrandbits(32) for _ in range(200)])
+        reports = [_hashed_report(spec, code, source) for code in _CODES[:3]]
+        out.append(_upload_case(spec, reports, batch_id, made_unix))
     return out
 
 
@@ -213,7 +256,7 @@ def _upload_case(spec: MetricSpec, reports: list[tuple[int, ...]], batch_id: byt
     return {
         "spec": _spec_json(spec),
         "fingerprint": spec.fingerprint,
-        "encoding": encoding(spec.mechanism),
+        "encoding": HASHED if spec.strings is not None else encoding(spec.mechanism),
         "batch_id": batch_id.hex(),
         "made_unix": made_unix,
         "reports": [list(r) for r in reports],
@@ -229,12 +272,19 @@ def upload_batches() -> list[dict]:
     for shapes in (
         (("subset", 10, 1.0), ("rappor", 9, 2.0), ("krr", 40, 2.0)),
         (("warner", 2, 1.0),),
+        ((HASHED, 0, 4.0), ("krr", 3, 1.0)),
     ):
         batches = []
         for i, (mechanism, k, epsilon) in enumerate(shapes):
-            spec = MetricSpec.create(f"metric{i}", [f"c{j}" for j in range(k)], mechanism, epsilon)
             source = WordRandomSource([rng.getrandbits(32) for _ in range(20000)])
-            reports = [spec.mechanism.randomize(v % k, source) for v in range(1 + i)]
+            if mechanism == HASHED:
+                spec = MetricSpec.strings_round(
+                    StringsRound(f"metric{i}", 0, buckets_for(epsilon_to_gamma(epsilon)), (b"",)), epsilon
+                )
+                reports = [_hashed_report(spec, code, source) for code in _CODES[: 1 + i]]
+            else:
+                spec = MetricSpec.create(f"metric{i}", [f"c{j}" for j in range(k)], mechanism, epsilon)
+                reports = [spec.mechanism.randomize(v % k, source) for v in range(1 + i)]
             batches.append(_upload_case(spec, reports, bytes([16 * i + j for j in range(16)]), 1_700_006_400))
         uploads = [bytes.fromhex(b["upload_hex"]) for b in batches]
         body = encode_batches(uploads)
@@ -348,6 +398,201 @@ def numeric_alphas() -> list[dict]:
     ]
 
 
+# --- strings metrics (docs/protocol.md section 10) --------------------------------------------
+
+# Strings, and raw bytes (as bytes): empty, short, exactly 8 bytes, longer (hashed), non-ASCII
+# text, trailing and inner zero bytes, 0xff, bytes that are not UTF-8.
+_STRING_VALUES: tuple[str | bytes, ...] = (
+    "",
+    "a",
+    "SIGSEGV",
+    "SIGABRT!",
+    "SIGSEGV at 0x0",
+    "NullPointerException in com.example.Main.run",
+    "é",
+    "ñandú",
+    "😀😀",
+    "日本語",
+    "crash 💥",
+    "a\x00",
+    "ab\x00c",
+    '\t\n"\\',
+    b"",
+    b"\x00",
+    b"\x00" * 8,
+    b"\x00" * 9,
+    b"\xff",
+    b"\xff" * 8,
+    b"\xfe\xfd\x80",
+    b"\xc3",
+    b"\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+)
+_CODES = tuple(string_code(value) for value in _STRING_VALUES[1:7])
+
+# Rounds (with epsilon and reporting rule) whose specs the vectors state: round 0, a middle round,
+# the verification round; buckets as buckets_for chooses them and at the extremes.
+_STRINGS_ROUNDS: tuple[tuple[StringsRound, float, dict], ...] = (
+    (StringsRound("crash_signature", 0, buckets_for(epsilon_to_gamma(4.0)), (b"",)), 4.0, {}),
+    (
+        StringsRound("crash_signature", 3, buckets_for(epsilon_to_gamma(1.0)), (b"SIG", b"Nul", b"\xff\x10\x00")),
+        1.0,
+        {"period": 3600, "reports_per_period": 2},
+    ),
+    (
+        StringsRound("signature-de-plantage", 8, 2, (string_code("SIGSEGV"), string_code("é"), _CODES[4])),
+        0.5,
+        {},
+    ),
+    (StringsRound("😀", 1, 65536, (b"S", b"\x00", b"\xff")), 11.0, {"period_budget": 22.0}),
+    (StringsRound("m", 0, 4, (b"",)), 0.30000000000000004, {}),
+)
+
+
+def strings_codes() -> list[dict]:
+    """A string's (or raw bytes') code and how it is shown."""
+    out = []
+    for value in _STRING_VALUES:
+        code = string_code(value)
+        row: dict[str, object] = {"string": value} if isinstance(value, str) else {"bytes_hex": value.hex()}
+        if isinstance(value, str):
+            row["utf8_hex"] = value.encode().hex()
+        out.append({**row, "code": code.hex(), "shown": code_text(code)})
+    return out
+
+
+def strings_rounds() -> list[dict]:
+    """Devices' rounds: every round for one metric (over secrets), and non-ASCII metric names."""
+    secrets_ = [bytes(range(32))] + [hashlib.sha256(b"device %d" % i).digest() for i in range(200)]
+    cases: list[tuple[bytes, str]] = []
+    seen: set[int] = set()
+    for secret in secrets_:
+        r = device_round(secret, "crash_signature")
+        if r not in seen:
+            seen.add(r)
+            cases.append((secret, "crash_signature"))
+    assert seen == set(range(ROUNDS)), "a secret for every round"
+    cases += [
+        (secrets_[0], metric) for metric in ("signature-de-plantage", "géant", "😀", "日本語のメトリック", "m", "")
+    ]
+    cases += [(secrets_[i], "crash_signature") for i in (17, 18, 19)]
+    out = []
+    for secret, metric in cases:
+        message = round_message(metric)
+        x = int.from_bytes(hmac.new(secret, message, hashlib.sha256).digest()[:8], "little")
+        out.append(
+            {
+                "secret": secret.hex(),
+                "metric": metric,
+                "message_hex": message.hex(),
+                "x": str(x),
+                "round": device_round(secret, metric),
+            }
+        )
+    return out
+
+
+def _round_json(spec: MetricSpec) -> dict:
+    """A round's spec as the vectors state it: its canonical fields, fingerprint, and what the
+    randomization reads from it."""
+    return {
+        "spec": _spec_json(spec),
+        "fingerprint": spec.fingerprint,
+        "buckets": spec.mechanism.buckets,
+        "keep_threshold": str(spec.mechanism.keep_threshold),
+    }
+
+
+def _hashed_report(spec: MetricSpec, code: bytes, source: WordRandomSource) -> tuple[int, ...]:
+    assert spec.strings is not None
+    return spec.mechanism.randomize_prefix(spec.strings.prefix_of(code), source)
+
+
+# A word w that below(2^31 - 1) rejects besides 0: (w * P) mod 2^32 = 1 < (2^32 - P) mod P = 2.
+_REJECTED_BY_BELOW_P = pow(MODULUS, -1, 1 << 32)
+
+
+def hashed_randomize() -> list[dict]:
+    rng = random.Random(2828)
+    out = []
+
+    def case(spec: MetricSpec, code: bytes, words: list[int], note: str) -> None:
+        assert spec.strings is not None
+        source = WordRandomSource(words)
+        report = _hashed_report(spec, code, source)
+        prefix = spec.strings.prefix_of(code)
+        out.append(
+            {
+                "note": note,
+                **_round_json(spec),
+                "code": code.hex(),
+                "prefix": prefix.hex(),
+                "words": words[: source.position],
+                "report": list(report),
+            }
+        )
+
+    for strings, epsilon, rule in _STRINGS_ROUNDS:
+        spec = MetricSpec.strings_round(strings, epsilon, **rule)
+        t = spec.mechanism.keep_threshold
+        for code in _CODES[:4]:
+            case(spec, code, [rng.getrandbits(32) for _ in range(40)], "random words")
+        for hit in (True, False):
+            words = (
+                [rng.getrandbits(32) for _ in range(9)] + _draw_words(t, hit) + [rng.getrandbits(32) for _ in range(8)]
+            )
+            case(spec, _CODES[2], words, "kept" if hit else "not kept")
+        # below(P) rejects words 0 and 1/P mod 2^32; below(g - 1) rejects 0 unless g - 1 is a power of two.
+        words = [0, _REJECTED_BY_BELOW_P] + [rng.getrandbits(32) for _ in range(9)] + _draw_words(t, False)
+        case(spec, _CODES[3], words + [0] + [rng.getrandbits(32) for _ in range(8)], "below() rejections")
+    return out
+
+
+def hashed_support() -> list[dict]:
+    """Which candidates a report holds, for reports of candidates (kept or not) and of others."""
+    rng = random.Random(3838)
+    out = []
+    for strings, epsilon, rule in _STRINGS_ROUNDS[:3] + (
+        (StringsRound("crash_signature", 1, 4, (b"S", b"\xff")), 1.0, {}),
+    ):
+        spec = MetricSpec.strings_round(strings, epsilon, **rule)
+        source = WordRandomSource([rng.getrandbits(32) for _ in range(2000)])
+        candidates = strings.candidates
+        codes = [c.ljust(8, b"\x00") for c in (candidates[0], candidates[-1], candidates[len(candidates) // 2])]
+        codes += list(_CODES[:3])
+        reports = [_hashed_report(spec, code, source) for code in codes]
+        out.append(
+            {
+                **_round_json(spec),
+                "reports": [list(r) for r in reports],
+                "supported": [spec.mechanism.support(r, candidates) for r in reports],
+            }
+        )
+    return out
+
+
+def strings_memo_keys() -> list[dict]:
+    """Strings memo keys: the round's name and design (its fingerprint without parents), the prefix."""
+    secret = bytes(range(32))
+    out = []
+    for strings, epsilon, rule in _STRINGS_ROUNDS:
+        spec = MetricSpec.strings_round(strings, epsilon, **rule)
+        for code in _CODES[:3]:
+            prefix = strings.prefix_of(code)
+            out.append(
+                {
+                    "secret": secret.hex(),
+                    "spec": _spec_json(spec),
+                    "fingerprint": spec.fingerprint,
+                    "design_canonical_json": _canonical_text(spec.design_canonical()),
+                    "design": spec.design,
+                    "prefix": prefix.hex(),
+                    "message_hex": strings_memo_message(spec.name, spec.design, prefix).hex(),
+                    "key": strings_memo_key(secret, spec.name, spec.design, prefix).hex(),
+                }
+            )
+    return out
+
+
 def estimates() -> list[dict]:
     rng = random.Random(191919)
     out = []
@@ -398,6 +643,11 @@ _FILES = {
     "memo_keys.json": memo_keys,
     "numeric_values.json": numeric_values,
     "numeric_alphas.json": numeric_alphas,
+    "strings_codes.json": strings_codes,
+    "strings_rounds.json": strings_rounds,
+    "hashed_randomize.json": hashed_randomize,
+    "hashed_support.json": hashed_support,
+    "strings_memo_keys.json": strings_memo_keys,
     "estimates.json": estimates,
 }
 

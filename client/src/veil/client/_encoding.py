@@ -4,6 +4,8 @@ Reports travel in the encoding veil.mechanism.encoding chooses for the design: a
 little-endian uint32 indices per report, each report's indices strictly increasing (as
 ``randomize`` returns them), or as Bitmaps, ceil(k/8) bytes per report, category j being bit
 j % 8 (least significant first) of byte j // 8: the report's bit mask as a little-endian integer.
+A strings round's reports (HASHED) travel as HashedReports, their own path: each report's 10 words
+(the hash's coefficients and the bucket sent) as little-endian uint32, 40 bytes at every epsilon.
 Several stored batches go in one UploadBatchesRequest as they are: the request is nothing but its
 batches, each a length-delimited field 1 holding the batch's bytes.
 """
@@ -17,21 +19,27 @@ from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
 
-from veil.mechanism import BITMAPS, MetricSpec, encoding
+from veil.mechanism import BITMAPS, REPORT_WORDS, MetricSpec, encoding, report_bytes
 from veil.wire.v1 import veil_pb2
 
-__all__ = ["encode_batch", "encode_batches", "made_slot", "MAX_BATCH_BYTES"]
+__all__ = ["encode_batch", "encode_batches", "made_slot", "report_size", "MAX_BATCH_BYTES"]
 
 MAX_BATCH_BYTES = 1 << 20  # keep every upload far below gRPC's default 4 MiB message limit
 
 _UINT32 = "I" if array("I").itemsize == 4 else "L"
 
 
-def _index_sets(reports: Sequence[tuple[int, ...]], q: int) -> veil_pb2.IndexSets:
+def _words(reports: Sequence[tuple[int, ...]]) -> bytes:
+    """The reports' words, one after the other, as little-endian uint32."""
     flat = array(_UINT32, chain.from_iterable(reports))
     if sys.byteorder == "big":
         flat.byteswap()
-    return veil_pb2.IndexSets(set_size=q, indices=flat.tobytes())
+    return flat.tobytes()
+
+
+def report_size(spec: MetricSpec) -> int:
+    """The bytes one report of ``spec`` takes in the encoding the SDK sends."""
+    return 4 * REPORT_WORDS if spec.strings is not None else report_bytes(spec.mechanism, encoding(spec.mechanism))
 
 
 @lru_cache(maxsize=64)
@@ -58,10 +66,12 @@ def encode_batch(spec: MetricSpec, reports: Sequence[tuple[int, ...]], batch_id:
         batch_id=batch_id, metric=spec.name, spec_fingerprint=spec.fingerprint, count=len(reports), made_unix=made_unix
     )
     q = spec.mechanism.q
-    if q is None or encoding(spec.mechanism) == BITMAPS:
+    if spec.strings is not None:
+        request.hashed.words = _words(reports)
+    elif q is None or encoding(spec.mechanism) == BITMAPS:
         request.bitmaps.CopyFrom(_bitmaps(reports, spec.k))
     else:
-        request.index_sets.CopyFrom(_index_sets(reports, q))
+        request.index_sets.CopyFrom(veil_pb2.IndexSets(set_size=q, indices=_words(reports)))
     return request.SerializeToString()
 
 

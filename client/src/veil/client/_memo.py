@@ -24,16 +24,30 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from veil.mechanism import ROUNDS
+
 from ._fs import FILE_MODE, DeviceFileOwner, DeviceLog, create_once, write_atomic
 from ._log import LogOnce
 
-__all__ = ["MemoStore", "SECRET_BYTES", "memo_key", "alpha_message", "rounding_alpha"]
+__all__ = [
+    "MemoStore",
+    "SECRET_BYTES",
+    "memo_key",
+    "alpha_message",
+    "rounding_alpha",
+    "round_message",
+    "device_round",
+    "strings_memo_message",
+    "strings_memo_key",
+]
 
 SECRET_BYTES = 32
 _KEY = 32
 _HEAD = struct.Struct("<I")
 _DOMAIN = b"veil.memo.v1\x00"
 _ALPHA_DOMAIN = b"veil.alpha.v1\x00"
+_ROUND_DOMAIN = b"veil.round.v1\x00"
+_STRINGS_DOMAIN = b"veil.strings.memo.v1\x00"
 _ALPHA_BITS = 53  # a double holds them exactly: alpha is a multiple of 2^-53 in [0, 1)
 
 Report = tuple[int, ...]
@@ -61,6 +75,45 @@ def rounding_alpha(secret: bytes, metric: str, fingerprint: str) -> float:
     its point, and its memoized response."""
     digest = hmac.new(secret, alpha_message(metric, fingerprint), hashlib.sha256).digest()
     return (int.from_bytes(digest[:8], "little") >> (64 - _ALPHA_BITS)) / (1 << _ALPHA_BITS)
+
+
+def round_message(metric: str) -> bytes:
+    """domain | u32 len | metric (the length in bytes of UTF-8, little-endian)."""
+    name = metric.encode()
+    return b"".join((_ROUND_DOMAIN, _HEAD.pack(len(name)), name))
+
+
+def device_round(secret: bytes, metric: str) -> int:
+    """The one round of a strings metric this device answers (docs/protocol.md section 10;
+    strings_rounds.json): the first 8 bytes of HMAC-SHA256(secret, round_message) as a
+    little-endian uint64 x, and floor(x * ROUNDS / 2^64). Chosen without regard to the value, so
+    each round hears from a ninth of the devices, and a device's answers never combine."""
+    digest = hmac.new(secret, round_message(metric), hashlib.sha256).digest()
+    return (int.from_bytes(digest[:8], "little") * ROUNDS) >> 64
+
+
+def strings_memo_message(round_name: str, design: str, prefix: bytes) -> bytes:
+    """domain | u32 len | round name | u32 len | design | u32 len | prefix (lengths in bytes,
+    little-endian)."""
+    name, design_ = round_name.encode(), design.encode()
+    return b"".join(
+        (
+            _STRINGS_DOMAIN,
+            _HEAD.pack(len(name)),
+            name,
+            _HEAD.pack(len(design_)),
+            design_,
+            _HEAD.pack(len(prefix)),
+            prefix,
+        )
+    )
+
+
+def strings_memo_key(secret: bytes, round_name: str, design: str, prefix: bytes) -> bytes:
+    """The memo key of a strings round's report of a prefix (docs/protocol.md section 10;
+    strings_memo_keys.json): keyed by the round's design (MetricSpec.design), not its
+    fingerprint, since a report does not depend on the candidates, which change every period."""
+    return hmac.new(secret, strings_memo_message(round_name, design, prefix), hashlib.sha256).digest()
 
 
 def _load_secret(path: Path, log: LogOnce) -> bytes:
@@ -119,6 +172,13 @@ class MemoStore(DeviceFileOwner):
     def alpha(self, metric: str, fingerprint: str) -> float:
         """This device's rounding threshold for a numeric mean part (rounding_alpha)."""
         return rounding_alpha(self._secret, metric, fingerprint)
+
+    def round(self, metric: str) -> int:
+        """The round of strings metric ``metric`` this device answers (device_round)."""
+        return device_round(self._secret, metric)
+
+    def strings_key(self, round_name: str, design: str, prefix: bytes) -> bytes:
+        return strings_memo_key(self._secret, round_name, design, prefix)
 
     def known(self, key: bytes) -> bool:
         """Whether a response is memoized under ``key`` (in this process's view)."""

@@ -199,6 +199,18 @@ class MetricSpec:
     def fingerprint(self) -> str:
         return fingerprint_of(self.canonical())
 
+    def design_canonical(self) -> dict[str, object]:
+        """A strings round's canonical with no parents (so k 0): what its reports depend on
+        (docs/protocol.md section 10, the memo key), the same period after period."""
+        if self.strings is None:
+            raise MechanismError(f"Metric {self.name!r} is not a round of a strings metric.")
+        return {**self.canonical(), "k": 0, "strings": {**self.strings.canonical(), "parents": []}}
+
+    @cached_property
+    def design(self) -> str:
+        """The fingerprint of design_canonical(): the strings memo key's ``design``."""
+        return fingerprint_of(self.design_canonical())
+
     def index(self, value: str | int) -> int:
         """The category index of a label (or of an index, checked)."""
         if isinstance(value, str):
