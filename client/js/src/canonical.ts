@@ -61,6 +61,13 @@ function numericJson(n: Numeric): string {
     `"part":${JSON.stringify(n.part)}},`;
 }
 
+/** A strings round's design: its spec with no parents, and so k 0 (docs/protocol.md section 10):
+ * what its reports depend on, the same period after period; its fingerprint keys the round's memo. */
+export function designSpec(spec: CanonicalSpec): CanonicalSpec {
+  if (!spec.strings) throw new RangeError(`${spec.name} is not a round of a strings metric.`);
+  return { ...spec, k: 0, strings: { ...spec.strings, parents: [] } };
+}
+
 /** The spec's fingerprint: the first 32 hex digits of SHA-256 of its canonical JSON (UTF-8). */
 export function fingerprint(spec: CanonicalSpec): string {
   return hex(sha256(new TextEncoder().encode(canonicalJson(spec)))).slice(0, 32);

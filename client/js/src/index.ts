@@ -1,6 +1,6 @@
 // @veil/client: Veil's TypeScript SDK (the v1 wire contract, docs/protocol.md). Node's file store
 // and gRPC are in "@veil/client/node".
-export { canonicalJson, fingerprint, pythonFloat, type CanonicalSpec } from "./canonical.js";
+export { canonicalJson, designSpec, fingerprint, pythonFloat, type CanonicalSpec } from "./canonical.js";
 export { below, bernoulli, bits64, choose, GivenWords, SystemWords, type WordSource } from "./random.js";
 export {
   checkEpsilon, design, EPSILON_RANGE, epsilonToGamma, MECHANISMS, minimaxQ, randomize, VeilUsageError,

@@ -88,8 +88,8 @@ export class Memo {
   }
 
   /** The memo key of a strings round's report: hex HMAC-SHA256(secret, strings domain | len | round
-   * name | len | design | len | prefix), design the fingerprint of the round's spec with no parents
-   * (a report depends on the prefix, the buckets and epsilon, not on the candidates). */
+   * name | len | design | len | prefix), design the fingerprint of the round's designSpec (a report
+   * depends on the prefix, the buckets and epsilon, not on the candidates). */
   stringsKey(round: string, design: string, prefix: Uint8Array): string {
     return hex(this.digest(STRINGS_DOMAIN, [round, design, prefix]));
   }

@@ -4,7 +4,7 @@
 // and labels its numeric spec derives; a round of a strings metric also against its name, with
 // its k and design derived from its parents and buckets.
 
-import { fingerprint } from "./canonical.js";
+import { designSpec, fingerprint } from "./canonical.js";
 import { design, type Design } from "./mechanism.js";
 import { checkNumeric, numericLabels, partName, type Numeric, type NumericPart } from "./numeric.js";
 import { candidateCount, checkStrings, HASHED, hashedDesign, roundName, type Strings } from "./strings.js";
@@ -29,7 +29,7 @@ export interface Metric {
   numeric?: Numeric;
   /** Set for a round of a strings metric (design: hashed; labels: none). */
   strings?: Strings;
-  /** strings: the fingerprint of the round's spec with no parents, the memo keys' design. */
+  /** strings: the fingerprint of the round's design (designSpec), its memo keys' design. */
   memoDesign?: string;
 }
 
@@ -96,7 +96,7 @@ export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: 
         timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
         periodBudget: Number(s.periodBudget) || null,
         lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}),
-        ...(strings ? { strings, memoDesign: fingerprint({ ...canonical, strings: { ...strings, parents: [] } }) } : {}) });
+        ...(strings ? { strings, memoDesign: fingerprint(designSpec(canonical)) } : {}) });
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }
