@@ -30,9 +30,8 @@ export class UnknownMetricError extends VeilUsageError {
   override name = "UnknownMetricError";
 }
 
-/** A value that is neither a category label, a category index from 0 up, nor a finite number (or,
- * once the specs are known, not of the metric's kind: a number for a numeric metric, a label or
- * index for a metric of categories, a string for a strings metric). */
+/** A value that is neither a category label, a category index from 0 up, a finite number nor bytes
+ * (once the specs are known, a value not of the metric's kind is dropped and counted instead). */
 export class UnknownCategoryError extends VeilUsageError {
   override name = "UnknownCategoryError";
 }
@@ -148,9 +147,12 @@ export class Reporter {
   private closed = false;
   private stopping = false;
   /** Calls made before the store is open and specs are known: metric, value, the time of the call. */
-  private readonly held: [string, string | number, number][] = [];
-  /** Strings reported while their device's round is not served: metric, value, the time of the call. */
-  private readonly waiting: [string, string, number][] = [];
+  private readonly held: [string, Value, number][] = [];
+  /** Strings whose round of their metric this device answers is not served now (or not by an answer
+   * of the strings' period): metric, code, the time of the call. */
+  private readonly waiting: [string, Uint8Array, number][] = [];
+  /** The specs of the last answer that this SDK does not reproduce, by name. */
+  private refused = new Set<string>();
   /** Reports admitted whose spending is being stored, and the memo keys whose new response is drawn
    * once it is. */
   private admitting = 0;
@@ -192,15 +194,18 @@ export class Reporter {
 
   // --- what the app calls ----------------------------------------------------------------------
 
-  /** Randomize `value` (a category label or index of `metric`, or a number of a numeric metric)
-   * and queue the report. Never waits on the network; throws only for a metric that is not a
-   * string (UnknownMetricError) or a value that is neither a string nor a finite number
+  /** Randomize `value` (a category label or index of `metric`, a number of a numeric metric, or a
+   * string or bytes of a strings metric, reported in the one round of it this device answers) and
+   * queue the report. Never waits on the network; throws only for a metric that is not a string
+   * (UnknownMetricError) or a value that is neither a string, a finite number nor a Uint8Array
    * (UnknownCategoryError). A value not of the metric's kind is dropped and counted, as in the
-   * Python SDK: what is numeric is the operator's config, which may change under a running app. */
-  report(metric: string, value: string | number): void {
+   * Python SDK: what kind a metric is is the operator's config, which may change under a running
+   * app. */
+  report(metric: string, value: Value): void {
     if (typeof metric !== "string") throw new UnknownMetricError("A metric name must be a string.");
-    if (typeof value !== "string" && !(typeof value === "number" && Number.isFinite(value))) {
-      throw new UnknownCategoryError("A value must be a category label or index, or a finite number.");
+    if (typeof value !== "string" && !(value instanceof Uint8Array)
+      && !(typeof value === "number" && Number.isFinite(value))) {
+      throw new UnknownCategoryError("A value must be a category label or index, a finite number, or bytes.");
     }
     if (this.stopping) return this.drop("closed", "The Veil Reporter is shut down; reports are dropped.");
     if (!this.ready) {
@@ -222,9 +227,8 @@ export class Reporter {
     // Reports admitted a moment ago are batched once their spending is stored.
     await this.until(() => this.admitting === 0, deadline);
     this.cut(true);
-    // Strings waiting for their round cannot be sent now: not waited for, and not delivered.
-    const done = await this.until(() => this.counts.queued === this.waiting.length, deadline)
-      && this.waiting.length === 0;
+    // Strings waiting for their round are no reports yet (as in the Python SDK): not waited for.
+    const done = await this.until(() => this.counts.queued === this.waiting.length, deadline);
     const { dropped, failed, tooLate, ledgerUnavailable } = this.counts;
     const clean = dropped === this.lastFlush.dropped && failed === this.lastFlush.failed
       && tooLate === this.lastFlush.tooLate && ledgerUnavailable === this.lastFlush.ledgerUnavailable;
@@ -280,7 +284,7 @@ export class Reporter {
 
   /** report() of a call made at `now` (Unix ms): a category of its metric, a number reported as
    * a category of each part of its numeric metric, or a string of a strings metric. */
-  private process(name: string, value: string | number, now: number): void {
+  private process(name: string, value: Value, now: number): void {
     const unknown = () => this.drop(`unknown-category:${name}`,
       `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
     const metric = this.metrics.get(name);
@@ -288,11 +292,13 @@ export class Reporter {
     if (metric === undefined) {
       const rounds = this.strings.get(name);
       if (rounds !== undefined) {
-        if (typeof value !== "string") return unknown();  // a number or index held before the specs said
-        return this.reportString(rounds.get(device.memo.round(name)), name, value, now);
+        if (typeof value === "number") return unknown();  // a number or index held before the specs said
+        // The value itself is kept no longer: a code's code is the code.
+        return this.reportString(name, rounds, stringCode(value), now);
       }
       const parts = this.numeric.get(name);
       if (parts === undefined) {
+        if (this.refused.has(name)) return this.drop(`refused:${name}`, refusedMessage(name));
         return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
       }
       if (typeof value !== "number") return unknown();  // held before the specs said it is numeric
@@ -315,6 +321,7 @@ export class Reporter {
       return this.drop(`round:${name}`, `Veil: ${JSON.stringify(name)} is a round of the strings metric ` +
         `${JSON.stringify(metric.strings.metric)}; report the string under that name. Dropped.`);
     }
+    if (value instanceof Uint8Array) return unknown();  // bytes are a strings metric's
     const index = typeof value === "string" ? metric.labels.indexOf(value) : value;
     if (!Number.isInteger(index) || index < 0 || index >= metric.labels.length) return unknown();
     this.category(metric, index, now);
@@ -327,18 +334,33 @@ export class Reporter {
       () => randomize(metric.design, index, this.words));
   }
 
-  /** A string of the strings metric `name`, called at `now`, in `round`, the round this device
-   * answers: the prefix of its code, under its round's spec. While that round is not served the
-   * string waits, as made, for a specs answer that serves it. */
-  private reportString(round: Metric | undefined, name: string, value: string, now: number): void {
-    if (round === undefined) {
+  /** The code of a string of the strings metric `name`, called at `now`: the prefix of its code,
+   * under the spec of the round this device answers. A round changes every period and counts only
+   * the values made in its own (a batch made in another is refused as stale): while that round is
+   * not served, or the specs held were not the aggregator's in the value's period (an answer of
+   * this run said so), the code waits, as made, for an answer that is; once the value's period is
+   * over it is dropped and counted. */
+  private reportString(name: string, rounds: Map<number, Metric>, code: Uint8Array, now: number): void {
+    const device = this.device!;
+    const answers = device.memo.round(name);
+    const round = rounds.get(answers);
+    if (round === undefined && this.refused.has(roundName(name, answers))) {
+      return this.drop(`refused:${name}`, refusedMessage(name));
+    }
+    const rule = round ?? rounds.values().next().value!;  // every round has the metric's period
+    const period = this.period(rule, now);
+    if (period < this.period(rule, this.clock())) {
+      return this.drop(`strings-expired:${name}`, `Veil: a string of the metric ${JSON.stringify(name)} waited for ` +
+        "its round until its period was over; dropped.");
+    }
+    const answered = this.serverClock.answeredMs();
+    if (round === undefined || answered === null || this.period(rule, answered) < period) {
       if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
-      this.waiting.push([name, value, now]);
+      this.waiting.push([name, code, now]);
       this.counts.queued += 1;
       return;
     }
-    const device = this.device!;
-    const prefix = stringCode(value).subarray(0, prefixBytes(round.strings!));
+    const prefix = code.subarray(0, prefixBytes(round.strings!));
     this.admit(round, now, () => device.memo.stringsKey(round.name, round.memoDesign!, prefix),
       () => randomizeHashed(round.design, prefix, this.words));
   }
@@ -398,9 +420,9 @@ export class Reporter {
   /** The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower; a period
    * budget of null: neither set one, and the period's reports are its only bound. */
   private budgets(metric: Metric): [number | null, number] {
-    // A strings metric's budget is its round's: a device answers one round.
-    const own = (setting: number | Record<string, number> | undefined) =>
-      perMetric(setting, metric.name, metric.strings ? perMetric(setting, metric.strings.metric, Infinity) : Infinity);
+    // A strings metric's name covers its rounds (the lower wins), as in the Python SDK.
+    const own = (setting: number | Record<string, number> | undefined) => Math.min(perMetric(setting, metric.name,
+      Infinity), metric.strings ? perMetric(setting, metric.strings.metric, Infinity) : Infinity);
     const period = Math.min(metric.periodBudget ?? Infinity, own(this.options.periodBudget));
     return [period === Infinity ? null : period, Math.min(metric.lifetimeBudget, own(this.options.lifetimeBudget))];
   }
@@ -630,9 +652,10 @@ export class Reporter {
   private useSpecs(answer: any, fetched: boolean): void {
     if (fetched) this.serverClock.heard(answer.serverTimeUnix);
     this.maxLatenessSeconds = Number(answer.maxLatenessSeconds) || this.maxLatenessSeconds;
-    if (answer.unchanged === true && this.ready) return;
-    const { metrics, maxBatch } = parseSpecs(answer);
+    if (answer.unchanged === true && this.ready) return this.release();  // the specs held, confirmed now
+    const { metrics, maxBatch, refused } = parseSpecs(answer);
     this.metrics = new Map(metrics.map((m) => [m.name, m]));
+    this.refused = new Set(refused);
     this.numeric = new Map();
     this.strings = new Map();
     for (const m of metrics) {
@@ -648,11 +671,7 @@ export class Reporter {
       this.device.specs = JSON.stringify(answer);  // a copy for the next start
       this.device.changed("specs");
     }
-    // Strings waiting for their round, then (the first specs) the calls held until now: each
-    // processed as made, those whose round is still not served waiting again.
-    const waiting = this.waiting.splice(0);
-    this.counts.queued -= waiting.length;
-    for (const [metric, value, made] of waiting) this.process(metric, value, made);
+    this.release();
     if (!this.ready) {
       this.ready = true;
       const held = this.held.splice(0);
@@ -661,7 +680,22 @@ export class Reporter {
       this.notify();
     }
   }
+
+  /** After a specs answer: the strings waiting for their round, as made (those whose round is still
+   * not served wait again). */
+  private release(): void {
+    const waiting = this.waiting.splice(0);
+    this.counts.queued -= waiting.length;
+    for (const [metric, code, made] of waiting) this.process(metric, code, made);
+    if (waiting.length > 0) this.notify();
+  }
 }
+
+/** What report() takes: a category label or index, a number, or a string's bytes. */
+type Value = string | number | Uint8Array;
+
+const refusedMessage = (name: string) => `Veil: the aggregator's spec of ${JSON.stringify(name)} does not match ` +
+  "its fingerprint here (a newer wire revision?); its reports are dropped.";
 
 /** The name an app reports a metric's values under: a numeric part's or a strings round's metric. */
 function owner(metric: Metric): string {

@@ -71,37 +71,48 @@ function stringsOf(s: any): Strings | undefined {
   return strings;
 }
 
-/** The metrics of an answer whose fingerprints this SDK reproduces, and the largest batch allowed. */
-export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number } {
+/** The metrics of an answer whose fingerprints this SDK reproduces, the largest batch allowed, and
+ * the names of the specs it does not (with the numeric or strings metric each belongs to). */
+export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number; refused: string[] } {
   const metrics: Metric[] = [];
+  const refused: string[] = [];
   for (const s of answer.specs ?? []) {
+    let metric: Metric | null = null;
     try {
-      const mechanism = MECHANISM_NAMES[s.mechanism];
-      const periodSeconds = s.periodSeconds || 86400;
-      const reportsPerPeriod = s.reportsPerPeriod || 1;
-      const labels: string[] = s.labels ?? [];
-      const epsilon = Number(s.epsilon);
-      if (!mechanism) continue;
-      const numeric = numericOf(s);
-      const strings = stringsOf(s);
-      if ((strings !== undefined) !== (mechanism === HASHED)) continue;  // a hashed design is a strings round's
-      const k = strings ? candidateCount(strings) : labels.length;
-      const canonical = { name: s.name, labels, mechanism, k, epsilon, period: periodSeconds, reportsPerPeriod,
-        numeric, strings };
-      const mine = fingerprint(canonical);
-      if (mine !== s.fingerprint) continue;
-      const d = strings ? hashedDesign(k, epsilon, strings.buckets) : design(mechanism, k, epsilon);
-      if ((Number(s.q) || 0) !== d.q) continue;  // a q this SDK does not compute: its reports would be wrong
-      metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
-        timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
-        periodBudget: Number(s.periodBudget) || null,
-        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}),
-        ...(strings ? { strings, memoDesign: fingerprint(designSpec(canonical)) } : {}) });
+      metric = metricOf(s);
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }
+    if (metric !== null) metrics.push(metric);
+    else refused.push(String(s.name), ...[s.numeric?.metric, s.strings?.metric].filter((m) => typeof m === "string"));
   }
-  return { metrics, maxBatch: Number(answer.maxBatch) || 0 };
+  return { metrics, maxBatch: Number(answer.maxBatch) || 0, refused };
+}
+
+/** A served spec (proto3 JSON) as a Metric; null (or a throw) when this SDK does not reproduce it. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function metricOf(s: any): Metric | null {
+  const mechanism = MECHANISM_NAMES[s.mechanism];
+  const periodSeconds = s.periodSeconds || 86400;
+  const reportsPerPeriod = s.reportsPerPeriod || 1;
+  const labels: string[] = s.labels ?? [];
+  const epsilon = Number(s.epsilon);
+  if (!mechanism) return null;
+  const numeric = numericOf(s);
+  const strings = stringsOf(s);
+  if ((strings !== undefined) !== (mechanism === HASHED)) return null;  // a hashed design is a strings round's
+  const k = strings ? candidateCount(strings) : labels.length;
+  const canonical = { name: s.name, labels, mechanism, k, epsilon, period: periodSeconds, reportsPerPeriod, numeric,
+    strings };
+  const mine = fingerprint(canonical);
+  if (mine !== s.fingerprint) return null;
+  const d = strings ? hashedDesign(k, epsilon, strings.buckets) : design(mechanism, k, epsilon);
+  if ((Number(s.q) || 0) !== d.q) return null;  // a q this SDK does not compute: its reports would be wrong
+  return { name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
+    timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
+    periodBudget: Number(s.periodBudget) || null,
+    lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}),
+    ...(strings ? { strings, memoDesign: fingerprint(designSpec(canonical)) } : {}) };
 }
 
 /** The aggregator's clock as its last specs answer said it, moved on by the monotonic time since
@@ -113,6 +124,12 @@ export class ServerClock {
   heard(serverTimeUnix: string | number | undefined): void {
     const unix = Number(serverTimeUnix ?? 0);
     if (Number.isFinite(unix) && unix > 0) this.said = { unixMs: unix * 1000, at: performance.now() };
+  }
+
+  /** The aggregator's time (Unix milliseconds) when its last answer of this run (full or unchanged)
+   * confirmed the specs held; null until one said it. */
+  answeredMs(): number | null {
+    return this.said === null ? null : this.said.unixMs;
   }
 
   /** The aggregator's time now, Unix milliseconds; null until an answer of this run said it. */

@@ -99,7 +99,8 @@ export class Collector {
 
   version(): string {
     // A digest of what is served: any change (a round's parents included) is a new version.
-    return this.revision < 2 ? "" : `v${createHash("sha256").update(JSON.stringify(this.metrics)).digest("hex").slice(0, 16)}`;
+    if (this.revision < 2) return "";
+    return `v${createHash("sha256").update(JSON.stringify([this.metrics, [...this.wrongQ]])).digest("hex").slice(0, 16)}`;
   }
 
   async start(): Promise<void> {

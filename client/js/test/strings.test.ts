@@ -1,8 +1,9 @@
 // Strings metrics from the TypeScript SDK (docs/protocol.md section 10), over HTTP against a real
 // loopback collector (collector.ts) serving a strings metric's rounds: a string is reported in the
 // device's round as the prefix of its code, hashed; a steady string keeps its memoized report
-// across rounds whose candidates change; a string waits while its round is not served; a stale
-// round's batch is dropped, counted and the specs fetched again; the wrong kind is dropped.
+// across rounds whose candidates change; a string waits while its round is not served, or until an
+// answer of its period confirms the specs, and is dropped once its period is over; a stale round's
+// batch is dropped, counted and the specs fetched again; the wrong kind is dropped.
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
 
@@ -45,8 +46,8 @@ async function withCollector(rounds: number[], body: (c: Collector) => Promise<v
   }
 }
 
-async function reporter(collector: Collector, options: Partial<ReporterOptions> = {}): Promise<Reporter> {
-  const store = new MemoryStore();
+async function reporter(collector: Collector, options: Partial<ReporterOptions> = {}, store = new MemoryStore()):
+  Promise<Reporter> {
   await store.write("device-key", btoa(String.fromCharCode(...SECRET)));
   return new Reporter({ endpoint: collector.url, store, scheduleDelayMs: 60_000, log: () => undefined, ...options });
 }
@@ -128,13 +129,74 @@ test("a string waits, as made, while its round is not served, and is reported wh
     const r = await reporter(c, { specTtlMs: 50, clock: () => made });
     assert.ok(await r.whenReady());
     r.report(METRIC, VALUE);
-    // Nothing can be sent: flush does not wait for it, and says it was not delivered.
-    assert.equal(await r.flush(5000), false);
+    // No report yet (as in the Python SDK): flush does not wait for it.
+    assert.equal(await r.flush(5000), true);
     assert.deepEqual([r.counters().queued, r.counters().accepted, c.arrivals.length], [1, 0, 0]);
     c.metrics.push(stringsRound(METRIC, ROUND, BUCKETS, parents(ROUND), EPSILON));
     assert.ok(await eventually(() => r.counters().accepted === 1));
     assert.ok(await r.flush(5000));
     assert.deepEqual(c.arrivals.map((a) => [a.metric, a.count, a.madeUnix]), [[roundName(METRIC, ROUND), 1, 1_699_920_000]]);
+    await r.shutdown(1000);
+  }));
+
+test("bytes are reported as a string's bytes: the same code, the same memoized report", () =>
+  withCollector([0, ROUND], async (c) => {
+    const r = await reporter(c);
+    assert.ok(await r.whenReady());
+    r.report(METRIC, VALUE);
+    r.report(METRIC, new TextEncoder().encode(VALUE));
+    assert.ok(await r.flush(5000));
+    const [first, second] = reports(c.arrivals[0]);
+    assert.deepEqual(first, second);
+    assert.deepEqual([r.counters().sent, r.privacySpent(METRIC)?.lifetimeEpsilon], [2, EPSILON]);
+    await r.shutdown(1000);
+  }));
+
+test("specs known only from the device's copy: a string waits for an answer of its period", () =>
+  withCollector([0, ROUND], async (c) => {
+    const store = new MemoryStore();
+    await store.write("specs", await (await fetch(`${c.url}/v1/specs`)).text());
+    c.serving = false;
+    const r = await reporter(c, { retryInitialBackoffMs: 20, retryMaxBackoffMs: 40 }, store);
+    assert.ok(await r.whenReady());  // from the copy
+    r.report(METRIC, VALUE);
+    assert.deepEqual([r.counters().queued, r.counters().accepted], [1, 0]);
+    c.serving = true;
+    assert.ok(await eventually(() => r.counters().accepted === 1));
+    assert.ok(await r.flush(5000));
+    assert.deepEqual(c.arrivals.map((a) => [a.metric, a.count]), [[roundName(METRIC, ROUND), 1]]);
+    await r.shutdown(1000);
+  }));
+
+test("a string that waited past its period is dropped and counted; a refused round drops at once", () =>
+  withCollector([0], async (c) => {
+    let now = 1_700_000_123_000;
+    const lines: string[] = [];
+    const r = await reporter(c, { specTtlMs: 50, clock: () => now, log: (m) => lines.push(m) });
+    assert.ok(await r.whenReady());
+    r.report(METRIC, VALUE);
+    now += 86_400_000;  // the next day: the round the string waited for counts only the next day's
+    c.metrics.push(stringsRound(METRIC, ROUND, BUCKETS, parents(ROUND), EPSILON));
+    assert.ok(await eventually(() => r.counters().dropped === 1));
+    assert.deepEqual([r.counters().queued, r.counters().accepted], [0, 0]);
+    assert.ok(lines.some((l) => l.includes("waited for its round until its period was over")), lines.join("\n"));
+    // The device's round served with a q this SDK does not compute: refused, so its strings are dropped.
+    c.wrongQ.set(roundName(METRIC, ROUND), 1);
+    const asked = c.specRequests.length;
+    assert.ok(await eventually(() => c.specRequests.length >= asked + 2));
+    r.report(METRIC, VALUE);
+    assert.deepEqual([r.counters().dropped, r.counters().queued], [2, 0]);
+    await r.shutdown(1000);
+  }));
+
+test("a strings metric's budgets, by its name or its round's (the lower wins)", () =>
+  withCollector([0, ROUND], async (c) => {
+    const r = await reporter(c, { memoize: { [METRIC]: false },
+      lifetimeBudget: { [METRIC]: 2 * EPSILON, [roundName(METRIC, ROUND)]: 100 } });
+    assert.ok(await r.whenReady());
+    for (let i = 0; i < 3; i++) r.report(METRIC, VALUE);
+    assert.ok(await r.flush(5000));
+    assert.deepEqual([r.counters().sent, r.counters().overBudget], [2, 1]);
     await r.shutdown(1000);
   }));
 
@@ -159,9 +221,10 @@ test("the wrong kind of value is dropped and counted; a round is not reported by
     assert.ok(await r.whenReady());
     r.report(METRIC, 1.5);
     r.report(roundName(METRIC, ROUND), VALUE);
+    r.report("browser", new TextEncoder().encode("x"));  // bytes are a strings metric's
     r.report(METRIC, VALUE);
     assert.equal(await r.flush(5000), false);
-    assert.deepEqual([r.counters().dropped, r.counters().sent], [3, 1]);
+    assert.deepEqual([r.counters().dropped, r.counters().sent], [4, 1]);
     assert.ok(lines.some((l) => l.includes("is a round of the strings metric")), lines.join("\n"));
     await r.shutdown(1000);
   }));
