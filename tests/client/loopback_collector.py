@@ -2,7 +2,8 @@
 veil.wire.v1.Collector (CollectorServer), or the same over HTTP (HttpCollectorServer: GET
 /v1/specs, POST /v1/upload and /v1/uploads with binary protobuf bodies and the HTTP statuses of
 docs/protocol.md section 5, written here from that table), with its own decoder of the wire
-format (not the SDK's), dedupe by batch id, per-weight Counts for the estimators, and fault
+format (not the SDK's; a strings round's hashed reports counted by the candidates each holds),
+dedupe by batch id, per-weight Counts for the estimators, and fault
 injection. It speaks revision 2 (UploadBatches, specs_version and if_version, the server's time,
 made_unix recorded per batch and checked against max_lateness when one is set: OUT_OF_RANGE)
 or, with ``revision=1``, revision 1 (UploadBatches UNIMPLEMENTED, no version, no time).
@@ -58,10 +59,20 @@ def default_specs() -> list[MetricSpec]:
 
 def to_proto(spec: MetricSpec, time_resolution: int = 0) -> veil_pb2.MetricSpec:
     # Written here from the proto's field comments, independently of the SDK's converter.
+    strings = spec.strings
     return veil_pb2.MetricSpec(
         time_resolution_seconds=time_resolution,
         name=spec.name,
-        labels=list(spec.labels),
+        labels=[] if strings is not None else list(spec.labels),
+        strings=None
+        if strings is None
+        else veil_pb2.StringsRound(
+            metric=strings.metric,
+            round=strings.round,
+            rounds=strings.rounds,
+            buckets=strings.buckets,
+            parents=list(strings.parents),
+        ),
         mechanism=_MECHANISM[spec.mechanism.name],
         epsilon=spec.mechanism.epsilon,
         q=spec.mechanism.q or 0,
@@ -89,7 +100,15 @@ def decode(spec: MetricSpec, request: veil_pb2.UploadRequest) -> np.ndarray:
         raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "empty batch")
     kind = request.WhichOneof("reports")
     rows = np.zeros((count, k), dtype=np.int64)
-    if kind == "index_sets" and q is not None:
+    if kind == "hashed" and spec.strings is not None:
+        if len(request.hashed.words) != 40 * count:
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "hashed reports are 40 bytes each")
+        words = np.frombuffer(request.hashed.words, dtype="<u4").reshape(count, 10).tolist()
+        for r, report in enumerate(words):
+            if any(a >= 2**31 - 1 for a in report[:9]) or report[9] >= spec.strings.buckets:
+                raise Reject(grpc.StatusCode.INVALID_ARGUMENT, f"report {r}: a coefficient or bucket out of range")
+            rows[r, spec.mechanism.support(report, spec.strings.candidates)] = 1  # type: ignore[attr-defined]
+    elif kind == "index_sets" and q is not None:
         if request.index_sets.set_size != q:
             raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "index sets must have q indices")
         raw = request.index_sets.indices
@@ -200,7 +219,7 @@ class CollectorState:
                     if self.max_lateness and request.made_unix + resolution + self.max_lateness <= self.clock():
                         raise Reject(grpc.StatusCode.OUT_OF_RANGE, "reports made too long ago")
                 rows = decode(spec, request)
-                self._count(spec, rows)
+                self._count(spec, rows, request)
                 self.counted[request.batch_id] = request.count
                 self.made[request.batch_id] = request.made_unix
                 if self.lost_acks:
@@ -216,14 +235,20 @@ class CollectorState:
         self.calls.append((batch_id, outcome))
         self.lock.notify_all()
 
-    def _count(self, spec: MetricSpec, rows: np.ndarray) -> None:
+    def _count(self, spec: MetricSpec, rows: np.ndarray, request: veil_pb2.UploadRequest) -> None:
         counts = self.counts.setdefault(spec.fingerprint, Counts.zeros(spec.mechanism))
-        weight_rows = counts.row_of_weight()[rows.sum(axis=1)]
+        if spec.strings is not None:  # hashed reports have no weight: one row (weight 0)
+            weight_rows = np.zeros(len(rows), np.int64)
+        else:
+            weight_rows = counts.row_of_weight()[rows.sum(axis=1)]
         assert (weight_rows >= 0).all()
         np.add.at(counts.n, weight_rows, 1)
         np.add.at(counts.v, weight_rows, rows)
         seen = self.responses.setdefault(spec.fingerprint, collections.Counter())
-        seen.update(tuple(np.flatnonzero(row).tolist()) for row in rows)
+        if spec.strings is not None:  # a hashed report is its words
+            seen.update(map(tuple, np.frombuffer(request.hashed.words, "<u4").reshape(-1, 10).tolist()))
+        else:
+            seen.update(tuple(np.flatnonzero(row).tolist()) for row in rows)
 
 
 class Servicer(veil_pb2_grpc.CollectorServicer):

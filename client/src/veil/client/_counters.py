@@ -13,17 +13,18 @@ class Counters:
 
     accepted: report() calls randomized and queued in this process.
     dropped:  reports discarded on the device without reaching the aggregator: a full queue,
-              calls still waiting for the first specs at shutdown, a refused spec, a metric or
-              category the aggregator does not declare, a Reporter shut down, the disk cap, or
-              batches held only in memory at shutdown.
+              calls still waiting for the first specs (or strings for their round) at shutdown, a
+              refused spec, a metric or category the aggregator does not declare, a value of the
+              wrong kind, a string whose period ended before its round was served, a Reporter
+              shut down, the disk cap, or batches held only in memory at shutdown.
     sent:     reports the aggregator acknowledged (a duplicate acknowledgement included: the
               batch was counted once, on an earlier attempt).
     retried:  upload attempts (batches, not reports) repeated after a retryable failure.
     failed:   reports in batches the aggregator refused for good (stale spec, invalid batch)
               or that stayed unacknowledged past the retry horizon.
     queued:   reports awaiting acknowledgement now, in memory and under the queue directory
-              (batches left by an earlier process included), and report() calls waiting for the
-              first specs.
+              (batches left by an earlier process included), report() calls waiting for the
+              first specs, and strings waiting for their round of a strings metric.
     limited:  report() calls not sent because this period's reports of the metric were sent
               already (the metric's reports_per_period), or because the period is before one the
               device reported in (its clock was set back): the device-level bound at work, not a

@@ -57,6 +57,15 @@ _DROP_MESSAGES = {
     "dropping such reports.",
     "numeric-part": "Veil metric %r is a part of a numeric metric: report the number under the metric's name; "
     "dropping such reports.",
+    "strings-value": "Veil metric %r is a strings metric in the aggregator's specs: it takes strings or bytes, "
+    "not numbers; dropping such reports.",
+    "not-strings": "Veil metric %r is not a strings metric in the aggregator's specs: it takes no bytes; "
+    "dropping such reports.",
+    "strings-round": "Veil metric %r is a round of a strings metric: report the string under the metric's name; "
+    "dropping such reports.",
+    # A round changes every period: a value made in one is only counted by that period's round.
+    "strings-expired": "A string of Veil metric %r waited for its round until its period was over; "
+    "dropping such reports.",
     "error": "An unexpected error prevented a Veil report; dropping it.",
 }
 
@@ -111,7 +120,9 @@ class BatchProcessor:
         # report() calls made before any spec was known: (the report() of the device that made it,
         # metric, value, made at); a simulated device shares this queue with its Reporter.
         self.early: list[tuple[_ReportAt, str, object, float]] = []
-        self.held = 0  # reports in memory: early, pending and batches not spooled
+        # strings whose device's round was not served when reported: as early, once specs are known
+        self.waiting: list[tuple[_ReportAt, str, object, float]] = []
+        self.held = 0  # reports in memory: early, waiting, pending and batches not spooled
         self.outbox_reports = 0  # mirror of outbox.reports, for counters()
         self.requests: list[FlushRequest] = []
         self.accepted = self.dropped = self.sent = self.retried = self.failed = 0
@@ -145,10 +156,26 @@ class BatchProcessor:
         self.drop_logged(reason, count=False)
         return True
 
-    def release_early(self) -> None:
-        """Once specs are known (the worker): report the calls held until then, as made."""
+    def wait_for_round(self, report: _ReportAt, metric: str, value: object, made_at: float) -> None:
+        """Keep a string whose round is not served now, until a specs answer brings it (or drop
+        and count it when the queue is full)."""
         with self.lock:
-            early, self.early = self.early, []
+            if self.stopped or self.held >= self.config.max_queue_size:
+                reason = "closed" if self.stopped else "full"
+                self.dropped += 1
+            else:
+                self.waiting.append((report, metric, value, made_at))
+                self.held += 1
+                return
+        self.drop_logged(reason, count=False)
+
+    def release_early(self) -> None:
+        """After a specs answer (the worker): report the calls held until specs were known, and
+        the strings waiting for their round, as made (those whose round is still not served wait
+        again)."""
+        with self.lock:
+            early, self.early = self.early + self.waiting, []
+            self.waiting = []
             self.held -= len(early)
         for reference, metric, value, made_at in early:
             try:
@@ -211,7 +238,7 @@ class BatchProcessor:
                 self.sent,
                 self.retried,
                 self.failed,
-                len(self.early) + len(self.pending) + self.outbox_reports,
+                len(self.early) + len(self.waiting) + len(self.pending) + self.outbox_reports,
                 self.limited,
                 self.over_budget,
                 self.too_late,

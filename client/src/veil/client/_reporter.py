@@ -1,5 +1,5 @@
 """Reporter: what an app embeds. Two lines: ``reporter = Reporter(endpoint)`` once, then
-``reporter.report(metric, value)`` wherever a category or a number is observed."""
+``reporter.report(metric, value)`` wherever a category, a number or a string is observed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from veil.mechanism import MetricSpec, RandomSource
+from veil.mechanism import HashedSpec, MetricSpec, RandomSource, SystemRandomSource, round_name, string_code
 
 from ._clock import bounded_clock
 from ._config import resolve_config
@@ -34,6 +34,8 @@ __all__ = ["Reporter"]
 
 _DEFAULT_FLUSH_TIMEOUT_S = 30.0
 _DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0  # also at interpreter exit
+_TEXT = (str, bytes, bytearray)  # what a strings metric takes
+_SYSTEM = SystemRandomSource()
 
 
 class Reporter:
@@ -48,7 +50,9 @@ class Reporter:
     that is no index of a metric of categories, and every problem of the network, the
     aggregator or the disk (see ``counters()``). A number reported for a numeric metric is
     reported in each of its parts (docs/protocol.md section 9), clipped to its range (counted as
-    ``clipped``). Settings not given fall back to the VEIL_* environment variables
+    ``clipped``). A string (or bytes) reported for a strings metric is reported in the one round
+    of it this device answers (docs/protocol.md section 10), or waits until that round is served.
+    Settings not given fall back to the VEIL_* environment variables
     (``veil.client.environment_variables``), then to defaults.
 
     ``endpoint`` is the aggregator's HTTP listener as a URL (``https://agg.example.com``, or
@@ -59,7 +63,8 @@ class Reporter:
     ``memoize`` (default True) reuses one randomized response per (metric, spec, value): a
     value reported again sends the same response and spends no new privacy. Pass False to draw
     a fresh response for every report of every metric, or a mapping of metric name to bool to
-    choose per metric (unlisted metrics memoize; a numeric metric's name covers its parts). Fresh
+    choose per metric (unlisted metrics memoize; a numeric metric's name covers its parts, a
+    strings metric's its rounds). Fresh
     responses compose: each spends the metric's epsilon.
 
     Each metric's spec carries its reporting rule, which the Reporter enforces: at most
@@ -147,6 +152,7 @@ class Reporter:
         self._specs.load()
         self._memo = MemoStore(directory, log)
         self._parts: dict[str, DevicePart] = {}  # by fingerprint: this device's, of its secret
+        self._rounds: dict[str, int] = {}  # strings metric -> the round this device answers (its secret's)
         self._ledger = Ledger(directory, log)
         self._processor = BatchProcessor(
             replace(config, queue_dir=directory), self._specs, self._memo, self._ledger, log, run_worker
@@ -167,16 +173,18 @@ class Reporter:
 
     # --- the two-line API -----------------------------------------------------------------
 
-    def report(self, metric: str, value: str | float) -> None:
-        """Randomize ``value`` (a category label or index of ``metric``, or a number of a numeric
-        metric, reported in each of its parts) and queue the report.
+    def report(self, metric: str, value: str | bytes | float) -> None:
+        """Randomize ``value`` (a category label or index of ``metric``, a number of a numeric
+        metric, reported in each of its parts, or a string or bytes of a strings metric, reported
+        in this device's round of it) and queue the report.
 
         Never blocks on the network, never raises because of what the aggregator declares: a
         metric or category its specs lack drops the report and counts it; before any spec is
-        known (a first start offline) the call waits in the bounded queue, as made, and is
-        randomized once specs arrive. Raises UnknownMetricError when ``metric`` is not a string,
-        UnknownCategoryError when ``value`` is neither a string nor a number (a bool is not one),
-        InvalidNumberError when it is NaN or an infinity."""
+        known (a first start offline), or while a strings metric's round this device answers is
+        not served, the call waits in the bounded queue, as made, and is randomized once specs
+        bring it. Raises UnknownMetricError when ``metric`` is not a string,
+        UnknownCategoryError when ``value`` is neither a string, bytes nor a number (a bool is
+        not one), InvalidNumberError when it is NaN or an infinity."""
         if not isinstance(metric, str):
             raise UnknownMetricError("A metric name must be a string.")
         self._report(metric, value, self._clock())
@@ -186,12 +194,20 @@ class Reporter:
         entry = self._specs.entries.get(metric)
         if entry is not None:
             spec, labels = entry
-            index = labels.get(value) if isinstance(value, str) else _index(spec, value)
+            if isinstance(value, str):
+                index = labels.get(value)
+            elif isinstance(value, _TEXT):
+                return self._processor.drop_logged("not-strings", metric=metric)
+            else:
+                index = _index(spec, value)
             if index is None:
                 return self._processor.drop_logged("unknown-category", metric=metric)
             return self._send(spec, index, now)
         parts = self._specs.numeric.get(metric)
         if parts is None:
+            rounds = self._specs.strings.get(metric)
+            if rounds is not None:
+                return self._report_string(metric, rounds, value, now)
             return self._report_unknown(metric, value, now)
         # A number, reported in each part as a category of it (docs/protocol.md section 9): the
         # work per part is what a category's report() does, plus its category from the number.
@@ -199,6 +215,8 @@ class Reporter:
             number = value
         elif isinstance(value, str):
             return self._processor.drop_logged("numeric-label", metric=metric)
+        elif isinstance(value, _TEXT):
+            return self._processor.drop_logged("not-strings", metric=metric)
         else:
             number = _number(value)
         clipped = False
@@ -216,9 +234,36 @@ class Reporter:
         if clipped:
             self._processor.count_clipped()
 
+    def _report_string(self, metric: str, rounds: Mapping[int, MetricSpec], value: object, now: float) -> None:
+        """report() of a strings metric (docs/protocol.md section 10): the value's code, whose
+        prefix is randomized under this device's round; the value waits while that round is not
+        served, within its period."""
+        if not isinstance(value, _TEXT):
+            _number(value)  # misuse raises whatever the specs say
+            return self._processor.drop_logged("strings-value", metric=metric)
+        # The value itself is kept no longer (a code's code is the code); a bytearray may change.
+        code = string_code(bytes(value) if isinstance(value, bytearray) else value)
+        answered = self._rounds.get(metric)
+        if answered is None:
+            answered = self._rounds[metric] = self._memo.round(metric)
+        spec = rounds.get(answered)
+        if spec is None and round_name(metric, answered) in self._specs.refused:
+            return self._processor.drop_logged("refused")
+        # The rounds change every period, and a round counts only the values made in its own: the
+        # specs held must have been the aggregator's in the value's period (not, say, yesterday's
+        # cached on disk), or the value waits for an answer that is.
+        period = spec if spec is not None else next(iter(rounds.values()))
+        answered_at = self._specs.answered_at()
+        if spec is None or answered_at is None or period.period_index(answered_at) < period.period_index(now):
+            if period.period_index(now) < period.period_index(self._clock()):
+                return self._processor.drop_logged("strings-expired", metric=metric)
+            return self._processor.wait_for_round(weakref.WeakMethod(self._report), metric, code, now)
+        assert spec.strings is not None
+        self._send(spec, spec.strings.prefix_of(code), now)
+
     def _report_unknown(self, metric: str, value: object, now: float) -> None:
         """report() of a metric the specs do not declare, or of any before they are known."""
-        if not isinstance(value, str):
+        if not isinstance(value, _TEXT):
             _number(value)  # misuse raises whatever the specs say
         if not self._specs.ready.is_set():
             if self._processor.hold(weakref.WeakMethod(self._report), metric, value, now):
@@ -226,55 +271,68 @@ class Reporter:
             return self._report(metric, value, now)  # the specs arrived meanwhile
         if metric in self._specs.refused:
             return self._processor.drop_logged("refused")
-        if metric in self._specs.specs:  # a numeric metric's part, by its own name
-            return self._processor.drop_logged("numeric-part", metric=metric)
+        named = self._specs.specs.get(metric)
+        if named is not None:  # a numeric metric's part or a strings metric's round, by its own name
+            return self._processor.drop_logged("numeric-part" if named.numeric else "strings-round", metric=metric)
         return self._processor.drop_logged("unknown-metric", metric=metric)
 
-    def _send(self, spec: MetricSpec, index: int, now: float, part: DevicePart | None = None) -> None:
+    def _send(self, spec: MetricSpec, value: int | bytes, now: float, part: DevicePart | None = None) -> None:
         """Admit, randomize (or resend the memoized response) and queue a report of a category
-        (of a numeric metric's ``part``, with what this device keeps for it)."""
+        index (of a numeric metric's ``part``, with what this device keeps for it), or of a
+        prefix (``spec`` a strings metric's round)."""
         try:
             period = spec.period_index(now)
             if self._ledger.full(spec.name, period, spec.reports_per_period):
                 return self._processor.refuse(PERIOD)  # the common case of a repeat: no lock, no disk
             if not self._processor.has_room():  # do not randomize what would be dropped
                 return self._processor.drop_logged("closed" if self._processor.stopped else "full")
-            if part is None:
-                memo_key = self._memo.key(spec.name, spec.fingerprint, index) if self._memoizes(spec) else None
-                budgets = self._budgets(spec)
-            else:
-                memo_key = part.memo_key(index) if part.memoize else None
+            if part is not None:
+                memo_key = part.memo_key(value) if part.memoize and isinstance(value, int) else None
                 budgets = part.budgets
+            else:
+                memo_key = self._memo_key(spec, value) if self._memoizes(spec) else None
+                budgets = self._budgets(spec)
             # A new randomized response spends epsilon; one memoized before, nothing new.
             cost = 0.0 if memo_key is not None and self._memo.known(memo_key) else spec.mechanism.epsilon
             refused = self._ledger.admit(spec, period, cost, *budgets)
             if refused is not None:
                 return self._processor.refuse(refused)
-            self._processor.submit(spec, self._randomize(spec, index, memo_key), now)
+            self._processor.submit(spec, self._randomize(spec, value, memo_key), now)
         except Exception:  # noqa: BLE001 (never raised into the app: the report is dropped, counted)
             self._processor.drop_logged("error")
 
+    def _memo_key(self, spec: MetricSpec, value: int | bytes) -> bytes:
+        """The memo key of a category index, or of a strings round's prefix: keyed by the round's
+        design, not its fingerprint, so a prefix's report outlives the round's parents."""
+        if isinstance(value, int):
+            return self._memo.key(spec.name, spec.fingerprint, value)
+        return self._memo.strings_key(spec.name, spec.design, value)
+
     def _memoizes(self, spec: MetricSpec) -> bool:
         memoize = self._memoize.get(spec.name)
-        if memoize is None and spec.numeric is not None:  # a numeric metric's name covers its parts
-            memoize = self._memoize.get(spec.numeric.metric)
+        if memoize is None:  # a numeric metric's name covers its parts, a strings metric's its rounds
+            metric = _metric_of(spec)
+            memoize = None if metric is None else self._memoize.get(metric)
         return self._memoize_default if memoize is None else memoize
 
     def _budgets(self, spec: MetricSpec) -> tuple[float | None, float]:
         """The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower. A
         period budget of None: neither set one, and the period's reports are its only bound."""
-        app = self._period_budget(spec.name)
+        app, lifetime = self._period_budget(spec.name), self._lifetime_budget(spec.name)
+        if spec.strings is not None:  # a strings metric's name covers its rounds (the lower wins)
+            app = min(app, self._period_budget(spec.strings.metric))
+            lifetime = min(lifetime, self._lifetime_budget(spec.strings.metric))
         period = spec.period_budget if spec.period_budget is not None and spec.period_budget <= app else app
-        return (
-            None if math.isinf(period) else period,
-            min(spec.epsilon_lifetime, self._lifetime_budget(spec.name)),
-        )
+        return None if math.isinf(period) else period, min(spec.epsilon_lifetime, lifetime)
 
-    def _randomize(self, spec: MetricSpec, index: int, memo_key: bytes | None) -> tuple[int, ...]:
-        mechanism, source = spec.mechanism, self._source
+    def _randomize(self, spec: MetricSpec, value: int | bytes, memo_key: bytes | None) -> tuple[int, ...]:
+        mechanism, source = spec.mechanism, _SYSTEM if self._source is None else self._source
 
         def draw() -> tuple[int, ...]:
-            return mechanism.randomize(index) if source is None else mechanism.randomize(index, source)
+            if isinstance(value, int):
+                return mechanism.randomize(value, source)
+            assert isinstance(mechanism, HashedSpec)
+            return mechanism.randomize_prefix(value, source)
 
         return draw() if memo_key is None else self._memo.response_for(memo_key, draw)
 
@@ -340,8 +398,15 @@ class Reporter:
         source = self._source
         secret = None if source is None else b"".join(source.bits64().to_bytes(8, "little") for _ in range(4))
         device._memo, device._ledger = MemoStore(None, log, secret), Ledger(None, log)
-        device._parts = {}  # its own secret's
+        device._parts, device._rounds = {}, {}  # its own secret's
         return device
+
+
+def _metric_of(spec: MetricSpec) -> str | None:
+    """The name apps report a numeric metric's part or a strings metric's round under."""
+    if spec.numeric is not None:
+        return spec.numeric.metric
+    return None if spec.strings is None else spec.strings.metric
 
 
 def _index(spec: MetricSpec, value: object) -> int | None:

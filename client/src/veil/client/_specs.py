@@ -1,7 +1,8 @@
 """Metric specs from the aggregator: rebuilt, checked against their fingerprint, cached.
 
 Every spec the aggregator sends is rebuilt as a ``veil.mechanism.MetricSpec`` from its name,
-labels, mechanism, epsilon, reporting period, reports per period and budgets; its recomputed
+labels, mechanism, epsilon, reporting period, reports per period and budgets (and its numeric
+part, or its strings round: HASHED, labels derived from the round's parents); its recomputed
 fingerprint (and q) must equal the aggregator's, or the spec is refused (a device never
 randomizes under a spec it cannot reproduce). With a queue directory the last response is kept
 on disk, so a restart without the network still knows its specs; a cached spec past its TTL is
@@ -21,17 +22,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from veil.mechanism import (
     DEFAULT_PERIOD,
     DISTRIBUTION,
     MEAN,
     PARTS,
+    HashedSpec,
     MechanismError,
     MetricSpec,
     NumericSpec,
-    spec_for,
+    StringsRound,
     wire_shape,
     wire_shape_of,
 )
@@ -40,26 +42,36 @@ from veil.wire.v1 import veil_pb2
 from ._fs import write_atomic
 from ._log import LogOnce, logger
 
-__all__ = ["SpecCache", "spec_from_proto", "spec_to_proto", "numeric_to_proto"]
+__all__ = ["SpecCache", "spec_from_proto", "spec_to_proto", "numeric_to_proto", "strings_to_proto"]
 
 
 def spec_from_proto(message: veil_pb2.MetricSpec) -> MetricSpec:
     """The MetricSpec a proto describes; MechanismError when it is invalid or its fingerprint
     or q is not the one this device computes."""
-    try:
-        mechanism = wire_shape_of(message.mechanism).name
-    except MechanismError:
-        raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.") from None
-    spec = MetricSpec(
-        message.name,
-        tuple(message.labels),
-        spec_for(mechanism, len(message.labels), message.epsilon),
-        message.period_seconds or DEFAULT_PERIOD,
-        message.reports_per_period or 1,
-        message.period_budget or None,
-        message.lifetime_budget or None,
-        _numeric_from_proto(message) if message.HasField("numeric") else None,
-    )
+    rule: dict[str, Any] = {
+        "period": message.period_seconds or DEFAULT_PERIOD,
+        "reports_per_period": message.reports_per_period or 1,
+        "period_budget": message.period_budget or None,
+        "lifetime_budget": message.lifetime_budget or None,
+    }
+    if message.HasField("strings"):
+        # HASHED is derived for a strings metric's rounds alone, never a registered mechanism.
+        if message.mechanism != HashedSpec.proto or message.labels or message.HasField("numeric"):
+            raise MechanismError(f"Metric {message.name!r} is a strings round that is not hashed over its parents.")
+        spec = MetricSpec.strings_round(_strings_from_proto(message.strings), message.epsilon, **rule)
+    else:
+        try:
+            mechanism = wire_shape_of(message.mechanism).name
+        except MechanismError:
+            raise MechanismError(f"Metric {message.name!r} names an unknown mechanism.") from None
+        spec = MetricSpec.create(
+            message.name,
+            tuple(message.labels),
+            mechanism,
+            message.epsilon,
+            numeric=_numeric_from_proto(message) if message.HasField("numeric") else None,
+            **rule,
+        )
     if spec.fingerprint != message.fingerprint or (spec.mechanism.q or 0) != message.q:
         raise MechanismError(f"Metric {message.name!r} has a fingerprint this device does not reproduce.")
     return spec
@@ -74,6 +86,21 @@ def _numeric_from_proto(message: veil_pb2.MetricSpec) -> NumericSpec:
     if part is None:
         raise MechanismError(f"Metric {message.name!r} is a part of a numeric metric this device does not know.")
     return NumericSpec(numeric.metric, part, numeric.low, numeric.high, tuple(numeric.boundaries), numeric.levels)
+
+
+def _strings_from_proto(strings: veil_pb2.StringsRound) -> StringsRound:
+    return StringsRound(strings.metric, strings.round, strings.buckets, tuple(strings.parents), strings.rounds)
+
+
+def strings_to_proto(strings: StringsRound) -> veil_pb2.StringsRound:
+    """The proto of a strings metric's round (a round's spec carries it)."""
+    return veil_pb2.StringsRound(
+        metric=strings.metric,
+        round=strings.round,
+        rounds=strings.rounds,
+        buckets=strings.buckets,
+        parents=strings.parents,
+    )
 
 
 def numeric_to_proto(numeric: NumericSpec) -> veil_pb2.NumericSpec:
@@ -93,10 +120,13 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
     """The proto of a spec, as the aggregator serves it."""
     # An enum value, maybe one this proto's enum does not name (proto3 keeps it): protoc's .pyi
     # types enum values as the enum.
-    mechanism = cast(veil_pb2.Mechanism, wire_shape(spec.mechanism.name).proto)
+    design = spec.mechanism
+    mechanism = cast(
+        veil_pb2.Mechanism, design.proto if isinstance(design, HashedSpec) else wire_shape(design.name).proto
+    )
     return veil_pb2.MetricSpec(
         name=spec.name,
-        labels=spec.labels,
+        labels=() if spec.strings is not None else spec.labels,  # a round's candidates are never listed
         mechanism=mechanism,
         epsilon=spec.mechanism.epsilon,
         q=spec.mechanism.q or 0,
@@ -106,6 +136,7 @@ def spec_to_proto(spec: MetricSpec) -> veil_pb2.MetricSpec:
         period_budget=spec.period_budget or 0.0,
         lifetime_budget=spec.lifetime_budget or 0.0,
         numeric=None if spec.numeric is None else numeric_to_proto(spec.numeric),
+        strings=None if spec.strings is None else strings_to_proto(spec.strings),
     )
 
 
@@ -134,6 +165,8 @@ class SpecCache:
         # (spec, label -> index); a numeric metric by name -> its parts (mean first).
         self.entries: Mapping[str, tuple[MetricSpec, Mapping[str, int]]] = {}
         self.numeric: Mapping[str, tuple[tuple[MetricSpec, NumericSpec], ...]] = {}
+        # A strings metric by name -> its rounds served now, by round.
+        self.strings: Mapping[str, Mapping[int, MetricSpec]] = {}
         self.refused: frozenset[str] = frozenset()
         self.max_batch: int | None = None  # the most reports per upload the aggregator accepts, if it says
         self.fetched_at: float | None = None  # Unix time of the response in use
@@ -150,6 +183,12 @@ class SpecCache:
         and time has passed since; None when no answer said it."""
         said = self.server_time
         return None if said is None else said[0] + (self._elapsed() - said[1])
+
+    def answered_at(self) -> int | None:
+        """The aggregator's clock (Unix seconds) when its last answer in this process confirmed
+        the specs held (a full or an ``unchanged`` one); None before any said it."""
+        said = self.server_time
+        return None if said is None else said[0]
 
     def resolution(self, spec: MetricSpec) -> int:
         """The granularity, in seconds, of when ``spec``'s reports were made (made_unix)."""
@@ -197,6 +236,8 @@ class SpecCache:
                 refused.add(message.name)
                 if message.HasField("numeric"):  # the metric apps report it under
                     refused.add(message.numeric.metric)
+                if message.HasField("strings"):
+                    refused.add(message.strings.metric)
                 self._log.warning(
                     f"specs:refused:{message.name}:{message.fingerprint}",
                     "Refusing the aggregator's spec of metric %r: it does not match its fingerprint "
@@ -209,17 +250,21 @@ class SpecCache:
             if message.name in specs and message.time_resolution_seconds
         }
         numeric: dict[str, list[tuple[MetricSpec, NumericSpec]]] = {}
+        strings: dict[str, dict[int, MetricSpec]] = {}
         for spec in specs.values():
             if spec.numeric is not None:
                 numeric.setdefault(spec.numeric.metric, []).append((spec, spec.numeric))
+            if spec.strings is not None:
+                strings.setdefault(spec.strings.metric, {})[spec.strings.round] = spec
         self.entries = {
             name: (spec, {label: i for i, label in enumerate(spec.labels)})
             for name, spec in specs.items()
-            if spec.numeric is None
+            if spec.numeric is None and spec.strings is None
         }
         self.numeric = {
             name: tuple(sorted(parts, key=lambda part: PARTS.index(part[1].part))) for name, parts in numeric.items()
         }
+        self.strings = strings
         self.specs = specs
         self.refused = frozenset(refused)
         self.max_batch = response.max_batch or None

@@ -504,9 +504,10 @@ class Worker:
         p = self.p
         lost = p.outbox.clear_memory()
         with p.lock:
-            lost += len(p.pending) + len(p.early)
+            lost += len(p.pending) + len(p.early) + len(p.waiting)
             p.pending.clear()
             p.early.clear()
+            p.waiting.clear()
             p.dropped += lost
             p.held = 0
             p.outbox_reports = p.outbox.reports
