@@ -3,6 +3,7 @@
 
 import type { Numeric } from "./numeric.js";
 import { hex, sha256 } from "./sha256.js";
+import { stringsJson, type Strings } from "./strings.js";
 
 export interface CanonicalSpec {
   name: string;
@@ -15,6 +16,9 @@ export interface CanonicalSpec {
   /** A part of a numeric metric (revision 3): in the canonical form only when set, so the
    * fingerprints of metrics of categories are what they were. */
   numeric?: Numeric;
+  /** A round of a strings metric (revision 4): in the canonical form only when set, as the last
+   * key; its labels are then written empty (the candidates follow from its parents). */
+  strings?: Strings;
 }
 
 /** A double as Python's repr() writes it: the shortest digits that read back to the same double,
@@ -43,9 +47,11 @@ export function canonicalJson(spec: CanonicalSpec): string {
   // JSON.stringify escapes strings as Python's json.dumps(ensure_ascii=False) does: \" \\ \b \f
   // \n \r \t, other controls as \u00xx, everything else as itself.
   const s = JSON.stringify;
-  return `{"epsilon":${pythonFloat(spec.epsilon)},"k":${spec.k},"labels":[${spec.labels.map((l) => s(l)).join(",")}],` +
+  const labels = spec.strings ? [] : spec.labels;
+  return `{"epsilon":${pythonFloat(spec.epsilon)},"k":${spec.k},"labels":[${labels.map((l) => s(l)).join(",")}],` +
     `"mechanism":${s(spec.mechanism)},"name":${s(spec.name)},${spec.numeric ? numericJson(spec.numeric) : ""}` +
-    `"period":${spec.period},"reports_per_period":${spec.reportsPerPeriod}}`;
+    `"period":${spec.period},"reports_per_period":${spec.reportsPerPeriod}` +
+    `${spec.strings ? `,"strings":${stringsJson(spec.strings)}` : ""}}`;
 }
 
 /** `"numeric":{...},`: the part's canonical object, its keys sorted, every bound a double. */
@@ -53,6 +59,13 @@ function numericJson(n: Numeric): string {
   return `"numeric":{"boundaries":[${n.boundaries.map(pythonFloat).join(",")}],"high":${pythonFloat(n.high)},` +
     `"levels":${n.levels},"low":${pythonFloat(n.low)},"metric":${JSON.stringify(n.metric)},` +
     `"part":${JSON.stringify(n.part)}},`;
+}
+
+/** A strings round's design: its spec with no parents, and so k 0 (docs/protocol.md section 10):
+ * what its reports depend on, the same period after period; its fingerprint keys the round's memo. */
+export function designSpec(spec: CanonicalSpec): CanonicalSpec {
+  if (!spec.strings) throw new RangeError(`${spec.name} is not a round of a strings metric.`);
+  return { ...spec, k: 0, strings: { ...spec.strings, parents: [] } };
 }
 
 /** The spec's fingerprint: the first 32 hex digits of SHA-256 of its canonical JSON (UTF-8). */

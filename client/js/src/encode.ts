@@ -4,9 +4,17 @@
 import type { Design } from "./mechanism.js";
 
 /** True when the design's reports travel as bitmaps: RAPPOR always, a q-subset design when
- * ceil(k/8) bytes per report is less than its 4q bytes of indices. */
+ * ceil(k/8) bytes per report is less than its 4q bytes of indices (a hashed design's travel as
+ * words: HashedReports). */
 export function usesBitmaps(d: Design): boolean {
-  return d.q === 0 || Math.ceil(d.k / 8) < 4 * d.q;
+  return d.mechanism !== "hashed" && (d.q === 0 || Math.ceil(d.k / 8) < 4 * d.q);
+}
+
+type Encoding = "bitmaps" | "index_sets" | "hashed";
+
+function encodingOf(d: Design): Encoding {
+  if (d.mechanism === "hashed") return "hashed";
+  return usesBitmaps(d) ? "bitmaps" : "index_sets";
 }
 
 class Writer {
@@ -37,9 +45,10 @@ class Writer {
   }
 }
 
-/** The report columns: count * q little-endian uint32 indices, or count * ceil(k/8) bitmap bytes. */
+/** The report columns: count * q little-endian uint32 indices, count * ceil(k/8) bitmap bytes, or
+ * (hashed) count * 10 little-endian uint32 words. */
 export function reportBytes(d: Design, reports: readonly (readonly number[])[]): Uint8Array {
-  if (usesBitmaps(d)) {
+  if (encodingOf(d) === "bitmaps") {
     const width = Math.ceil(d.k / 8);
     const out = new Uint8Array(width * reports.length);
     reports.forEach((report, r) => {
@@ -47,7 +56,7 @@ export function reportBytes(d: Design, reports: readonly (readonly number[])[]):
     });
     return out;
   }
-  const out = new Uint8Array(4 * d.q * reports.length);
+  const out = new Uint8Array(4 * reports.reduce((n, report) => n + report.length, 0));
   const view = new DataView(out.buffer);
   let at = 0;
   for (const report of reports) for (const j of report) { view.setUint32(at, j, true); at += 4; }
@@ -60,15 +69,17 @@ export function encodeUpload(d: Design, metric: string, fingerprint: string, rep
                              batchId: Uint8Array, madeUnix = 0): Uint8Array {
   const text = new TextEncoder();
   const columns = reportBytes(d, reports);
-  const inner = usesBitmaps(d) ? new Writer().bytes(1, columns) : new Writer().uint(1, d.q).bytes(2, columns);
-  return new Writer()
+  const encoding = encodingOf(d);
+  // IndexSets (5): set_size 1, indices 2; Bitmaps (6): bits 1; HashedReports (8): words 1.
+  const inner = encoding === "index_sets" ? new Writer().uint(1, d.q).bytes(2, columns) : new Writer().bytes(1, columns);
+  const writer = new Writer()
     .bytes(1, batchId)
     .bytes(2, text.encode(metric))
     .bytes(3, text.encode(fingerprint))
-    .uint(4, reports.length)
-    .bytes(usesBitmaps(d) ? 6 : 5, inner.done())
-    .uint(7, madeUnix)
-    .done();
+    .uint(4, reports.length);
+  // In field number order: made_unix (7) before the hashed reports (8).
+  if (encoding === "hashed") return writer.uint(7, madeUnix).bytes(8, inner.done()).done();
+  return writer.bytes(encoding === "bitmaps" ? 6 : 5, inner.done()).uint(7, madeUnix).done();
 }
 
 /** The serialized UploadBatchesRequest of serialized UploadRequests: each a field 1, in order. */
@@ -89,12 +100,14 @@ function base64(bytes: Uint8Array): string {
 export function uploadJson(d: Design, metric: string, fingerprint: string, reports: readonly (readonly number[])[],
                            batchId: Uint8Array, madeUnix = 0): Record<string, unknown> {
   const columns = base64(reportBytes(d, reports));
+  const encoded = { bitmaps: { bitmaps: { bits: columns } }, index_sets: { indexSets: { setSize: d.q, indices: columns } },
+    hashed: { hashed: { words: columns } } }[encodingOf(d)];
   return {
     batchId: base64(batchId),
     metric,
     specFingerprint: fingerprint,
     count: reports.length,
-    ...(usesBitmaps(d) ? { bitmaps: { bits: columns } } : { indexSets: { setSize: d.q, indices: columns } }),
+    ...encoded,
     ...(madeUnix ? { madeUnix: String(madeUnix) } : {}),
   };
 }

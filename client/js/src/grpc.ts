@@ -83,7 +83,8 @@ export class GrpcTransport implements Transport {
   /** address: "host:port" of the aggregator's gRPC listener. */
   constructor(address: string, private readonly options: GrpcOptions = {}) {
     const loaded = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
-      keepCase: false, longs: Number, enums: String, defaults: false, oneofs: true,
+      // bytes as base64 (a strings round's parents), as the HTTP answer's proto3 JSON has them.
+      keepCase: false, longs: Number, enums: String, bytes: String, defaults: false, oneofs: true,
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
     })) as any;
     const Collector = loaded.veil.wire.v1.Collector as Grpc.ServiceClientConstructor;

@@ -1,6 +1,6 @@
 // @veil/client: Veil's TypeScript SDK (the v1 wire contract, docs/protocol.md). Node's file store
 // and gRPC are in "@veil/client/node".
-export { canonicalJson, fingerprint, pythonFloat, type CanonicalSpec } from "./canonical.js";
+export { canonicalJson, designSpec, fingerprint, pythonFloat, type CanonicalSpec } from "./canonical.js";
 export { below, bernoulli, bits64, choose, GivenWords, SystemWords, type WordSource } from "./random.js";
 export {
   checkEpsilon, design, EPSILON_RANGE, epsilonToGamma, MECHANISMS, minimaxQ, randomize, VeilUsageError,
@@ -11,6 +11,10 @@ export {
   checkNumeric, clip, MAX_LEVELS, NUMERIC_PARTS, numberText, numericCategory, numericLabels, partName, type Numeric,
   type NumericPart,
 } from "./numeric.js";
+export {
+  candidateCount, candidates, checkStrings, CODE_BYTES, codeText, HASHED, hashedDesign, hashedSupport, MODULUS,
+  prefixBytes, prefixHash, randomizeHashed, REPORT_WORDS, roundName, ROUNDS, stringCode, type Strings,
+} from "./strings.js";
 export { parseSpecs, ServerClock, type Metric } from "./specs.js";
 export { fetchSpecs, HttpTransport, type Endpoint } from "./http.js";
 export {

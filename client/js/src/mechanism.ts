@@ -96,14 +96,17 @@ function isqrt(n: bigint): bigint {
 
 /** What a device needs to randomize one metric: its design and integer thresholds. */
 export interface Design {
-  mechanism: Mechanism;
+  /** A declared mechanism, or "hashed": a round of a strings metric (strings.ts: hashedDesign). */
+  mechanism: Mechanism | "hashed";
   k: number;
   epsilon: number;
   gamma: number;
   /** Categories per report for the q-subset designs; 0 for the RAPPOR designs. */
   q: number;
-  /** keep (subset, krr, warner) or flip (rappor designs) threshold, out of 2**64. */
+  /** keep (subset, krr, warner; hashed: of the bucket) or flip (rappor designs) threshold, out of 2**64. */
   threshold: bigint;
+  /** hashed: the number of hash buckets. */
+  buckets?: number;
 }
 
 export function design(mechanism: string, k: number, epsilon: number): Design {
@@ -121,11 +124,15 @@ export function design(mechanism: string, k: number, epsilon: number): Design {
     return { mechanism: m, k, epsilon, gamma, q: 0, threshold: ceilDiv(ONE64 * ONE64, r + ONE64) };
   }
   const q = m === "subset" ? minimaxQ(k, gamma) : 1;
+  return { mechanism: m, k, epsilon, gamma, q, threshold: keepThreshold(q, k, gamma) };
+}
+
+/** The keep threshold of a q-subset design over k categories: floor(2**64 p), p = q gamma /
+ * (q gamma + k - q), exactly. */
+export function keepThreshold(q: number, k: number, gamma: number): bigint {
   const [gn, gd] = ratio(gamma);
   const Q = BigInt(q);
-  // floor(2**64 p), p = q gamma / (q gamma + k - q).
-  const threshold = (ONE64 * Q * gn) / (Q * gn + BigInt(k - q) * gd);
-  return { mechanism: m, k, epsilon, gamma, q, threshold };
+  return (ONE64 * Q * gn) / (Q * gn + BigInt(k - q) * gd);
 }
 
 function ceilDiv(a: bigint, b: bigint): bigint {
@@ -134,6 +141,7 @@ function ceilDiv(a: bigint, b: bigint): bigint {
 
 /** One randomized report of the true category value: its categories, increasing. */
 export function randomize(d: Design, value: number, source: WordSource): number[] {
+  if (d.mechanism === "hashed") throw new VeilUsageError("A hashed report randomizes a prefix: randomizeHashed.");
   if (!Number.isInteger(value) || value < 0 || value >= d.k) {
     throw new VeilUsageError(`A true value must be a category index from 0 to ${d.k - 1}.`);
   }

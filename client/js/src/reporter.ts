@@ -6,7 +6,9 @@
 // acknowledges it, refuses it for good, or the retry horizon passes. Specs are fetched at start,
 // again when an upload answer names another specs version, and otherwise checked every specTtlMs
 // with the version held (the aggregator answers "unchanged" at almost no cost). A number reported
-// under a numeric metric's name is reported as a category of each of its parts (numeric.ts).
+// under a numeric metric's name is reported as a category of each of its parts (numeric.ts); a
+// string under a strings metric's name is reported in the one round this device answers
+// (strings.ts), and waits while that round is not served.
 
 import { boundedClock } from "./clock.js";
 import { DeviceState } from "./device.js";
@@ -17,6 +19,7 @@ import { clip, numericCategory } from "./numeric.js";
 import { SystemWords, type WordSource } from "./random.js";
 import { parseSpecs, ServerClock, type Metric } from "./specs.js";
 import { MemoryStore, type DeviceStore } from "./store.js";
+import { prefixBytes, randomizeHashed, roundName, stringCode } from "./strings.js";
 import { backoffMs, RETRY_HORIZON_MS, type Batch, type Transport } from "./transport.js";
 
 /** The most batches one upload call carries (docs/protocol.md, UploadBatches). */
@@ -27,9 +30,8 @@ export class UnknownMetricError extends VeilUsageError {
   override name = "UnknownMetricError";
 }
 
-/** A value that is neither a category label, a category index from 0 up, nor a finite number (or,
- * once the specs are known, not of the metric's kind: a number for a numeric metric, a label or
- * index for a metric of categories). */
+/** A value that is neither a category label, a category index from 0 up, a finite number nor bytes
+ * (once the specs are known, a value not of the metric's kind is dropped and counted instead). */
 export class UnknownCategoryError extends VeilUsageError {
   override name = "UnknownCategoryError";
 }
@@ -51,10 +53,12 @@ export interface ReporterOptions {
   specTtlMs?: number;
   retryInitialBackoffMs?: number;
   retryMaxBackoffMs?: number;
-  /** true (default), false, or per metric: { metric: false } (a numeric metric's name: both parts). */
+  /** true (default), false, or per metric: { metric: false } (a numeric metric's name: both parts;
+   * a strings metric's name: its rounds). */
   memoize?: boolean | Record<string, boolean>;
   /** Lower the aggregator's budgets (epsilon), for all metrics or per metric (a numeric metric's
-   * part by its name, e.g. "load_ms.mean"); never raise them. */
+   * part by its name, e.g. "load_ms.mean"; a strings metric by its name or its round's); never
+   * raise them. */
   periodBudget?: number | Record<string, number>;
   lifetimeBudget?: number | Record<string, number>;
   /** The random words; the platform CSPRNG by default. Anything else is for tests only. */
@@ -78,7 +82,8 @@ export interface Counters {
   retried: number;
   /** Reports in batches refused for good or unacknowledged past the retry horizon. */
   failed: number;
-  /** Reports awaiting acknowledgement now (and calls waiting for the first specs). */
+  /** Reports awaiting acknowledgement now (and calls waiting for the first specs, or for their
+   * strings metric's round). */
   queued: number;
   /** Reports in batches refused for good as made longer ago than the aggregator accepts. */
   tooLate: number;
@@ -127,6 +132,8 @@ export class Reporter {
   private metrics = new Map<string, Metric>();
   /** The parts of each numeric metric, by the name apps report the number under. */
   private numeric = new Map<string, Metric[]>();
+  /** The rounds served of each strings metric, by the name apps report strings under. */
+  private strings = new Map<string, Map<number, Metric>>();
   private maxBatch = 0;
   private specsVersion = "";
   private fetching = false;
@@ -140,7 +147,12 @@ export class Reporter {
   private closed = false;
   private stopping = false;
   /** Calls made before the store is open and specs are known: metric, value, the time of the call. */
-  private readonly held: [string, string | number, number][] = [];
+  private readonly held: [string, Value, number][] = [];
+  /** Strings whose round of their metric this device answers is not served now (or not by an answer
+   * of the strings' period): metric, code, the time of the call. */
+  private readonly waiting: [string, Uint8Array, number][] = [];
+  /** The specs of the last answer that this SDK does not reproduce, by name. */
+  private refused = new Set<string>();
   /** Reports admitted whose spending is being stored, and the memo keys whose new response is drawn
    * once it is. */
   private admitting = 0;
@@ -182,15 +194,18 @@ export class Reporter {
 
   // --- what the app calls ----------------------------------------------------------------------
 
-  /** Randomize `value` (a category label or index of `metric`, or a number of a numeric metric)
-   * and queue the report. Never waits on the network; throws only for a metric that is not a
-   * string (UnknownMetricError) or a value that is neither a string nor a finite number
+  /** Randomize `value` (a category label or index of `metric`, a number of a numeric metric, or a
+   * string or bytes of a strings metric, reported in the one round of it this device answers) and
+   * queue the report. Never waits on the network; throws only for a metric that is not a string
+   * (UnknownMetricError) or a value that is neither a string, a finite number nor a Uint8Array
    * (UnknownCategoryError). A value not of the metric's kind is dropped and counted, as in the
-   * Python SDK: what is numeric is the operator's config, which may change under a running app. */
-  report(metric: string, value: string | number): void {
+   * Python SDK: what kind a metric is is the operator's config, which may change under a running
+   * app. */
+  report(metric: string, value: Value): void {
     if (typeof metric !== "string") throw new UnknownMetricError("A metric name must be a string.");
-    if (typeof value !== "string" && !(typeof value === "number" && Number.isFinite(value))) {
-      throw new UnknownCategoryError("A value must be a category label or index, or a finite number.");
+    if (typeof value !== "string" && !(value instanceof Uint8Array)
+      && !(typeof value === "number" && Number.isFinite(value))) {
+      throw new UnknownCategoryError("A value must be a category label or index, a finite number, or bytes.");
     }
     if (this.stopping) return this.drop("closed", "The Veil Reporter is shut down; reports are dropped.");
     if (!this.ready) {
@@ -212,7 +227,8 @@ export class Reporter {
     // Reports admitted a moment ago are batched once their spending is stored.
     await this.until(() => this.admitting === 0, deadline);
     this.cut(true);
-    const done = await this.until(() => this.counts.queued === 0, deadline);
+    // Strings waiting for their round are no reports yet (as in the Python SDK): not waited for.
+    const done = await this.until(() => this.counts.queued === this.waiting.length, deadline);
     const { dropped, failed, tooLate, ledgerUnavailable } = this.counts;
     const clean = dropped === this.lastFlush.dropped && failed === this.lastFlush.failed
       && tooLate === this.lastFlush.tooLate && ledgerUnavailable === this.lastFlush.ledgerUnavailable;
@@ -235,6 +251,7 @@ export class Reporter {
     this.counts.dropped += left;
     this.counts.queued = 0;
     this.held.length = 0;
+    this.waiting.length = 0;
     this.batches.length = 0;
     this.open.clear();
     this.wake?.();
@@ -254,24 +271,34 @@ export class Reporter {
     return this.until(() => this.ready, Date.now() + timeoutMs);
   }
 
-  /** What this device has spent on `metric` (undefined: no spec for it yet). */
+  /** What this device has spent on `metric` (a strings metric: on the round it answers; undefined:
+   * no spec for it yet). */
   privacySpent(metric: string): PrivacySpent | undefined {
-    const m = this.metrics.get(metric);
+    const m = this.metrics.get(metric) ?? (this.device ? this.strings.get(metric)?.get(this.device.memo.round(metric))
+      : undefined);
     if (!m || !this.device) return undefined;
     return this.device.ledger.spent(m, this.period(m, this.clock()), ...this.budgets(m), m.design.epsilon);
   }
 
   // --- report() once ready ---------------------------------------------------------------------
 
-  /** report() of a call made at `now` (Unix ms): a category of its metric, or a number reported as
-   * a category of each part of its numeric metric. */
-  private process(name: string, value: string | number, now: number): void {
+  /** report() of a call made at `now` (Unix ms): a category of its metric, a number reported as
+   * a category of each part of its numeric metric, or a string of a strings metric. */
+  private process(name: string, value: Value, now: number): void {
     const unknown = () => this.drop(`unknown-category:${name}`,
       `Veil: a value the metric ${JSON.stringify(name)} does not declare was dropped.`);
     const metric = this.metrics.get(name);
+    const device = this.device!;
     if (metric === undefined) {
+      const rounds = this.strings.get(name);
+      if (rounds !== undefined) {
+        if (typeof value === "number") return unknown();  // a number or index held before the specs said
+        // The value itself is kept no longer: a code's code is the code.
+        return this.reportString(name, rounds, stringCode(value), now);
+      }
       const parts = this.numeric.get(name);
       if (parts === undefined) {
+        if (this.refused.has(name)) return this.drop(`refused:${name}`, refusedMessage(name));
         return this.drop(`unknown-metric:${name}`, `Veil: no spec for the metric ${JSON.stringify(name)}; its reports are dropped.`);
       }
       if (typeof value !== "number") return unknown();  // held before the specs said it is numeric
@@ -280,8 +307,8 @@ export class Reporter {
         const numeric = part.numeric!;
         const [x, moved] = clip(numeric, value);
         clipped ||= moved;
-        const alpha = numeric.part === "mean" ? this.device!.memo.alpha(part.name, part.fingerprint) : 0;
-        this.admit(part, numericCategory(numeric, x, alpha), now);
+        const alpha = numeric.part === "mean" ? device.memo.alpha(part.name, part.fingerprint) : 0;
+        this.category(part, numericCategory(numeric, x, alpha), now);
       }
       if (clipped) this.counts.clipped += 1;
       return;
@@ -290,22 +317,65 @@ export class Reporter {
       return this.drop(`part:${name}`, `Veil: ${JSON.stringify(name)} is a part of the numeric metric ` +
         `${JSON.stringify(metric.numeric.metric)}; report the number under that name. Dropped.`);
     }
+    if (metric.strings) {
+      return this.drop(`round:${name}`, `Veil: ${JSON.stringify(name)} is a round of the strings metric ` +
+        `${JSON.stringify(metric.strings.metric)}; report the string under that name. Dropped.`);
+    }
+    if (value instanceof Uint8Array) return unknown();  // bytes are a strings metric's
     const index = typeof value === "string" ? metric.labels.indexOf(value) : value;
     if (!Number.isInteger(index) || index < 0 || index >= metric.labels.length) return unknown();
-    this.admit(metric, index, now);
+    this.category(metric, index, now);
   }
 
-  /** The category `index` of `metric`, called at `now`: its period, ledger, memo and batch. */
-  private admit(metric: Metric, index: number, now: number): void {
+  /** The category `index` of `metric`, called at `now`. */
+  private category(metric: Metric, index: number, now: number): void {
+    const device = this.device!;
+    this.admit(metric, now, () => device.memo.key(metric.name, metric.fingerprint, index),
+      () => randomize(metric.design, index, this.words));
+  }
+
+  /** The code of a string of the strings metric `name`, called at `now`: the prefix of its code,
+   * under the spec of the round this device answers. A round changes every period and counts only
+   * the values made in its own (a batch made in another is refused as stale): while that round is
+   * not served, or the specs held were not the aggregator's in the value's period (an answer of
+   * this run said so), the code waits, as made, for an answer that is; once the value's period is
+   * over it is dropped and counted. */
+  private reportString(name: string, rounds: Map<number, Metric>, code: Uint8Array, now: number): void {
+    const device = this.device!;
+    const answers = device.memo.round(name);
+    const round = rounds.get(answers);
+    if (round === undefined && this.refused.has(roundName(name, answers))) {
+      return this.drop(`refused:${name}`, refusedMessage(name));
+    }
+    const rule = round ?? rounds.values().next().value!;  // every round has the metric's period
+    const period = this.period(rule, now);
+    if (period < this.period(rule, this.clock())) {
+      return this.drop(`strings-expired:${name}`, `Veil: a string of the metric ${JSON.stringify(name)} waited for ` +
+        "its round until its period was over; dropped.");
+    }
+    const answered = this.serverClock.answeredMs();
+    if (round === undefined || answered === null || this.period(rule, answered) < period) {
+      if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
+      this.waiting.push([name, code, now]);
+      this.counts.queued += 1;
+      return;
+    }
+    const prefix = code.subarray(0, prefixBytes(round.strings!));
+    this.admit(round, now, () => device.memo.stringsKey(round.name, round.memoDesign!, prefix),
+      () => randomizeHashed(round.design, prefix, this.words));
+  }
+
+  /** A report of `metric` called at `now`: its period, ledger, memo (its key from memoKey) and
+   * batch; draw randomizes a new response. */
+  private admit(metric: Metric, now: number, memoKey: () => string, draw: () => number[]): void {
     const device = this.device!;
     const name = metric.name;
     try {
       const period = this.period(metric, now);
       if (device.ledger.full(metric, period)) return void (this.counts.limited += 1);
       if (this.counts.queued >= this.settings.maxQueueSize) return this.drop("full", FULL);
-      const memoizes = perMetric(this.options.memoize, name,
-        perMetric(this.options.memoize, metric.numeric?.metric ?? name, true));
-      const key = memoizes ? device.memo.key(name, metric.fingerprint, index) : null;
+      const memoizes = perMetric(this.options.memoize, name, perMetric(this.options.memoize, owner(metric), true));
+      const key = memoizes ? memoKey() : null;
       // A response drawn for an admission whose spending is being stored is this key's response too.
       const fresh = key === null || !(device.memo.known(key) || this.drawing.has(key));
       const refused: Refusal | null = device.ledger.admit(metric, period, fresh ? metric.design.epsilon : 0,
@@ -329,7 +399,6 @@ export class Reporter {
         if (this.closed) return;  // shutdown counted it as dropped
         this.counts.queued -= 1;
         if (admitted) {
-          const draw = () => randomize(metric.design, index, this.words);
           const memoized = key !== null && device.memo.known(key);
           const report = key === null ? draw() : device.memo.response(key, draw);
           if (key !== null && !memoized) device.changed("memo");
@@ -351,9 +420,11 @@ export class Reporter {
   /** The metric's (period, lifetime) budgets: the aggregator's, or this app's where lower; a period
    * budget of null: neither set one, and the period's reports are its only bound. */
   private budgets(metric: Metric): [number | null, number] {
-    const period = Math.min(metric.periodBudget ?? Infinity, perMetric(this.options.periodBudget, metric.name, Infinity));
-    return [period === Infinity ? null : period,
-      Math.min(metric.lifetimeBudget, perMetric(this.options.lifetimeBudget, metric.name, Infinity))];
+    // A strings metric's name covers its rounds (the lower wins), as in the Python SDK.
+    const own = (setting: number | Record<string, number> | undefined) => Math.min(perMetric(setting, metric.name,
+      Infinity), metric.strings ? perMetric(setting, metric.strings.metric, Infinity) : Infinity);
+    const period = Math.min(metric.periodBudget ?? Infinity, own(this.options.periodBudget));
+    return [period === Infinity ? null : period, Math.min(metric.lifetimeBudget, own(this.options.lifetimeBudget))];
   }
 
   private enqueue(metric: Metric, report: number[], now: number): void {
@@ -581,12 +652,18 @@ export class Reporter {
   private useSpecs(answer: any, fetched: boolean): void {
     if (fetched) this.serverClock.heard(answer.serverTimeUnix);
     this.maxLatenessSeconds = Number(answer.maxLatenessSeconds) || this.maxLatenessSeconds;
-    if (answer.unchanged === true && this.ready) return;
-    const { metrics, maxBatch } = parseSpecs(answer);
+    if (answer.unchanged === true && this.ready) return this.release();  // the specs held, confirmed now
+    const { metrics, maxBatch, refused } = parseSpecs(answer);
     this.metrics = new Map(metrics.map((m) => [m.name, m]));
+    this.refused = new Set(refused);
     this.numeric = new Map();
+    this.strings = new Map();
     for (const m of metrics) {
       if (m.numeric) this.numeric.set(m.numeric.metric, [...this.numeric.get(m.numeric.metric) ?? [], m]);
+      if (m.strings) {
+        const rounds = this.strings.get(m.strings.metric) ?? new Map<number, Metric>();
+        this.strings.set(m.strings.metric, rounds.set(m.strings.round, m));
+      }
     }
     this.maxBatch = maxBatch;
     this.specsVersion = typeof answer.specsVersion === "string" ? answer.specsVersion : "";
@@ -594,6 +671,7 @@ export class Reporter {
       this.device.specs = JSON.stringify(answer);  // a copy for the next start
       this.device.changed("specs");
     }
+    this.release();
     if (!this.ready) {
       this.ready = true;
       const held = this.held.splice(0);
@@ -602,6 +680,26 @@ export class Reporter {
       this.notify();
     }
   }
+
+  /** After a specs answer: the strings waiting for their round, as made (those whose round is still
+   * not served wait again). */
+  private release(): void {
+    const waiting = this.waiting.splice(0);
+    this.counts.queued -= waiting.length;
+    for (const [metric, code, made] of waiting) this.process(metric, code, made);
+    if (waiting.length > 0) this.notify();
+  }
+}
+
+/** What report() takes: a category label or index, a number, or a string's bytes. */
+type Value = string | number | Uint8Array;
+
+const refusedMessage = (name: string) => `Veil: the aggregator's spec of ${JSON.stringify(name)} does not match ` +
+  "its fingerprint here (a newer wire revision?); its reports are dropped.";
+
+/** The name an app reports a metric's values under: a numeric part's or a strings round's metric. */
+function owner(metric: Metric): string {
+  return metric.numeric?.metric ?? metric.strings?.metric ?? metric.name;
 }
 
 const FULL = "Veil: the report queue is full; new reports are dropped until uploads catch up.";

@@ -1,11 +1,13 @@
 // The aggregator's specs as a device uses them: each checked against its fingerprint and q (a spec
 // this SDK does not reproduce is left out, and its metric's reports are dropped as unknown: they
 // would be refused or wrong), with its design; a part of a numeric metric also against the name
-// and labels its numeric spec derives.
+// and labels its numeric spec derives; a round of a strings metric also against its name, with
+// its k and design derived from its parents and buckets.
 
-import { fingerprint } from "./canonical.js";
+import { designSpec, fingerprint } from "./canonical.js";
 import { design, type Design } from "./mechanism.js";
 import { checkNumeric, numericLabels, partName, type Numeric, type NumericPart } from "./numeric.js";
+import { candidateCount, checkStrings, HASHED, hashedDesign, roundName, type Strings } from "./strings.js";
 import type { SpecsAnswer } from "./transport.js";
 
 /** A metric as fetched: its spec, checked against its fingerprint, and its design. */
@@ -25,10 +27,15 @@ export interface Metric {
   design: Design;
   /** Set for a part of a numeric metric: how a number becomes one of its categories. */
   numeric?: Numeric;
+  /** Set for a round of a strings metric (design: hashed; labels: none). */
+  strings?: Strings;
+  /** strings: the fingerprint of the round's design (designSpec), its memo keys' design. */
+  memoDesign?: string;
 }
 
 const MECHANISM_NAMES: Record<string, string> = {
   SUBSET: "subset", RAPPOR: "rappor", RAPPOR_ADMISSIBLE: "rappor-admissible", KRR: "krr", WARNER: "warner",
+  HASHED,
 };
 const PART_NAMES: Record<string, NumericPart> = { NUMERIC_MEAN: "mean", NUMERIC_DISTRIBUTION: "distribution" };
 
@@ -49,32 +56,63 @@ function numericOf(s: any): Numeric | undefined {
   return numeric;
 }
 
-/** The metrics of an answer whose fingerprints this SDK reproduces, and the largest batch allowed. */
-export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number } {
+/** MetricSpec.strings in proto3 JSON (parents as base64, fields at their default absent), checked
+ * and its parents sorted; undefined for any other metric; throws for a round this SDK cannot use. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function stringsOf(s: any): Strings | undefined {
+  const r = s.strings;
+  if (r === undefined || r === null) return undefined;
+  const parents = (r.parents ?? []).map((p: string) => Uint8Array.from(atob(p), (c) => c.charCodeAt(0)));
+  const strings = checkStrings({ metric: r.metric ?? "", round: Number(r.round ?? 0), rounds: Number(r.rounds ?? 0),
+    buckets: Number(r.buckets ?? 0), parents });
+  if (s.name !== roundName(strings.metric, strings.round) || (s.labels ?? []).length > 0) {
+    throw new RangeError(`${s.name} is not named as its strings round says, or lists labels.`);
+  }
+  return strings;
+}
+
+/** The metrics of an answer whose fingerprints this SDK reproduces, the largest batch allowed, and
+ * the names of the specs it does not (with the numeric or strings metric each belongs to). */
+export function parseSpecs(answer: SpecsAnswer): { metrics: Metric[]; maxBatch: number; refused: string[] } {
   const metrics: Metric[] = [];
+  const refused: string[] = [];
   for (const s of answer.specs ?? []) {
+    let metric: Metric | null = null;
     try {
-      const mechanism = MECHANISM_NAMES[s.mechanism];
-      const periodSeconds = s.periodSeconds || 86400;
-      const reportsPerPeriod = s.reportsPerPeriod || 1;
-      const labels: string[] = s.labels ?? [];
-      const epsilon = Number(s.epsilon);
-      if (!mechanism) continue;
-      const numeric = numericOf(s);
-      const mine = fingerprint({ name: s.name, labels, mechanism, k: labels.length, epsilon, period: periodSeconds,
-        reportsPerPeriod, numeric });
-      if (mine !== s.fingerprint) continue;
-      const d = design(mechanism, labels.length, epsilon);
-      if ((Number(s.q) || 0) !== d.q) continue;  // a q this SDK does not compute: its reports would be wrong
-      metrics.push({ name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
-        timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
-        periodBudget: Number(s.periodBudget) || null,
-        lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}) });
+      metric = metricOf(s);
     } catch {
       // a spec this SDK cannot use (e.g. a mechanism it does not know) is left out
     }
+    if (metric !== null) metrics.push(metric);
+    else refused.push(String(s.name), ...[s.numeric?.metric, s.strings?.metric].filter((m) => typeof m === "string"));
   }
-  return { metrics, maxBatch: Number(answer.maxBatch) || 0 };
+  return { metrics, maxBatch: Number(answer.maxBatch) || 0, refused };
+}
+
+/** A served spec (proto3 JSON) as a Metric; null (or a throw) when this SDK does not reproduce it. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function metricOf(s: any): Metric | null {
+  const mechanism = MECHANISM_NAMES[s.mechanism];
+  const periodSeconds = s.periodSeconds || 86400;
+  const reportsPerPeriod = s.reportsPerPeriod || 1;
+  const labels: string[] = s.labels ?? [];
+  const epsilon = Number(s.epsilon);
+  if (!mechanism) return null;
+  const numeric = numericOf(s);
+  const strings = stringsOf(s);
+  if ((strings !== undefined) !== (mechanism === HASHED)) return null;  // a hashed design is a strings round's
+  const k = strings ? candidateCount(strings) : labels.length;
+  const canonical = { name: s.name, labels, mechanism, k, epsilon, period: periodSeconds, reportsPerPeriod, numeric,
+    strings };
+  const mine = fingerprint(canonical);
+  if (mine !== s.fingerprint) return null;
+  const d = strings ? hashedDesign(k, epsilon, strings.buckets) : design(mechanism, k, epsilon);
+  if ((Number(s.q) || 0) !== d.q) return null;  // a q this SDK does not compute: its reports would be wrong
+  return { name: s.name, labels, fingerprint: mine, periodSeconds, reportsPerPeriod,
+    timeResolutionSeconds: Number(s.timeResolutionSeconds) || periodSeconds,
+    periodBudget: Number(s.periodBudget) || null,
+    lifetimeBudget: Number(s.lifetimeBudget) || Infinity, design: d, ...(numeric ? { numeric } : {}),
+    ...(strings ? { strings, memoDesign: fingerprint(designSpec(canonical)) } : {}) };
 }
 
 /** The aggregator's clock as its last specs answer said it, moved on by the monotonic time since
@@ -86,6 +124,12 @@ export class ServerClock {
   heard(serverTimeUnix: string | number | undefined): void {
     const unix = Number(serverTimeUnix ?? 0);
     if (Number.isFinite(unix) && unix > 0) this.said = { unixMs: unix * 1000, at: performance.now() };
+  }
+
+  /** The aggregator's time (Unix milliseconds) when its last answer of this run (full or unchanged)
+   * confirmed the specs held; null until one said it. */
+  answeredMs(): number | null {
+    return this.said === null ? null : this.said.unixMs;
   }
 
   /** The aggregator's time now, Unix milliseconds; null until an answer of this run said it. */

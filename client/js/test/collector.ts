@@ -2,33 +2,38 @@
 // docs/protocol.md: GET /v1/specs (ETag, If-None-Match -> 304), POST /v1/upload and, at
 // revision 2, POST /v1/uploads (one result per batch); dedupe by batch id; made_unix recorded per
 // batch and checked against maxLateness (410 / OUT_OF_RANGE); fault injection per batch; parts of
-// numeric metrics (revision 3) served as the aggregator serves them. At revision 1 it says no
-// version nor time and answers /v1/uploads 404, as an older aggregator does.
+// numeric metrics (revision 3) and rounds of strings metrics (revision 4, their hashed reports
+// read) served as the aggregator serves them. At revision 1 it says no version nor time and
+// answers /v1/uploads 404, as an older aggregator does.
+import { createHash } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 
 import {
-  design, fingerprint, numericLabels, partName, type Mechanism, type Numeric,
+  candidateCount, checkStrings, design, fingerprint, numericLabels, partName, roundName, ROUNDS, type Mechanism, type Numeric,
+  type Strings,
 } from "../src/index.js";
 
 export interface MetricJson {
-  name: string; labels: string[]; mechanism: Mechanism; epsilon: number; periodSeconds: number;
-  reportsPerPeriod: number; timeResolutionSeconds: number; numeric?: Numeric;
+  name: string; labels: string[]; mechanism: Mechanism | "hashed"; epsilon: number; periodSeconds: number;
+  reportsPerPeriod: number; timeResolutionSeconds: number; numeric?: Numeric; strings?: Strings;
 }
 
 /** The fields of an UploadRequest (proto3 JSON) the collector reads. */
 interface Upload {
-  batchId: string; metric: string; count: number; madeUnix?: string; bitmaps?: { bits: string };
-  indexSets?: { indices: string };
+  batchId: string; metric: string; specFingerprint: string; count: number; madeUnix?: string; bitmaps?: { bits: string };
+  indexSets?: { indices: string }; hashed?: { words: string };
 }
 
-/** A batch as it arrived; columns: its reports' bytes (bitmaps or little-endian indices). */
+/** A batch as it arrived; columns: its reports' bytes (bitmaps, little-endian indices or words). */
 export interface Arrival {
-  batchId: string; metric: string; count: number; madeUnix: number; outcome: string; columns: Uint8Array;
+  batchId: string; metric: string; fingerprint: string; count: number; madeUnix: number; outcome: string;
+  columns: Uint8Array;
 }
 
 const WIRE_NAMES: Record<string, string> = {
   subset: "SUBSET", rappor: "RAPPOR", "rappor-admissible": "RAPPOR_ADMISSIBLE", krr: "KRR", warner: "WARNER",
+  hashed: "HASHED",
 };
 // gRPC code -> the HTTP status of a single upload (docs/protocol.md section 5).
 const HTTP_OF: Record<number, number> = { 3: 400, 9: 409, 11: 410, 8: 429, 14: 503, 13: 500 };
@@ -42,6 +47,21 @@ export function metric(name: string, mechanism: Mechanism, k: number, timeResolu
 export function numericPart(numeric: Numeric, mechanism: Mechanism, epsilon = 1): MetricJson {
   return { name: partName(numeric), labels: numericLabels(numeric), mechanism, epsilon, periodSeconds: 86400,
     reportsPerPeriod: 1_000_000, timeResolutionSeconds: 0, numeric };
+}
+
+/** The spec of a strings metric's round (named `<metric>.r<round>`; hashed, no labels; its parents
+ * sorted, as the aggregator serves them). */
+export function stringsRound(metric: string, round: number, buckets: number, parents: Uint8Array[], epsilon = 4,
+                             periodSeconds = 86400): MetricJson {
+  return { name: roundName(metric, round), labels: [], mechanism: "hashed", epsilon, periodSeconds,
+    reportsPerPeriod: 1_000_000, timeResolutionSeconds: 0,
+    strings: checkStrings({ metric, round, rounds: ROUNDS, buckets, parents }) };
+}
+
+/** MetricSpec.strings in proto3 JSON: parents as base64, the round left out when 0. */
+export function servedStrings(s: Strings): Record<string, unknown> {
+  return { metric: s.metric, ...(s.round ? { round: s.round } : {}), rounds: s.rounds, buckets: s.buckets,
+    parents: s.parents.map((p) => Buffer.from(p).toString("base64")) };
 }
 
 /** MetricSpec.numeric in proto3 JSON: the part an enum name, fields at their default left out. */
@@ -78,7 +98,9 @@ export class Collector {
   }
 
   version(): string {
-    return this.revision < 2 ? "" : `v${JSON.stringify(this.metrics).length}.${this.metrics.length}`;
+    // A digest of what is served: any change (a round's parents included) is a new version.
+    if (this.revision < 2) return "";
+    return `v${createHash("sha256").update(JSON.stringify([this.metrics, [...this.wrongQ]])).digest("hex").slice(0, 16)}`;
   }
 
   async start(): Promise<void> {
@@ -131,14 +153,18 @@ export class Collector {
   private async specs(): Promise<unknown> {
     const specs = [];
     for (const m of this.metrics) {
-      const fp = await fingerprint({ name: m.name, labels: m.labels, mechanism: m.mechanism, k: m.labels.length,
-        epsilon: m.epsilon, period: m.periodSeconds, reportsPerPeriod: m.reportsPerPeriod, numeric: m.numeric });
-      specs.push({ name: m.name, labels: m.labels, mechanism: WIRE_NAMES[m.mechanism], epsilon: m.epsilon,
-        q: this.wrongQ.get(m.name) ?? design(m.mechanism, m.labels.length, m.epsilon).q, fingerprint: fp,
+      const k = m.strings ? candidateCount(m.strings) : m.labels.length;
+      const fp = await fingerprint({ name: m.name, labels: m.labels, mechanism: m.mechanism, k,
+        epsilon: m.epsilon, period: m.periodSeconds, reportsPerPeriod: m.reportsPerPeriod, numeric: m.numeric,
+        strings: m.strings });
+      const q = m.mechanism === "hashed" ? 0 : design(m.mechanism, k, m.epsilon).q;
+      specs.push({ name: m.name, ...(m.labels.length ? { labels: m.labels } : {}), mechanism: WIRE_NAMES[m.mechanism],
+        epsilon: m.epsilon, q: this.wrongQ.get(m.name) ?? q, fingerprint: fp,
         periodSeconds: m.periodSeconds,
         reportsPerPeriod: m.reportsPerPeriod,
         ...(this.revision >= 2 && m.timeResolutionSeconds ? { timeResolutionSeconds: m.timeResolutionSeconds } : {}),
-        ...(m.numeric ? { numeric: servedNumeric(m.numeric) } : {}) });
+        ...(m.numeric ? { numeric: servedNumeric(m.numeric) } : {}),
+        ...(m.strings ? { strings: servedStrings(m.strings) } : {}) });
     }
     return this.revision < 2 ? { specs } : { specs, specsVersion: this.version(),
       serverTimeUnix: String(Math.floor(this.clock())), maxLatenessSeconds: this.maxLateness };
@@ -148,9 +174,9 @@ export class Collector {
   private take(b: Upload): { code: number;
     accepted: number; duplicate: boolean } {
     const madeUnix = Number(b.madeUnix ?? 0);
-    const columns = Buffer.from(b.bitmaps?.bits ?? b.indexSets?.indices ?? "", "base64");
-    const arrival = (outcome: string) => this.arrivals.push({ batchId: b.batchId, metric: b.metric, count: b.count,
-      madeUnix, outcome, columns });
+    const columns = Buffer.from(b.bitmaps?.bits ?? b.indexSets?.indices ?? b.hashed?.words ?? "", "base64");
+    const arrival = (outcome: string) => this.arrivals.push({ batchId: b.batchId, metric: b.metric,
+      fingerprint: b.specFingerprint, count: b.count, madeUnix, outcome, columns });
     const fault = this.faults.shift() ?? 0;
     if (fault) {
       arrival(`code ${fault}`);
