@@ -254,9 +254,10 @@ class Reporter:
         # cached on disk), or the value waits for an answer that is.
         period = spec if spec is not None else next(iter(rounds.values()))
         answered_at = self._specs.answered_at()
+        if period.period_index(now) < period.period_index(self._clock()):
+            # Its period is over: its round's counts chose the next round's parents already.
+            return self._processor.drop_logged("strings-expired", metric=metric)
         if spec is None or answered_at is None or period.period_index(answered_at) < period.period_index(now):
-            if period.period_index(now) < period.period_index(self._clock()):
-                return self._processor.drop_logged("strings-expired", metric=metric)
             return self._processor.wait_for_round(weakref.WeakMethod(self._report), metric, code, now)
         assert spec.strings is not None
         self._send(spec, spec.strings.prefix_of(code), now)
