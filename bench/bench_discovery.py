@@ -30,7 +30,7 @@ Measured per cell (n, epsilon), over S simulations:
 - the detection floor: detection_floor's against the measured one (z times the spread of the
   round-8 estimates of candidates whose true share is zero), and how often such a candidate
   cleared the floor;
-- per round, the measured chance that a value's prefix survives against survival_chance's;
+- per round, the measured chance that a value's prefix survives against survival_chances';
 - server time for all rounds and the report's bytes.
 
 Usage:  .venv/bin/python bench/bench_discovery.py [--quick] [--sims S] [--large-sims S]
@@ -50,6 +50,8 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtr
+from scipy.stats import binom
 from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
 
 from veil.aggregator.counts import Counts
@@ -84,6 +86,7 @@ TOP = 20  # the top whose recall is measured
 TRACK = 60  # ranks whose rounds, estimates and intervals are recorded
 ROW_WORDS = 16  # words per report row: 12 at most without a rejection, 4 to spare
 METRIC = "crash_signature"
+SURVIVAL_RANKS = (1, 10, 15, 18, 20, 22, 25, 30, 40)  # ranks whose survival is computed and measured
 MIN_APPEARANCES = 20  # a rank's coverage is reported when it was found this often
 CELLS = ((1_000_000, 4.0), (1_000_000, 2.0), (10_000_000, 4.0))
 RUNS_DIR = QUICK_RESULTS_DIR / "discovery-runs"
@@ -215,70 +218,51 @@ def _rank(codes: np.ndarray, code: bytes) -> int:
 # --- the chance of surviving a round, computed -------------------------------------------------
 
 
-def survival_chance(zipf: Zipf, rank: int, n: int, epsilon: float, round_index: int, competitors: int = 200) -> float:
-    """The chance that the prefix of the value at ``rank`` (0-based) is among the survivors of
-    round ``round_index`` (0..7), given it is a candidate: its estimate X must exceed all but
-    fewer than `keep` of the others'. Each estimate is normal with its share's design variance
-    over n / 9 reports; the others are the ``competitors`` most frequent values (taken as all
-    candidates) and null prefixes, K in all (256, then 256 x 32), whose share in round 0 is the
-    rest of the mass spread over the 256 first bytes (0 later: two codes sharing two or more bytes
-    is rare among the values that matter). P(survive) = E_X[P(fewer than keep others > X)], the
-    count of others above x a Poisson-binomial (the values) plus a binomial (the nulls)."""
+def survival_chances(zipf: Zipf, n: int, epsilon: float, values: int = 200, points: int = 401) -> np.ndarray:
+    """(8, values): the chance that the prefix of each of the ``values`` most frequent values is
+    among the survivors of round r (0..7) given that it is one of its candidates. Its estimate X
+    must exceed all but fewer than ``keep`` of the others': P = E_X[P(fewer than keep others > X)],
+    the count of others above x a Poisson-binomial over the other values (each a candidate with
+    the chance it survived the rounds before, all of them in round 0) plus a binomial over the
+    null candidates (256 in round 0, then 256 x 32, less the values there). Every estimate is
+    normal with its share's design variance over n / 9 reports (docs/math.md 10.5). In round 0 a
+    first byte also carries the rest of the mass (the values beyond these), in lumps: mean
+    rest / 256 and variance sum_j s_j^2 (1/256)(1 - 1/256), added to every first byte's. Later
+    rounds ignore it, and two of these values sharing a first byte (which helps both)."""
     spec = MetricSpec.strings_round(first_round(METRIC, buckets_for(epsilon_to_gamma(epsilon))), epsilon)
     _, _, a, b = spec.mechanism.estimator.moments(spec.mechanism.weight_law())
     reports = n / ROUNDS
     keep = DEFAULT_SURVIVORS
-    top = zipf.shares[:competitors]
-    spread = (1.0 - float(top.sum())) / 256 if round_index == 0 else 0.0
-    candidates = 256 if round_index == 0 else 256 * keep
-
-    def sd(share: np.ndarray | float) -> np.ndarray:
-        return np.sqrt((b + (a - b) * np.asarray(share) - np.asarray(share) ** 2) / reports)
-
-    # In round 0 the rest of the mass falls on the first bytes in lumps (values), not evenly: a
-    # byte's share of it varies by sum_j s_j^2 (1/256)(1 - 1/256) around its mean, which adds to
-    # every first byte's spread.
-    lumps = float((zipf.shares[competitors:] ** 2).sum()) * (255 / 256**2) if round_index == 0 else 0.0
-
-    def spread_sd(share: np.ndarray | float) -> np.ndarray:
-        return np.sqrt(sd(share) ** 2 + lumps)
-
-    mine = float(zipf.shares[rank]) + spread
-    grid = mine + spread_sd(mine) * np.linspace(-8.0, 8.0, 1601)
-    density = np.exp(-0.5 * ((grid - mine) / spread_sd(mine)) ** 2)
-    density /= density.sum()
-    others = np.delete(top, rank) + spread
-    above = _upper_tail((grid[:, None] - others[None, :]) / spread_sd(others)[None, :])  # (grid, values)
-    fewer = np.zeros((grid.size, keep + 1))  # P(j values above x), j < keep; the last column: >= keep
-    fewer[:, 0] = 1.0
-    for q in above.T:
-        shifted = np.zeros_like(fewer)
-        shifted[:, 1:] = fewer[:, :-1] * q[:, None]
-        shifted[:, -1] += fewer[:, -1] * q
-        fewer = fewer * (1.0 - q[:, None]) + shifted
-        fewer[:, -1] = 1.0 - fewer[:, :-1].sum(axis=1)
-    null_above = _upper_tail((grid - spread) / spread_sd(spread))
-    nulls = candidates - competitors
-    chance = np.zeros(grid.size)
-    for j in range(keep):  # values above: j; nulls above: fewer than keep - j
-        chance += fewer[:, j] * _binomial_below(nulls, null_above, keep - j)
-    return float(chance @ density)
-
-
-def _upper_tail(z: np.ndarray) -> np.ndarray:
-    return 0.5 * np.vectorize(math.erfc)(z / math.sqrt(2.0))
-
-
-def _binomial_below(count: int, q: np.ndarray, limit: int) -> np.ndarray:
-    """P(Binomial(count, q) < limit), elementwise in q."""
-    q = np.clip(q, 1e-300, 1.0 - 1e-16)
-    total = np.zeros_like(q)
-    log_q, log_p = np.log(q), np.log1p(-q)
-    for j in range(limit):
-        total += np.exp(
-            math.lgamma(count + 1) - math.lgamma(j + 1) - math.lgamma(count - j + 1) + j * log_q + (count - j) * log_p
-        )
-    return total
+    top = zipf.shares[:values]
+    present = np.ones(values)
+    chances = np.empty((ROUNDS - 1, values))
+    steps = np.linspace(-8.0, 8.0, points)
+    for r in range(ROUNDS - 1):
+        first = r == 0
+        spread = (1.0 - float(top.sum())) / 256 if first else 0.0
+        lumps = float((zipf.shares[values:] ** 2).sum()) * 255 / 256**2 if first else 0.0
+        nulls = round((256 if first else 256 * keep) - present.sum())
+        shares = top + spread
+        sds = np.sqrt((b + (a - b) * shares - shares**2) / reports + lumps)
+        null_sd = math.sqrt((b + (a - b) * spread - spread**2) / reports + lumps)
+        for i in range(values):
+            grid = shares[i] + sds[i] * steps
+            density = np.exp(-0.5 * steps**2)
+            density /= density.sum()
+            others = np.arange(values) != i
+            above = present[others] * ndtr((shares[others][None, :] - grid[:, None]) / sds[others][None, :])
+            count = np.zeros((points, keep + 1))  # P(j values above x) for j < keep; the last: >= keep
+            count[:, 0] = 1.0
+            for q in above.T:
+                moved = count * q[:, None]
+                count *= 1.0 - q[:, None]
+                count[:, 1:] += moved[:, :-1]
+                count[:, -1] += moved[:, -1]
+            null_above = ndtr((spread - grid) / null_sd)
+            chance = sum(count[:, j] * binom.cdf(keep - j - 1, nulls, null_above) for j in range(keep))
+            chances[r, i] = float(chance @ density)
+        present = present * chances[r]
+    return chances
 
 
 # --- a cell: S simulations ---------------------------------------------------------------------
@@ -325,31 +309,27 @@ def summarize(zipf: Zipf, n: int, epsilon: float, runs: list[dict[str, Any]]) ->
     n8 = np.array([r["n8"] for r in runs], np.float64)
     computed = float(np.nanmean(floors))
     reached = np.array([r["reached"] for r in runs])  # (sims, TRACK): rounds each rank was a candidate in
+    chances = survival_chances(zipf, n, epsilon)
     survival = []
-    for rank in (0, 9, 14, 19, 24, 29, 39):
-        measured = [
-            float(np.mean(reached[reached[:, rank] >= r + 1, rank] >= r + 2))
-            if (reached[:, rank] >= r + 1).any()
-            else None
-            for r in range(ROUNDS - 1)
-        ]
-        chances = [survival_chance(zipf, rank, n, epsilon, r) for r in (0, 1)]
+    for rank in SURVIVAL_RANKS:
+        i = rank - 1
+        share = float(zipf.shares[i])
+        sd = math.sqrt((b + (a - b) * share - share**2) / (n / ROUNDS))
         survival.append(
             {
-                "rank": rank + 1,
-                "share": float(zipf.shares[rank]),
-                "measured_per_round": measured,
-                "computed_round0": chances[0],
-                "computed_round1_to_7": chances[1],
-                "computed_all_rounds": chances[0] * chances[1] ** 7,
-                "measured_all_rounds": float(np.mean(reached[:, rank] == ROUNDS)),
-                "computed_found": chances[0]
-                * chances[1] ** 7
-                * NormalDist().cdf(
-                    (float(zipf.shares[rank]) - computed)
-                    / math.sqrt((b + (a - b) * float(zipf.shares[rank]) - float(zipf.shares[rank]) ** 2) / (n / ROUNDS))
-                ),
-                "measured_found": float(per_rank[:, rank].mean()),
+                "rank": rank,
+                "share": share,
+                "measured_per_round": [
+                    float(np.mean(reached[reached[:, i] >= r + 1, i] >= r + 2))
+                    if (reached[:, i] >= r + 1).any()
+                    else None
+                    for r in range(ROUNDS - 1)
+                ],
+                "computed_per_round": chances[:, i].tolist(),
+                "measured_all_rounds": float(np.mean(reached[:, i] == ROUNDS)),
+                "computed_all_rounds": float(chances[:, i].prod()),
+                "measured_found": float(per_rank[:, i].mean()),
+                "computed_found": float(chances[:, i].prod()) * NormalDist().cdf((share - computed) / sd),
             }
         )
     seconds = np.array([r["seconds"] for r in runs])
@@ -430,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="a smoke run: n = 10^5, 3 simulations, into results/quick/"
     )
     parser.add_argument("--sims", type=int, default=200, help="simulations per cell at n = 10^6 (default 200)")
-    parser.add_argument("--large-sims", type=int, default=20, help="simulations at n = 10^7 (default 20)")
+    parser.add_argument("--large-sims", type=int, default=50, help="simulations at n = 10^7 (default 50)")
     parser.add_argument("--output", type=Path, help="the results file (default bench/results/discovery.json)")
     parser.add_argument(
         "--summarize", action="store_true", help="summarize the simulations kept from the last run again (no new ones)"
@@ -444,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     zipf = Zipf()
     started = time.perf_counter()
     _warm_up()
+    # Summarizing again keeps the simulating run's command, machine and time.
+    ran = json.loads(output.read_text()) if args.summarize and output.exists() else {}
+    command = " ".join(["bench/bench_discovery.py", *(sys.argv[1:] if argv is None else argv)])
     done: list[dict[str, Any]] = []
     for index, (n, epsilon, sims) in enumerate(cells):
         if args.summarize:
@@ -456,13 +439,14 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "what": "strings metrics: discovery of Zipf(1.1) values over 2^64 by nine rounds of hashed "
                 "reports (bench/bench_discovery.py)",
-                "command": " ".join(["bench/bench_discovery.py", *(sys.argv[1:] if argv is None else argv)]),
+                "command": ran.get("command", command),
                 "population": {"law": f"Zipf({EXPONENT}) over 2^64 values", "explicit_ranks": EXPLICIT},
                 "survivors": DEFAULT_SURVIVORS,
                 "seed": SEED,
-                "machine": machine_info(("numpy", "numba")),
+                "machine": ran.get("machine") or machine_info(("numpy", "numba")),
                 "cells": done,
-                "seconds": round(time.perf_counter() - started, 1),
+                "seconds": ran.get("seconds", round(time.perf_counter() - started, 1)),
+                **({"summarized_by": command} if args.summarize else {}),
             },
         )
     print(table(done))
