@@ -33,9 +33,12 @@ Measured per cell (n, epsilon), over S simulations:
 - per round, the measured chance that a value's prefix survives against survival_chances';
 - server time for all rounds and the report's bytes.
 
-Usage:  .venv/bin/python bench/bench_discovery.py [--quick] [--sims S] [--large-sims S]
+Usage:  .venv/bin/python bench/bench_discovery.py [--quick] [--sims S] [--large-sims S] [--summarize] [--update-docs]
 Writes bench/results/discovery.json (--quick: bench/results/quick/discovery.json) after each
-cell. Seeded: the same command gives the same numbers (the times aside).
+cell, and keeps the simulations in bench/results/quick/discovery-runs/ (not committed), which
+--summarize reads instead of simulating; --update-docs puts the tables into bench/README.md and
+docs/math.md 10, each between its markers. Seeded: the same command gives the same numbers (the
+times aside).
 """
 
 from __future__ import annotations
@@ -52,7 +55,14 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 from scipy.stats import binom
-from veil_testing.benchlib import QUICK_RESULTS_DIR, RESULTS_DIR, machine_info, progress, write_results
+from veil_testing.benchlib import (
+    QUICK_RESULTS_DIR,
+    RESULTS_DIR,
+    machine_info,
+    progress,
+    replace_marked,
+    write_results,
+)
 
 from veil.aggregator.counts import Counts
 from veil.aggregator.discovery import (
@@ -90,6 +100,13 @@ SURVIVAL_RANKS = (1, 10, 15, 18, 20, 22, 25, 30, 40)  # ranks whose survival is 
 MIN_APPEARANCES = 20  # a rank's coverage is reported when it was found this often
 CELLS = ((1_000_000, 4.0), (1_000_000, 2.0), (10_000_000, 4.0))
 RUNS_DIR = QUICK_RESULTS_DIR / "discovery-runs"
+ROOT = Path(__file__).resolve().parent.parent
+MATH_DOC, README = ROOT / "docs" / "math.md", ROOT / "bench" / "README.md"
+TABLE_MARKS = ("<!-- bench/bench_discovery.py: begin -->", "<!-- bench/bench_discovery.py: end -->")
+SURVIVAL_MARKS = (
+    "<!-- bench/bench_discovery.py survival: begin -->",
+    "<!-- bench/bench_discovery.py survival: end -->",
+)
 
 _ONE32 = np.uint64(1 << 32)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -218,13 +235,15 @@ def _rank(codes: np.ndarray, code: bytes) -> int:
 # --- the chance of surviving a round, computed -------------------------------------------------
 
 
-def survival_chances(zipf: Zipf, n: int, epsilon: float, values: int = 200, points: int = 401) -> np.ndarray:
+def survival_chances(
+    zipf: Zipf, n: int, epsilon: float, values: int = 200, points: int = 401, keep: int = DEFAULT_SURVIVORS
+) -> np.ndarray:
     """(8, values): the chance that the prefix of each of the ``values`` most frequent values is
-    among the survivors of round r (0..7) given that it is one of its candidates. Its estimate X
-    must exceed all but fewer than ``keep`` of the others': P = E_X[P(fewer than keep others > X)],
+    among the ``keep`` survivors of round r (0..7) given that it is one of its candidates. Its
+    estimate X must exceed all but fewer than ``keep`` of the others': P = E_X[P(fewer than keep others > X)],
     the count of others above x a Poisson-binomial over the other values (each a candidate with
     the chance it survived the rounds before, all of them in round 0) plus a binomial over the
-    null candidates (256 in round 0, then 256 x 32, less the values there). Every estimate is
+    null candidates (256 in round 0, then 256 x keep, less the values there). Every estimate is
     normal with its share's design variance over n / 9 reports (docs/math.md 10.5). In round 0 a
     first byte also carries the rest of the mass (the values beyond these), in lumps: mean
     rest / 256 and variance sum_j s_j^2 (1/256)(1 - 1/256), added to every first byte's. Later
@@ -232,7 +251,6 @@ def survival_chances(zipf: Zipf, n: int, epsilon: float, values: int = 200, poin
     spec = MetricSpec.strings_round(first_round(METRIC, buckets_for(epsilon_to_gamma(epsilon))), epsilon)
     _, _, a, b = spec.mechanism.estimator.moments(spec.mechanism.weight_law())
     reports = n / ROUNDS
-    keep = DEFAULT_SURVIVORS
     top = zipf.shares[:values]
     present = np.ones(values)
     chances = np.empty((ROUNDS - 1, values))
@@ -268,7 +286,7 @@ def survival_chances(zipf: Zipf, n: int, epsilon: float, values: int = 200, poin
 # --- a cell: S simulations ---------------------------------------------------------------------
 
 
-def cell(zipf: Zipf, n: int, epsilon: float, sims: int, seed: int) -> dict[str, Any]:
+def cell(zipf: Zipf, n: int, epsilon: float, sims: int, seed: int, command: str = "") -> dict[str, Any]:
     """S simulations of (n, epsilon) and their summary (module docstring). The simulations
     themselves go to RUNS_DIR (not committed), so that --summarize can summarize them again."""
     runs = []
@@ -277,7 +295,7 @@ def cell(zipf: Zipf, n: int, epsilon: float, sims: int, seed: int) -> dict[str, 
         runs.append(simulate(zipf, n, epsilon, np.random.default_rng([seed, s])))
         if s % 10 == 9 or s == sims - 1:
             progress(f"n = {n:,}, epsilon {epsilon:g}: {s + 1}/{sims} ({time.perf_counter() - started:.0f} s)")
-    write_results(_runs_file(n, epsilon), {"n": n, "epsilon": epsilon, "seed": seed, "runs": runs})
+    write_results(_runs_file(n, epsilon), {"n": n, "epsilon": epsilon, "seed": seed, "command": command, "runs": runs})
     return summarize(zipf, n, epsilon, runs)
 
 
@@ -404,6 +422,29 @@ def table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def survival_table(c: dict[str, Any]) -> str:
+    """Per rank: its share, the chance of surviving each round measured / computed, of reaching
+    round 8 and of being found."""
+    lines = [
+        f"n = {c['n']:,}, epsilon {c['epsilon']:g}, {c['simulations']} simulations; per round: measured / computed.",
+        "",
+        "| rank | share | " + " | ".join(f"round {r}" for r in range(ROUNDS - 1)) + " | reaches round 8 | found |",
+        "|---:|---:|" + "---:|" * (ROUNDS - 1) + "---:|---:|",
+    ]
+    for row in c["survival"]:
+        rounds = [
+            f"{'-' if m is None else f'{m:.2f}'} / {x:.2f}"
+            for m, x in zip(row["measured_per_round"], row["computed_per_round"])
+        ]
+        lines.append(
+            f"| {row['rank']} | {100 * row['share']:.3f}% | "
+            + " | ".join(rounds)
+            + f" | {row['measured_all_rounds']:.3f} / {row['computed_all_rounds']:.3f} "
+            f"| {row['measured_found']:.3f} / {row['computed_found']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -413,13 +454,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large-sims", type=int, default=50, help="simulations at n = 10^7 (default 50)")
     parser.add_argument("--output", type=Path, help="the results file (default bench/results/discovery.json)")
     parser.add_argument(
+        "--update-docs", action="store_true", help="put the tables into bench/README.md and docs/math.md 10"
+    )
+    parser.add_argument(
         "--summarize", action="store_true", help="summarize the simulations kept from the last run again (no new ones)"
     )
+    parser.add_argument(
+        "--cells", nargs="+", metavar="N:EPSILON", help="these cells only (e.g. 10000000:4), with their simulations"
+    )
     args = parser.parse_args(argv)
+    grid = [(int(n), float(e)) for n, e in (c.split(":") for c in args.cells)] if args.cells else list(CELLS)
     if args.quick:
         cells = [(100_000, 4.0, 3)]
     else:
-        cells = [(n, e, args.large_sims if n > 1_000_000 else args.sims) for n, e in CELLS]
+        cells = [(n, e, args.large_sims if n > 1_000_000 else args.sims) for n, e in grid]
     output = args.output or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR) / "discovery.json"
     zipf = Zipf()
     started = time.perf_counter()
@@ -428,12 +476,15 @@ def main(argv: list[str] | None = None) -> int:
     ran = json.loads(output.read_text()) if args.summarize and output.exists() else {}
     command = " ".join(["bench/bench_discovery.py", *(sys.argv[1:] if argv is None else argv)])
     done: list[dict[str, Any]] = []
-    for index, (n, epsilon, sims) in enumerate(cells):
+    for n, epsilon, sims in cells:
         if args.summarize:
             kept = json.loads(_runs_file(n, epsilon).read_text())
-            done.append(summarize(zipf, n, epsilon, kept["runs"]))
+            done.append(
+                {**summarize(zipf, n, epsilon, kept["runs"]), "command": kept.get("command", ran.get("command"))}
+            )
         else:
-            done.append(cell(zipf, n, epsilon, sims, SEED + index))
+            seed = SEED + CELLS.index((n, epsilon)) if (n, epsilon) in CELLS else SEED + n + round(100 * epsilon)
+            done.append({**cell(zipf, n, epsilon, sims, seed, command), "command": command})
         write_results(
             output,
             {
@@ -449,7 +500,12 @@ def main(argv: list[str] | None = None) -> int:
                 **({"summarized_by": command} if args.summarize else {}),
             },
         )
-    print(table(done))
+    text = table(done)
+    print(text)
+    if args.update_docs:
+        replace_marked(README, *TABLE_MARKS, text)
+        replace_marked(MATH_DOC, *SURVIVAL_MARKS, survival_table(done[0]))
+        replace_marked(MATH_DOC, *TABLE_MARKS, text)
     return 0
 
 
