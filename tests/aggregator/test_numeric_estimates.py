@@ -304,7 +304,10 @@ def test_metrics_exports_the_mean_and_quantiles_with_their_intervals(served):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"type": "number"}, 'metrics[0].type: expected "categories" (the default) or "numeric", got \'number\'.'),
+        (
+            {"type": "number"},
+            'metrics[0].type: expected "categories" (the default), "numeric" or "strings", got \'number\'.',
+        ),
         ({"range": [5, 5]}, "metrics[0].range: expected [low, high], two finite numbers with low < high, got [5, 5]."),
         (
             {"range": "0..10"},

@@ -90,6 +90,10 @@ def _bitmaps(value: Any) -> veil_pb2.Bitmaps:
     return veil_pb2.Bitmaps(**_fields(value, _BITMAPS))
 
 
+def _hashed(value: Any) -> veil_pb2.HashedReports:
+    return veil_pb2.HashedReports(**_fields(value, _HASHED))
+
+
 def _named(*fields: tuple[str, str, Callable[[Any], Any]]) -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """Each field under its JSON name and its proto name, both of which json_format takes."""
     return {key: (name, convert) for name, json_name, convert in fields for key in (name, json_name)}
@@ -97,6 +101,7 @@ def _named(*fields: tuple[str, str, Callable[[Any], Any]]) -> dict[str, tuple[st
 
 _INDEX_SETS = _named(("set_size", "setSize", _uint32), ("indices", "indices", _bytes))
 _BITMAPS = _named(("bits", "bits", _bytes))
+_HASHED = _named(("words", "words", _bytes))
 _UPLOAD = _named(
     ("batch_id", "batchId", _bytes),
     ("metric", "metric", _string),
@@ -104,13 +109,16 @@ _UPLOAD = _named(
     ("count", "count", _uint32),
     ("index_sets", "indexSets", _index_sets),
     ("bitmaps", "bitmaps", _bitmaps),
+    ("hashed", "hashed", _hashed),
     ("made_unix", "madeUnix", _int64),
 )
 
 
 def _upload(value: Any) -> veil_pb2.UploadRequest:
     fields = _fields(value, _UPLOAD)
-    if "index_sets" in fields and "bitmaps" in fields:  # one oneof: json_format refuses both
+    if (
+        sum(payload in fields for payload in ("index_sets", "bitmaps", "hashed")) > 1
+    ):  # one oneof: json_format refuses two
         raise _Unusual
     return veil_pb2.UploadRequest(**fields)
 

@@ -174,7 +174,9 @@ def selective_interval(
                 high = middle
         return (low + high) / 2.0
 
-    return solve(1.0 - tail), solve(tail)
+    # Just above the floor no share in [0, 1] puts x below the upper tail (the solved upper end
+    # would be negative, clipped to 0): the interval is widened to hold x, which costs no coverage.
+    return solve(1.0 - tail), max(solve(tail), x)
 
 
 def _survival(z: float) -> float:
