@@ -15,7 +15,7 @@ Redis's replies for 25 ms: many kills then strand applied batches, and the test 
 duplicates did arrive (UploadResponse.duplicate, seen by the devices) and were counted once.
 
 Seeded: the kill moments (random.Random), the reports (SeededRandomSource), the true values.
-20 cycles by default; 100 cycles, direct and delayed, under `-m slow`.
+10 cycles by default (about 25 s); 100 cycles, direct and delayed, under `-m slow`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def stranded(devices) -> bool:
 @pytest.mark.parametrize(
     ("cycles", "route"),
     [
-        (20, "delayed"),
+        (10, "delayed"),
         pytest.param(100, "delayed", marks=pytest.mark.slow),
         pytest.param(100, "direct", marks=pytest.mark.slow),
     ],
