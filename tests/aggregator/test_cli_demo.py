@@ -17,6 +17,8 @@ from veil.cli._demo import CRASHES, DEMO_METRICS, HEIGHT, LOAD_MS, WIDTH, frame
 from veil.mechanism import code_text, string_code
 from veil.wire.v1 import veil_pb2
 
+pytestmark = pytest.mark.starts_first  # a minute or more: demo runs
+
 DEMO = [sys.executable, "-m", "veil.cli", "demo", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"]
 TITLE = re.compile(r"\d\d:\d\d:\d\d  Veil demo: dashboard (http://127\.0\.0\.1:\d+/)  gRPC 127\.0\.0\.1:\d+$")
 

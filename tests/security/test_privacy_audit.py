@@ -80,6 +80,8 @@ from veil.mechanism import (
 )
 from veil.mechanism._specs import ONE64
 
+pytestmark = pytest.mark.starts_first  # a minute or more: 10^7 draws per audit
+
 ALPHA = 1e-6  # family-wise error of each audit: the OS CSPRNG cannot be seeded, so keep it tiny
 FULL_OUTPUTS = 128  # designs with at most this many outputs are audited output by output too
 DEFAULT_DRAWS = 50_000  # per true value, pure Python, default run
