@@ -27,6 +27,8 @@ import pytest
 from reliability_kit import Load, assert_exact, flush_all
 from veil_testing.waiting import wait_until
 
+pytestmark = pytest.mark.starts_first  # a minute or more on a loaded machine: SIGKILL cycles
+
 DEVICES = 4
 REPLY_DELAY = 0.025  # seconds Redis's replies are held by the proxy ("delayed" runs)
 

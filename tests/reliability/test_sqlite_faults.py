@@ -31,6 +31,8 @@ from veil.aggregator.store._sqlite import SCHEMA_VERSION
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
 
+pytestmark = pytest.mark.starts_first  # a minute or more on a loaded machine: SIGKILL cycles, a full disk
+
 REPLY_DELAY = 0.05  # seconds the aggregator's replies are held on their way to the devices
 
 
