@@ -33,11 +33,11 @@ What each audit asserts, for two true values x != x' of every mechanism at a few
   in pure Python, which 5 * 10^4 cannot tell apart reliably), as is pure-LDP's OUE from before
   its issue #11 fix.
 
-The draws: the SDK's Reporter.report randomizes with ``spec.mechanism.randomize(index)``, the
-default source being veil.mechanism's SystemRandomSource (``os.urandom``, the OS CSPRNG);
-test_the_sdk_randomizes_through_the_os_csprng checks that on the real path. The audit calls
-exactly that bound method, with no source argument, on the mechanism the SDK builds from the
-aggregator's spec (spec_from_proto), in two processes. The numba batch kernels with the
+The draws: the SDK's Reporter.report randomizes with ``spec.mechanism.randomize(index, source)``,
+the source a veil.mechanism SystemRandomSource (``os.urandom``, the OS CSPRNG), randomize's
+default; test_the_sdk_randomizes_through_the_os_csprng checks that on the real path. The audit
+calls exactly that bound method, with its default source, on the mechanism the SDK builds from
+the aggregator's spec (spec_from_proto), in two processes. The numba batch kernels with the
 AES-CTR keystream, proven word for word equal to ``randomize`` (tests/aggregator/test_kernels.py),
 carry the default run's 10^7 draws per value; the same 10^7 in pure Python is marked slow.
 """
@@ -593,9 +593,10 @@ def reporter_for(aggregator) -> Reporter:
 
 
 def test_the_sdk_randomizes_through_the_os_csprng(start_frozen_aggregator, monkeypatch):
-    """Reporter.report -> mechanism.randomize(index) with no source -> SystemRandomSource ->
-    os.urandom, checked on the calls report() makes: with every thread's block of OS words
-    forgotten first, each report reads a fresh block from the OS on the calling thread."""
+    """Reporter.report -> mechanism.randomize(index) with a SystemRandomSource (the default
+    source, or one passed as such) -> os.urandom, checked on the calls report() makes: with
+    every thread's block of OS words forgotten first, each report reads a fresh block from the
+    OS on the calling thread."""
     aggregator = start_frozen_aggregator()
     thread = threading.get_ident()
     try:
@@ -619,7 +620,8 @@ def test_the_sdk_randomizes_through_the_os_csprng(start_frozen_aggregator, monke
                     _random._forget_blocks()
                     before = store_counts(aggregator, name)
                     reporter.report(name, metric.labels[1])
-                assert len(seen) == 1 and seen[0][:2] == ((1,), {}), seen  # no source: the default
+                assert len(seen) == 1 and seen[0][0][0] == 1 and not seen[0][1], seen
+                assert all(isinstance(source, SystemRandomSource) for source in seen[0][0][1:]), seen  # or the default
                 report = seen[0][2]
                 assert 4 * _random._BLOCK_WORDS in sizes, (name, sizes)  # a block of words from the OS
                 assert reporter.force_flush(10)
