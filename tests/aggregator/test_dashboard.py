@@ -33,6 +33,8 @@ from veil.client._encoding import encode_batch
 from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2
 
+pytestmark = pytest.mark.starts_first  # a minute or more: a browser
+
 # Labels are configured strings: the page must show them as text, never run them as markup.
 HOSTILE = {
     "name": "<b>labels</b> & names",

@@ -15,6 +15,7 @@ import time
 import urllib.request
 
 import grpc
+import pytest
 from veil_testing.config_toml import config_toml
 from veil_testing.processes import free_port
 from veil_testing.running import config_dict, estimates, finish_reporters, make_upload
@@ -23,6 +24,8 @@ from veil_testing.waiting import wait_until
 from veil.client import Reporter
 from veil.mechanism import SeededRandomSource
 from veil.wire.v1 import veil_pb2_grpc
+
+pytestmark = pytest.mark.starts_first  # a minute or more: supervisors and workers started and killed
 
 CHANNELS = 16  # connections; SO_REUSEPORT puts all on one of two workers with chance 2**-15
 UPLOADS_EACH = 25

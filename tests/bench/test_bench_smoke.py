@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.starts_first  # a minute or more: every benchmark's quick run
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

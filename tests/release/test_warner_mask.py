@@ -93,11 +93,13 @@ def slip(n, p, replacement, rng):
     return warner_mask(np.zeros(n, dtype=np.int64), p, replacement=replacement, rng=rng)
 
 
+# 2,000 repetitions by default (the tolerances follow reps), 6,000 under -m slow.
+@pytest.mark.parametrize("reps", [2000, pytest.param(6000, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("replacement", [False, True])
 @pytest.mark.parametrize("scheme", ["separate", "shared", "one clear"])
-def test_estimators_are_unbiased_given_the_table_and_match_the_formulas(scheme, replacement):
+def test_estimators_are_unbiased_given_the_table_and_match_the_formulas(scheme, replacement, reps):
     rng = np.random.default_rng(21 + replacement + 10 * len(scheme))
-    n, reps = 300, 6000
+    n = 300
     x1, x2 = correlated_table(n, rng)
     pi1, pi2, pi12 = x1.mean(), x2.mean(), (x1 * x2).mean()
     truth_cov = pi12 - pi1 * pi2

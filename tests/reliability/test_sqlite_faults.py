@@ -31,7 +31,9 @@ from veil.aggregator.store._sqlite import SCHEMA_VERSION
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2_grpc
 
-REPLY_DELAY = 0.05  # seconds the aggregator's replies are held on their way to the devices
+pytestmark = pytest.mark.starts_first  # a minute or more on a loaded machine: SIGKILL cycles, a full disk
+
+REPLY_DELAY = 0.2  # seconds the aggregator's replies are held on their way to the devices
 
 
 def bulk_spec() -> MetricSpec:
@@ -45,8 +47,9 @@ def test_sigkill_under_load_loses_and_doubles_no_acknowledged_batch(
 ):
     """`veil serve` on SQLite SIGKILLed `cycles` times or more under load from four SDK devices (two spool
     under a queue directory). The devices reach it through a proxy that holds its replies
-    50 ms, so kills strand batches that were committed but never acknowledged: their retries
-    must be recognized as duplicates from the batch ids in the file (asserted: duplicates > 0)."""
+    200 ms (at 50 ms, 15 kills on a loaded machine stranded none), so kills strand batches that
+    were committed but never acknowledged: their retries must be recognized as duplicates from
+    the batch ids in the file (asserted: duplicates > 0)."""
     url = f"sqlite://{tmp_path}/data/veil.db"
     serve = make_aggregator(url).start()
     proxy = make_proxy(serve.grpc_port, REPLY_DELAY)

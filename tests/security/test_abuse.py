@@ -44,6 +44,8 @@ from veil.aggregator.daemon import max_message_bytes
 from veil.aggregator.errors import ConfigError
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
+pytestmark = pytest.mark.starts_first  # a minute or more: floods and stalls
+
 UPLOAD = "/veil.wire.v1.Collector/Upload"
 UPLOAD_BATCHES = "/veil.wire.v1.Collector/UploadBatches"
 UPLOAD_PATHS = ("/v1/upload", "/v1/uploads")  # one batch, several: the same path through the checks

@@ -8,10 +8,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from store_cases import PATIENT
 
 from veil.aggregator.store import MemoryStore, RedisStore, SqliteStore, Store
-
-FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}  # a failing test fails quickly
 
 
 @pytest.fixture(params=["memory", "redis", "cluster", "sqlite"])
@@ -32,7 +31,7 @@ def make_handle(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]
         url = server.url
 
         def make() -> Store:
-            handles.append(RedisStore(url, **FAST))
+            handles.append(RedisStore(url, **PATIENT))
             return handles[-1]
 
     yield make

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 from redis.crc import key_slot
-from store_cases import batch, batches_added, key, random_counts
+from store_cases import PATIENT, batch, batches_added, key, random_counts
 from veil_testing.processes import free_port
 
 from veil.aggregator.counts import Counts
@@ -18,7 +18,7 @@ from veil.aggregator.errors import StoreError, StoreUnavailable
 from veil.aggregator.store import RedisStore, open_store
 from veil.aggregator.store._redis import shard_of, shard_tags
 
-FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+FAST = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}  # nobody answers: fail quickly
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def stores(redis_cluster):
     made: list[RedisStore] = []
 
     def make(**options) -> RedisStore:
-        made.append(RedisStore(redis_cluster.url, **FAST, **options))
+        made.append(RedisStore(redis_cluster.url, **PATIENT, **options))
         return made[-1]
 
     yield make

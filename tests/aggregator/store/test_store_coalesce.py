@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import redis
-from store_cases import batch, batches_added, doubled, key, random_counts
+from store_cases import PATIENT, batch, batches_added, doubled, key, random_counts
 from veil_testing.waiting import wait_until
 
 from veil.aggregator.counts import Counts
@@ -21,7 +21,6 @@ from veil.aggregator.store._coalesce import Coalescer
 from veil.aggregator.store._redis import counts_key, dedupe_key
 from veil.aggregator.store._redis.store import _ADD_BATCH
 
-FAST = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 WAIT = 10  # seconds any thread of a test may take
 
 
@@ -130,12 +129,14 @@ def test_a_failed_flush_fails_every_caller_of_its_group_and_the_next_group_still
         pass
 
     calls = []
+    opened = threading.Event()
 
     def flush(writes):
         calls.append(list(writes))
         if len(calls) == 2:
             raise Down("redis went away")
-        time.sleep(0.05 if len(calls) == 1 else 0)
+        if len(calls) == 1:
+            assert opened.wait(WAIT)  # held until the three below have queued behind it
         return list(writes)
 
     coalescer = Coalescer(flush)
@@ -144,9 +145,23 @@ def test_a_failed_flush_fails_every_caller_of_its_group_and_the_next_group_still
     holder = threading.Thread(target=coalescer.submit, args=("g", "hold"))
     holder.start()
     assert wait_until(lambda: calls, WAIT, 0.005)
-    results = run_threads([lambda w=w: coalescer.submit("g", w) for w in ("a", "b", "c")])
-    holder.join(WAIT)
-    failures = [r for r in results if isinstance(r, BaseException)]
+    results: dict[str, object] = {}
+
+    def submit(write: str) -> None:
+        try:
+            results[write] = coalescer.submit("g", write)
+        except Down as error:
+            results[write] = error
+
+    threads = [threading.Thread(target=submit, args=(w,)) for w in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    assert wait_until(lambda: len(coalescer._queues["g"]) == 3, WAIT, 0.005)  # noqa: SLF001 (the first was taken)
+    opened.set()
+    for thread in [holder, *threads]:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    failures = list(results.values())
     # The three arrived during the first flush, so all three were the failed second group.
     assert len(calls) == 2 and sorted(calls[1]) == ["a", "b", "c"]
     assert len(failures) == 3 and all(isinstance(f, Down) and str(f) == "redis went away" for f in failures)
@@ -213,7 +228,7 @@ def stores(redis_server):
     made: list[RedisStore] = []
 
     def make(**options: object) -> RedisStore:
-        made.append(RedisStore(redis_server.url, **{**FAST, **options}))
+        made.append(RedisStore(redis_server.url, **{**PATIENT, **options}))
         return made[-1]
 
     yield make

@@ -137,9 +137,11 @@ class Worker:
         return pending >= config.max_batch_size or now >= self.next_drain or bool(self.active)
 
     def _take(self) -> list[_Queued]:
-        """Under the lock: the queued reports, leaving the queue empty."""
+        """Under the lock: the queued reports, leaving the queue empty. They count as outbox
+        reports from now on, so counters() sees them queued while _drain turns them into batches."""
         reports = list(self.p.pending)
         self.p.pending.clear()
+        self.p.outbox_reports += len(reports)
         self.next_drain = None
         return reports
 
@@ -228,10 +230,8 @@ class Worker:
                     )
         if dropped:
             p.log.warning("drop:disk", "The Veil queue directory is at its size cap; dropping new batches.")
-        with p.lock:
-            p.dropped += dropped
-            p.failed += failed
-        self._mirror(memory_delta=p.outbox.in_memory - before - len(reports))
+        # One lock: the reports leave the mirrored outbox count as they are counted dropped or failed.
+        self._mirror(memory_delta=p.outbox.in_memory - before - len(reports), dropped=dropped, failed=failed)
 
     def _add(self, spec: MetricSpec, chunk: Sequence[tuple[int, ...]], made_unix: int) -> int:
         batch = Batch(self.seq, secrets.token_bytes(16), len(chunk), time.time())
