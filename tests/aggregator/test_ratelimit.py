@@ -230,16 +230,33 @@ def stall(redis_url: str, seconds: float) -> threading.Thread:
     return thread
 
 
+def retried(stub, batch: veil_pb2.UploadRequest) -> veil_pb2.UploadResponse:
+    """Upload as the SDK retries: UNAVAILABLE again, with the same batch, within 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return stub.Upload(batch, timeout=10)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def test_a_write_that_outlives_its_deadline_counts_once_with_its_retry(start_aggregator, redis_server):
     aggregator = start_aggregator(redis_server.url, sections={"store": {"url": redis_server.url, "timeout": 10.0}})
     stub = collector(aggregator)
     batch = make_upload("browser", 300)
-    sleeper = stall(redis_server.url, 1.5)
+    # The handler is inside store.add when the deadline passes: 2 s is ample to get there on a
+    # loaded machine (with 0.5 s a busy machine sometimes had it not yet writing, and it wrote
+    # nothing), and Redis answers only after 4.
+    sleeper = stall(redis_server.url, 4.0)
     with pytest.raises(grpc.RpcError) as err:
-        stub.Upload(batch, timeout=0.5)  # the handler is inside store.add when the deadline passes
+        stub.Upload(batch, timeout=2.0)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     sleeper.join()
-    replies = [stub.Upload(batch, timeout=10) for _ in range(3)]  # the SDK's retries: the same batch id
+    # The SDK's retries: the same batch id, again after UNAVAILABLE (a Redis asleep for 4 s also
+    # failed the aggregator's store check, and uploads are refused until the next one passes).
+    replies = [retried(stub, batch) for _ in range(3)]
     assert [r.duplicate for r in replies] == [True] * 3  # the first attempt's write had landed
     assert counted(aggregator, "browser") == 300
 
