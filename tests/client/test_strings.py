@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from loopback_collector import CollectorState
-from veil_testing.running import SimulatedTime
+from veil_testing.clock import SimulatedTime
 
 from veil.client import PrivacySpent, Reporter, UnknownCategoryError, spec_from_proto, spec_to_proto
 from veil.client._log import LogOnce

@@ -11,6 +11,7 @@ import grpc
 from veil.aggregator.config import parse_config
 from veil.mechanism import MetricSpec
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
+from veil_testing.clock import SimulatedTime
 from veil_testing.config_toml import LOAD
 from veil_testing.processes import free_port
 
@@ -91,18 +92,6 @@ def serve_config(store_url: str, *, sections: dict | None = None, **server: obje
     listens where its clients reconnect), server keys added (e.g. processes), and more tables of
     the config file in sections (e.g. tls, auth)."""
     return {**config_dict(store_url, free_port(), **server), **(sections or {})}
-
-
-class SimulatedTime:
-    """The time of a simulated world (Unix seconds, settable): the clock of in-process
-    aggregators (Aggregator(clock=)) and of their simulated devices, time passing for both
-    (Reporter(clock=, elapsed_clock=))."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class InProcessAggregators:
