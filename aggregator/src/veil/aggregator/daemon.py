@@ -52,7 +52,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from veil.client import is_loopback
-from veil.mechanism import REPORT_WORDS, max_report_bytes
+from veil.mechanism import REPORT_BYTES, max_report_bytes
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 from . import dashboard
@@ -103,8 +103,8 @@ def max_message_bytes(config: AggregatorConfig) -> int:
     refuses anything larger before it is read."""
     widths = [max_report_bytes(m.spec.mechanism) for m in config.metrics]
     names = [len(m.name.encode()) + len(m.spec.fingerprint.encode()) for m in config.metrics]
-    for s in config.strings:  # a round's report is REPORT_WORDS uint32 words; its fingerprint 32 hex digits
-        widths.append(4 * REPORT_WORDS)
+    for s in config.strings:  # a round's report is REPORT_BYTES; its fingerprint 32 hex digits
+        widths.append(REPORT_BYTES)
         names += [len(name.encode()) + 32 for name in s.round_names]
     return config.max_batch * max(widths) + MAX_BATCHES * (max(names) + _FIELDS_BYTES)
 

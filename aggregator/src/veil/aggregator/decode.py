@@ -21,7 +21,9 @@ from google.protobuf.message import DecodeError
 
 from veil.mechanism import (
     BITMAPS,
+    HASHED_REPORTS,
     INDEX_SETS,
+    REPORT_BYTES,
     REPORT_WORDS,
     AdmissibleRapporSpec,
     MechanismSpec,
@@ -76,8 +78,8 @@ def reports_held(request: veil_pb2.UploadRequest, metric: MetricSpec | None) -> 
     limit charges, so that a batch claiming more reports than it carries costs what it carries
     (0 for a metric not declared, or an encoding the spec does not use)."""
     payload = request.WhichOneof("reports")
-    if payload == HASHED_PAYLOAD:  # a strings round (whose spec changes with the period: not asked)
-        return min(request.count, len(request.hashed.words) // (REPORT_WORDS * _WORD_BYTES))
+    if payload == HASHED_REPORTS:  # a strings round (whose spec changes with the period: not asked)
+        return min(request.count, len(request.hashed.words) // REPORT_BYTES)
     if metric is None:
         return 0
     spec = metric.mechanism
@@ -94,19 +96,14 @@ def decode_upload(request: veil_pb2.UploadRequest, metric: MetricSpec, *, max_re
     _check_batch(request, max_reports)
     payload = request.WhichOneof("reports")
     if metric.strings is not None and payload in (INDEX_SETS, BITMAPS):
-        raise InvalidBatch(f"a strings round's reports are sent as {HASHED_PAYLOAD} reports, not {payload}")
+        raise InvalidBatch(f"a strings round's reports are sent as {HASHED_REPORTS} reports, not {payload}")
     if payload == INDEX_SETS:
         return _count_index_sets(spec, request.count, request.index_sets)
     if payload == BITMAPS:
         return _count_bitmaps(spec, request.count, request.bitmaps)
-    if payload == HASHED_PAYLOAD:
+    if payload == HASHED_REPORTS:
         return _count_hashed(metric, request.count, request.hashed)
-    allowed = (HASHED_PAYLOAD,) if metric.strings is not None else encodings(spec)
-    raise InvalidBatch(f"no reports payload: set {' or '.join(allowed)}")
-
-
-HASHED_PAYLOAD = "hashed"  # UploadRequest.hashed: a strings round's reports (docs/protocol.md 10)
-_WORD_BYTES = 4
+    raise InvalidBatch(f"no reports payload: set {' or '.join(encodings(spec))}")
 
 
 def _count_hashed(metric: MetricSpec, count: int, hashed: veil_pb2.HashedReports) -> Counts:
@@ -114,7 +111,7 @@ def _count_hashed(metric: MetricSpec, count: int, hashed: veil_pb2.HashedReports
     if metric.strings is None:
         raise InvalidBatch(f"{metric.mechanism.name} reports are not sent as hashed reports")
     data = hashed.words
-    _check_length("hashed.words", len(data), count * REPORT_WORDS * _WORD_BYTES, f"{count} reports of 10 uint32 words")
+    _check_length("hashed.words", len(data), count * REPORT_BYTES, f"{count} reports of {REPORT_WORDS} uint32 words")
     reports = np.frombuffer(data, "<u4").reshape(count, REPORT_WORDS)
     counts = Counts.zeros(metric.mechanism)
     bad = count_hashed(metric, reports, counts)

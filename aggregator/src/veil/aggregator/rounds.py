@@ -36,6 +36,12 @@ def settle_seconds(period: int) -> int:
     return min(period // 10, _MAX_SETTLE)
 
 
+def _period_at(s: StringsConfig, now: float) -> tuple[int, bool]:
+    """The period of `s` holding `now`, and whether its later rounds are fixed by then."""
+    period = int(now // s.period)
+    return period, now - period * s.period >= settle_seconds(s.period)
+
+
 class Rounds:
     """The round specs each strings metric serves at a time, derived from the store's counts."""
 
@@ -59,17 +65,13 @@ class Rounds:
     def epoch(self, now: float) -> tuple[tuple[int, bool], ...]:
         """What the served rounds depend on at `now`: per strings metric, its period and whether
         that period's later rounds are fixed yet. The rounds change exactly when this does."""
-        return tuple(
-            (int(now // s.period), now - int(now // s.period) * s.period >= settle_seconds(s.period))
-            for s in self._strings.values()
-        )
+        return tuple(_period_at(s, now) for s in self._strings.values())
 
     def current(self, now: float) -> tuple[MetricConfig, ...]:
         """Every round served at `now`, metric by metric, round by round."""
         served = []
         for s in self._strings.values():
-            period = int(now // s.period)
-            settled = now - period * s.period >= settle_seconds(s.period)
+            period, settled = _period_at(s, now)
             for r in range(ROUNDS if settled else 1):
                 metric = self.round(s, period, r)
                 if metric is not None:
@@ -93,7 +95,7 @@ class Rounds:
             )
             following = next_round(before.spec, estimate(before.spec.mechanism, counts), s.survivors)
             made = None if following is None else s.round_config(following)
-        if self._clock() < period * s.period + settle_seconds(s.period):
+        if _period_at(s, self._clock()) < (period, True):
             return made  # the period before may still be landing: not final, so not kept
         with self._lock:
             for old in [k for k in self._made if k[1] < period - 2 * ROUNDS]:

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
 
-from veil.mechanism import BITMAPS, REPORT_WORDS, MetricSpec, encoding, report_bytes
+from veil.mechanism import BITMAPS, MetricSpec, encoding
 from veil.wire.v1 import veil_pb2
 
-__all__ = ["encode_batch", "encode_batches", "made_slot", "report_size", "MAX_BATCH_BYTES"]
+__all__ = ["encode_batch", "encode_batches", "made_slot", "MAX_BATCH_BYTES"]
 
 MAX_BATCH_BYTES = 1 << 20  # keep every upload far below gRPC's default 4 MiB message limit
 
@@ -35,11 +35,6 @@ def _words(reports: Sequence[tuple[int, ...]]) -> bytes:
     if sys.byteorder == "big":
         flat.byteswap()
     return flat.tobytes()
-
-
-def report_size(spec: MetricSpec) -> int:
-    """The bytes one report of ``spec`` takes in the encoding the SDK sends."""
-    return 4 * REPORT_WORDS if spec.strings is not None else report_bytes(spec.mechanism, encoding(spec.mechanism))
 
 
 @lru_cache(maxsize=64)

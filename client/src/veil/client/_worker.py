@@ -33,10 +33,10 @@ import time
 from collections.abc import Sequence
 from typing import TypeVar
 
-from veil.mechanism import MetricSpec
+from veil.mechanism import MetricSpec, encoding, report_bytes
 
 from ._config import RETRY_HORIZON_SECONDS
-from ._encoding import MAX_BATCH_BYTES, encode_batch, encode_batches, made_slot, report_size
+from ._encoding import MAX_BATCH_BYTES, encode_batch, encode_batches, made_slot
 from ._log import logger
 from ._outbox import Batch
 from ._processor import BatchProcessor, FlushRequest
@@ -216,7 +216,7 @@ class Worker:
                 min(
                     p.config.max_batch_size,
                     p.specs.max_batch or p.config.max_batch_size,
-                    MAX_BATCH_BYTES // report_size(spec),
+                    MAX_BATCH_BYTES // report_bytes(spec.mechanism, encoding(spec.mechanism)),
                 ),
             )
             for start in range(0, len(group), size):

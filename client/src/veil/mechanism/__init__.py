@@ -44,6 +44,7 @@ from ._strings import (
     DEFAULT_SURVIVORS,
     HASHED,
     MODULUS,
+    REPORT_BYTES,
     REPORT_WORDS,
     ROUNDS,
     HashedSpec,
@@ -56,6 +57,7 @@ from ._strings import (
 )
 from ._wire import (
     BITMAPS,
+    HASHED_REPORTS,
     INDEX_SETS,
     MECHANISMS,
     SAMPLERS,
@@ -99,6 +101,7 @@ __all__ = [
     "ROUNDS",
     "MODULUS",
     "REPORT_WORDS",
+    "REPORT_BYTES",
     "string_code",
     "code_text",
     "round_name",
@@ -112,6 +115,7 @@ __all__ = [
     "SAMPLERS",
     "INDEX_SETS",
     "BITMAPS",
+    "HASHED_REPORTS",
     "encodings",
     "encoding",
     "report_bytes",

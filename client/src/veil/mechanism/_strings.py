@@ -35,14 +35,15 @@ from typing import ClassVar
 from ._epsilon import check_epsilon
 from ._errors import MechanismError
 from ._law import LinearEstimator, WeightLaw
-from ._random import RandomSource, SystemRandomSource, bernoulli
-from ._specs import ONE64, MechanismSpec, Report
+from ._random import RandomSource, SystemRandomSource
+from ._specs import ONE64, KrrSpec, MechanismSpec, Report
 
 __all__ = [
     "CODE_BYTES",
     "ROUNDS",
     "MODULUS",
     "REPORT_WORDS",
+    "REPORT_BYTES",
     "HASHED",
     "DEFAULT_SURVIVORS",
     "HashedSpec",
@@ -58,6 +59,7 @@ CODE_BYTES = 8
 ROUNDS = CODE_BYTES + 1  # a byte per round, then the verification round
 MODULUS = 2**31 - 1  # prime: a nonzero byte difference times a uniform coefficient is uniform
 REPORT_WORDS = CODE_BYTES + 2  # a_0..a_7, c, the reported bucket
+REPORT_BYTES = 4 * REPORT_WORDS  # each a little-endian uint32 (HashedReports)
 HASHED = "hashed"
 DEFAULT_SURVIVORS = 32  # the prefixes a round passes on, unless the aggregator's config says otherwise
 _HASH_PREFIX = b"veil.strings.v1\x00"
@@ -113,6 +115,13 @@ def prefix_hash(coefficients: Sequence[int], prefix: bytes) -> int:
     return total
 
 
+def _check_buckets(g: object) -> int:
+    """g, checked: a power of two from 2 to 2^16 (the bucket is a mask of the hash)."""
+    if isinstance(g, bool) or not isinstance(g, int) or g < 2 or g > _MAX_BUCKETS or g & (g - 1):
+        raise MechanismError(f"A strings round hashes into a power of two from 2 to 2^16 buckets, not {g!r}.")
+    return g
+
+
 def _check_code(value: bytes, length: int, what: str) -> bytes:
     if not isinstance(value, (bytes, bytearray)) or len(value) != length:
         raise MechanismError(f"{what} must be {length} bytes.")
@@ -134,9 +143,7 @@ class StringsRound:
             raise MechanismError("A strings round needs its metric's name.")
         if self.rounds != ROUNDS or not isinstance(self.round, int) or not 0 <= self.round < ROUNDS:
             raise MechanismError(f"A strings metric has rounds 0 to {ROUNDS - 1} of {ROUNDS}, not {self.round!r}.")
-        g = self.buckets
-        if isinstance(g, bool) or not isinstance(g, int) or g < 2 or g > _MAX_BUCKETS or g & (g - 1):
-            raise MechanismError(f"A strings round hashes into a power of two from 2 to 2^16 buckets, not {g!r}.")
+        _check_buckets(self.buckets)
         parents = tuple(bytes(p) for p in self.parents)
         length = self.parent_bytes
         if not parents or len(set(parents)) != len(parents) or any(len(p) != length for p in parents):
@@ -206,19 +213,21 @@ class HashedSpec(MechanismSpec):
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise MechanismError(f"A hashed round estimates at least one candidate, not {self.k!r}.")
-        g = self.buckets
-        if isinstance(g, bool) or not isinstance(g, int) or g < 2 or g > _MAX_BUCKETS or g & (g - 1):
-            raise MechanismError(f"A hashed round has a power of two from 2 to 2^16 buckets, not {g!r}.")
+        _check_buckets(self.buckets)
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def canonical(self) -> dict[str, object]:
         return {"mechanism": self.name, "k": self.k, "epsilon": self.epsilon}
 
     @cached_property
+    def bucket_design(self) -> KrrSpec:
+        """k-RR over the g buckets: how the bucket of the device's prefix is sent."""
+        return KrrSpec(self.buckets, self.epsilon)
+
+    @property
     def keep_threshold(self) -> int:
         """floor(2^64 gamma / (gamma + g - 1)): k-RR's keep threshold over the g buckets."""
-        g = Fraction(self.gamma)
-        return math.floor(ONE64 * g / (g + self.buckets - 1))
+        return self.bucket_design.keep_threshold
 
     @property
     def keep_probability(self) -> float:
@@ -241,8 +250,7 @@ class HashedSpec(MechanismSpec):
 
     @property
     def parity(self) -> float:
-        t, g = self.keep_threshold, self.buckets
-        return float(Fraction(t * (g - 1), ONE64 - t))
+        return self.bucket_design.parity  # given the hash, the report is the bucket's k-RR
 
     def randomize(self, value: int, source: RandomSource = _SYSTEM) -> Report:
         raise MechanismError("A hashed report randomizes a prefix, not a category: use randomize_prefix.")
@@ -254,10 +262,7 @@ class HashedSpec(MechanismSpec):
         if not isinstance(prefix, (bytes, bytearray)) or len(prefix) > CODE_BYTES:
             raise MechanismError(f"A prefix is at most {CODE_BYTES} bytes.")
         coefficients = [source.below(MODULUS) for _ in range(CODE_BYTES + 1)]
-        bucket = prefix_hash(coefficients, bytes(prefix)) & (self.buckets - 1)
-        if not bernoulli(source, self.keep_threshold):
-            other = source.below(self.buckets - 1)
-            bucket = other + (other >= bucket)
+        (bucket,) = self.bucket_design.randomize(prefix_hash(coefficients, bytes(prefix)) & (self.buckets - 1), source)
         return (*coefficients, bucket)
 
     def support(self, report: Sequence[int], candidates: Sequence[bytes]) -> list[int]:

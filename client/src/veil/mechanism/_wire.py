@@ -10,6 +10,7 @@ Encodings are the UploadRequest's ``reports`` oneof. ``index_sets``: q little-en
 indices per report, only for designs whose every report holds exactly q categories
 (``spec.q`` is not None). ``bitmaps``: ceil(k/8) bytes per report, for every design. The SDK
 sends whichever is shorter (index sets on a tie); the aggregator accepts any the design allows.
+``hashed``: a strings round's reports (HashedSpec, never registered), REPORT_BYTES each, alone.
 
 Batch samplers (the aggregator's numba kernels, which draw exactly what ``randomize`` draws
 from the same random words): ``q-subset`` draws SubsetSpec's randomization from ``spec.k``,
@@ -28,6 +29,7 @@ from types import MappingProxyType
 from ._errors import MechanismError
 from ._rappor import AdmissibleRapporSpec, RapporSpec
 from ._specs import KrrSpec, MechanismSpec, SubsetSpec, WarnerSpec
+from ._strings import REPORT_BYTES, HashedSpec
 
 __all__ = [
     "WireShape",
@@ -35,6 +37,7 @@ __all__ = [
     "SAMPLERS",
     "INDEX_SETS",
     "BITMAPS",
+    "HASHED_REPORTS",
     "register",
     "wire_shape",
     "wire_shape_of",
@@ -46,6 +49,7 @@ __all__ = [
 
 INDEX_SETS = "index_sets"
 BITMAPS = "bitmaps"
+HASHED_REPORTS = "hashed"
 SAMPLERS = ("q-subset", "rappor")
 _INDEX_BYTES = 4  # each index is a little-endian uint32
 
@@ -105,12 +109,16 @@ def wire_shape_of(proto: int) -> WireShape:
 
 def encodings(spec: MechanismSpec) -> tuple[str, ...]:
     """The encodings this design's reports may take."""
+    if isinstance(spec, HashedSpec):
+        return (HASHED_REPORTS,)
     return (BITMAPS,) if spec.q is None else (INDEX_SETS, BITMAPS)
 
 
 def encoding(spec: MechanismSpec) -> str:
     """The encoding the SDK sends: the shorter one (at k = 1024, epsilon = 1: 128 bytes against
     1100), index sets on a tie."""
+    if isinstance(spec, HashedSpec):
+        return HASHED_REPORTS
     if spec.q is None or report_bytes(spec, BITMAPS) < report_bytes(spec, INDEX_SETS):
         return BITMAPS
     return INDEX_SETS
@@ -120,6 +128,8 @@ def report_bytes(spec: MechanismSpec, encoding: str) -> int:
     """The size of one report of this design in an encoding it may take."""
     if encoding not in encodings(spec):
         raise MechanismError(f"Reports of {spec.name} are not sent as {encoding}.")
+    if encoding == HASHED_REPORTS:
+        return REPORT_BYTES
     return (spec.k + 7) // 8 if encoding == BITMAPS or spec.q is None else _INDEX_BYTES * spec.q
 
 
