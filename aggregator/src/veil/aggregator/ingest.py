@@ -227,6 +227,8 @@ class Ingest:
         self._clock = clock
         self._rounds = Rounds(config, store, clock) if rounds is None else rounds
         self._declared = tuple(config.metrics)
+        # Every name an upload may carry: the declared metrics and every round of the strings ones.
+        self._names = frozenset(m.name for m in config.metrics) | {r for s in config.strings for r in s.round_names}
         self._view_lock = threading.Lock()
         self._view: _View | None = None
         # Per (metric, fingerprint), the targets of the buckets current when last asked: (since, until, targets).
@@ -433,8 +435,7 @@ class Ingest:
     def _outcome(self, request: veil_pb2.UploadRequest, result: bool | Exception, started: float) -> Outcome:
         """The batch's outcome (result: whether the store applied it, or why it was refused),
         counted in the instruments and logged."""
-        declared = request.metric in self._current(self._clock()).metrics or self._rounds.owner(request.metric)
-        name = request.metric if declared else "(undeclared)"  # bounded label values only
+        name = request.metric if request.metric in self._names else "(undeclared)"  # bounded label values only
         if isinstance(result, bool):
             status = STATUSES["accepted" if result else "duplicate"]
             outcome = Outcome(status, accepted=request.count, duplicate=not result)
