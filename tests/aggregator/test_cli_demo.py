@@ -3,6 +3,7 @@ fits an 80x24 terminal and, on Redis, it leaves nothing behind."""
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import signal
@@ -89,11 +90,15 @@ def test_demo_runs_non_interactively_until_stopped_with_estimates_in_their_inter
     assert all(len(s) <= HEIGHT and max(map(len, s)) <= WIDTH for s in screens), screens
     last = "\n".join(screens[-1])
     assert reports_of_every_metric(screens[-1]) >= 20_000, last  # the total window only grows
-    # The largest categories' intervals are a few points wide (about 7 at n = 20,000), not the
-    # 500 devices' +-15.
+    # The largest categories' intervals are a few points wide (about 7 at n = 20,000 in two
+    # periods), not the 500 devices' +-15. A pooled window widens its interval by the square
+    # root of the periods it pools (docs/estimates.md), and a loaded machine spreads the 20,000
+    # reports over more of them.
+    pooled = re.search(r"pooled over the (\d+) periods", last)
+    widest = 10 * math.sqrt(max(int(pooled.group(1)) if pooled else 1, 2) / 2)
     categorical = last.split("\nload_ms: ")[0]  # the numeric metric's rows are in ms
     rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", categorical, re.M)
-    assert len(rows) == 6 and all(float(upper) - float(lower) < 10 for lower, upper in rows), last
+    assert len(rows) == 6 and all(float(upper) - float(lower) < widest for lower, upper in rows), last
     # The strings metric: nine 10-second periods before its first values, so not within this run.
     assert re.search(r"^crash_signature: strings, epsilon = 8: No period has reached round 8", last, re.M), last
     # The numeric metric: its mean near the truth (about 600 ms), an interval far narrower than the range.
