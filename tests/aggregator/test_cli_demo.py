@@ -210,7 +210,7 @@ def test_demo_on_redis_starts_from_nothing_and_leaves_no_key_behind_nor_touches_
     for _ in range(2):  # the second run starts from no counts, as the first did
         # One period for the whole run (a day: each device calls report() every second or so).
         out = demo(
-            "--redis", redis_server.url, "--duration", "6", "--devices", "2000", "--period", "1d", "--calls", "86400"
+            "--redis", redis_server.url, "--duration", "3", "--devices", "2000", "--period", "1d", "--calls", "86400"
         )
         assert out.returncode == 0, out.stderr
         assert re.search(r"aggregator on Redis \(keys veil:\{demo-[0-9a-f]{8}:\.\.\.\}, removed at exit\)", out.stdout)
