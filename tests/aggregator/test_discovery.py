@@ -5,14 +5,13 @@ vectorized reports against HashedSpec.randomize_prefix on the same words."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
 import pytest
 from scipy.stats import binom
+from veil_testing.benchlib import load_script
 
 from veil.aggregator._kernels import decode_hashed
 from veil.aggregator.counts import Counts
@@ -40,16 +39,6 @@ from veil.mechanism import (
     code_text,
     epsilon_to_gamma,
 )
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_discovery.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_discovery", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def random_reports(rng: np.random.Generator, count: int, buckets: int) -> np.ndarray:
@@ -323,7 +312,7 @@ def test_the_selective_interval_has_its_coverage_under_selection():
 
 @pytest.mark.parametrize(("epsilon", "length"), [(4.0, 1), (2.0, 5), (8.0, 8)])
 def test_the_vectorized_reports_are_randomize_prefix_on_the_same_words(epsilon, length):
-    bench = _bench()
+    bench = load_script("bench_discovery")
     hashed = MetricSpec.strings_round(first_round("m", buckets_for(epsilon_to_gamma(epsilon))), epsilon).mechanism
     rng = np.random.default_rng(length)
     count = 3000

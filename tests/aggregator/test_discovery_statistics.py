@@ -15,28 +15,17 @@ measure the same thing; the benchmark runs n = 10^6 and 10^7 and reports more.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from veil_testing.benchlib import load_script
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_discovery.py"
 N = 200_000
 SIMULATIONS = 120
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_discovery", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_script("bench_discovery")
 
 
 @pytest.mark.parametrize("epsilon", [4.0, 8.0])

@@ -16,30 +16,19 @@ benchmark measure the same thing; the benchmark runs more repetitions and adds t
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from veil_testing.benchlib import load_script
 
 from veil.aggregator.numeric import QUANTILES
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_numeric.py"
 REPS = 12_000
 QUANTILE_REPS = 400
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_numeric", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_script("bench_numeric")
 GRID = [(e, n, name) for e in bench.EPSILONS for n in bench.NS for name in bench.DISTRIBUTIONS]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
 import io
 import json
 import re
@@ -23,24 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from veil_testing.benchlib import BENCH_DIR, load_script
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 BENCHMARKS = ("randomize", "client", "ingest", "capacity", "device_day", "series", "cli", "footprint")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def report_module():
-    """bench/report.py as a module (a script, so not importable by name), its parts beside it
-    importable as they are when it runs as a script."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("report", BENCH / "report.py")
-        report = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(report)
-        yield report
-    finally:
-        sys.path.remove(str(BENCH))
+    """bench/report.py as a module (a script, so not importable by name)."""
+    return load_script("report")
 
 
 def run_report(report, argv: list[str]) -> tuple[int, str]:
@@ -83,7 +74,7 @@ def committed(report_module, tmp_path_factory):
     directory, its exit status and what it printed, and the latest.json it wrote."""
     directory = tmp_path_factory.mktemp("bench-committed")
     for name in BENCHMARKS:
-        shutil.copy(BENCH / "results" / f"{name}.json", directory / f"{name}.json")
+        shutil.copy(BENCH_DIR / "results" / f"{name}.json", directory / f"{name}.json")
     code, printed = run_report(report_module, ["--results-dir", str(directory)])
     return directory, code, printed, json.loads((directory / "latest.json").read_text())
 
@@ -282,7 +273,7 @@ def test_run_never_reports_a_file_it_did_not_write(committed, report_module, tmp
 def test_profiling_the_aggregator_writes_a_profile_and_counts_exactly(tmp_path):
     command = [
         sys.executable,
-        str(BENCH / "profile_ingest.py"),
+        str(BENCH_DIR / "profile_ingest.py"),
         "--shapes",
         "small",
         "--ks",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -19,11 +20,14 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "BENCH_DIR",
     "QUICK_RESULTS_DIR",
     "RESULTS_DIR",
+    "load_script",
     "machine_info",
     "median",
     "progress",
@@ -32,12 +36,28 @@ __all__ = [
     "write_results",
 ]
 
-# bench/results of the checkout: this package is installed in development mode (the dev extra),
+# bench/ and bench/results of the checkout: this package is installed in development mode (the dev extra),
 # so its files stay in the checkout's testing/src/veil_testing.
-RESULTS_DIR = Path(__file__).resolve().parents[3] / "bench" / "results"
+BENCH_DIR = Path(__file__).resolve().parents[3] / "bench"
+RESULTS_DIR = BENCH_DIR / "results"
 # Where `make bench-quick` (bench/report.py --run --quick) puts its smoke runs, so that they never
 # overwrite the real results.
 QUICK_RESULTS_DIR = RESULTS_DIR / "quick"
+
+
+def load_script(name: str) -> ModuleType:
+    """bench/<name>.py as a module, for the tests that check a benchmark's parts: a script is
+    not importable by name. bench/ is on sys.path while it loads, as when it runs, so the parts
+    it imports from beside it (report.py's _goals, ...) are found."""
+    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    return module
 
 
 def progress(message: str) -> None:
