@@ -131,6 +131,26 @@ def test_rounds_open_one_a_period_and_the_ninth_period_finds_the_planted_values(
         assert value.estimate > found.strings.floor
 
 
+def test_what_was_found_is_kept_until_a_bucket_it_may_show_changes(monkeypatch):
+    field = Field(population(2000))
+    for _ in range(ROUNDS):
+        field.next_period()
+        field.report()
+    reads: list[int] = []  # requests for counts, per store read
+    read = field.store.versioned_read
+    monkeypatch.setattr(
+        field.store, "versioned_read", lambda keys, requests: reads.append(len(requests)) or read(keys, requests)
+    )
+    (found,) = field.live.current("crash")
+    assert found.strings is not None and any(reads)
+    reads.clear()
+    # Nothing written since: the estimate kept, on the buckets' versions alone.
+    assert field.live.current("crash")[0] is found and not any(reads)
+    field.report()  # now's period's rounds, round 8 among them, hear from every device again
+    (again,) = field.live.current("crash")
+    assert again is not found and any(reads)
+
+
 def test_the_later_rounds_wait_until_the_period_settles_and_a_restart_derives_the_same_rounds():
     field = Field(population(3000))
     field.next_period()

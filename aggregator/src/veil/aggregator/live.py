@@ -260,8 +260,8 @@ class LiveEstimates:
         self._store = store
         self._clock = clock
         self._rounds = Rounds(config, store, clock) if rounds is None else rounds
-        # strings metric -> (the counts' key, their version, the estimate made of them)
-        self._strings_cache: dict[str, tuple[CountsKey, Version, WindowEstimate]] = {}
+        # strings metric -> (the buckets it may show, their versions, the estimate made of them)
+        self._strings_cache: dict[str, tuple[list[CountsKey], list[Version], WindowEstimate]] = {}
         self._cache: dict[tuple[str, str], WindowEstimate] = {}
         self._changing: set[tuple[str, str]] = set()  # (metric, window) found changed by the last call
         # (metric, window) -> (key, version, counts): the bucket's counts at that version, from
@@ -345,20 +345,27 @@ class LiveEstimates:
                 )
                 continue
             keys = [Rounds.key(m, p) for m, p in made_in]
+            # Which bucket is shown follows from their counts, so while neither has changed (the
+            # same keys at the same versions) the estimate kept holds: a versions read, no counts.
+            held = self._strings_cache.get(s.name)
+            if (
+                held is not None
+                and held[0] == keys
+                and held[1] == list(self._store.versions(keys))
+                and not self._aged(held[2], now)
+            ):
+                found.append(held[2])
+                continue
             requests = [(key, m.spec.mechanism.estimator.weights, m.spec.k) for key, (m, _) in zip(keys, made_in)]
             _, read = self._store.versioned_read((), requests)
             # The period before now's, complete, when it has enough reports to show; else now's.
             least = max(self._config.min_n, 2)
             i = next((i for i, (_, counts) in enumerate(read) if counts.total >= least), 0)
             (metric, _), key, (version, counts) = made_in[i], keys[i], read[i]
-            held = self._strings_cache.get(s.name)
-            if held is not None and held[0] == key and held[1] == version and not self._aged(held[2], now):
-                found.append(held[2])
-                continue
             made = self._compute(metric, s.window, key.bucket, key.bucket + s.period, version, counts, now)
             if made.estimate is not None:
                 made = dataclasses.replace(made, strings=discovered(metric.spec, made.estimate))
-            self._strings_cache[s.name] = (key, version, made)
+            self._strings_cache[s.name] = (keys, [v for v, _ in read], made)
             found.append(made)
         return found
 
