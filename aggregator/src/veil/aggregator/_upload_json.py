@@ -114,11 +114,13 @@ _UPLOAD = _named(
 )
 
 
+# The members of UploadRequest's reports oneof, as the proto names them.
+_REPORTS = frozenset(f.name for f in veil_pb2.UploadRequest.DESCRIPTOR.oneofs_by_name["reports"].fields)
+
+
 def _upload(value: Any) -> veil_pb2.UploadRequest:
     fields = _fields(value, _UPLOAD)
-    if (
-        sum(payload in fields for payload in ("index_sets", "bitmaps", "hashed")) > 1
-    ):  # one oneof: json_format refuses two
+    if len(_REPORTS & fields.keys()) > 1:  # one oneof: json_format refuses two
         raise _Unusual
     return veil_pb2.UploadRequest(**fields)
 
