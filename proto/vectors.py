@@ -36,6 +36,7 @@ from veil.client._memo import (
     strings_memo_message,
 )
 from veil.mechanism import (
+    CODE_BYTES,
     DISTRIBUTION,
     HASHED,
     MEAN,
@@ -240,7 +241,7 @@ def encodings() -> list[dict]:
         source = WordRandomSource(words)
         reports = [spec.mechanism.randomize(v % k, source) for v in range(3)]
         out.append(_upload_case(spec, reports, batch_id, made_unix))
-    # Strings rounds' reports (HashedReports): 40 bytes each, whatever the round.
+    # Strings rounds' reports (HashedReports): 32 bytes each, whatever the round.
     for (strings, epsilon, rule), made_unix in zip(_STRINGS_ROUNDS[:3], (1_700_006_400, 0, 86400), strict=True):
         spec = MetricSpec.strings_round(strings, epsilon, **rule)
         source = WordRandomSource([rng.getrandbits(32) for _ in range(200)])
@@ -400,11 +401,12 @@ def numeric_alphas() -> list[dict]:
 
 # --- strings metrics (docs/protocol.md section 10) --------------------------------------------
 
-# Strings, and raw bytes (as bytes): empty, short, exactly 8 bytes, longer (hashed), non-ASCII
+# Strings, and raw bytes (as bytes): empty, short, exactly 6 bytes, longer (hashed), non-ASCII
 # text, trailing and inner zero bytes, 0xff, bytes that are not UTF-8.
 _STRING_VALUES: tuple[str | bytes, ...] = (
     "",
     "a",
+    "SIGBUS",
     "SIGSEGV",
     "SIGABRT!",
     "SIGSEGV at 0x0",
@@ -419,10 +421,10 @@ _STRING_VALUES: tuple[str | bytes, ...] = (
     '\t\n"\\',
     b"",
     b"\x00",
-    b"\x00" * 8,
-    b"\x00" * 9,
+    b"\x00" * 6,
+    b"\x00" * 7,
     b"\xff",
-    b"\xff" * 8,
+    b"\xff" * 6,
     b"\xfe\xfd\x80",
     b"\xc3",
     b"\x01\x02\x03\x04\x05\x06\x07\x08\x09",
@@ -439,7 +441,7 @@ _STRINGS_ROUNDS: tuple[tuple[StringsRound, float, dict], ...] = (
         {"period": 3600, "reports_per_period": 2},
     ),
     (
-        StringsRound("signature-de-plantage", 8, 2, (string_code("SIGSEGV"), string_code("é"), _CODES[4])),
+        StringsRound("signature-de-plantage", ROUNDS - 1, 2, (string_code("SIGSEGV"), string_code("é"), _CODES[4])),
         0.5,
         {},
     ),
@@ -557,7 +559,9 @@ def hashed_support() -> list[dict]:
         spec = MetricSpec.strings_round(strings, epsilon, **rule)
         source = WordRandomSource([rng.getrandbits(32) for _ in range(2000)])
         candidates = strings.candidates
-        codes = [c.ljust(8, b"\x00") for c in (candidates[0], candidates[-1], candidates[len(candidates) // 2])]
+        codes = [
+            c.ljust(CODE_BYTES, b"\x00") for c in (candidates[0], candidates[-1], candidates[len(candidates) // 2])
+        ]
         codes += list(_CODES[:3])
         reports = [_hashed_report(spec, code, source) for code in codes]
         out.append(

@@ -18,7 +18,7 @@ import pytest
 from veil_testing.waiting import wait_until
 
 from veil.cli._demo import CRASHES, DEMO_METRICS, HEIGHT, LOAD_MS, WIDTH, frame
-from veil.mechanism import code_text, string_code
+from veil.mechanism import ROUNDS, code_text, string_code
 from veil.wire.v1 import veil_pb2
 
 pytestmark = pytest.mark.starts_first  # a minute or more: demo runs
@@ -99,8 +99,11 @@ def test_demo_runs_non_interactively_until_stopped_with_estimates_in_their_inter
     categorical = last.split("\nload_ms: ")[0]  # the numeric metric's rows are in ms
     rows = re.findall(r"^  \S+ +[\d.]+ +[\d.-]+   \[ *([\d.-]+), *([\d.-]+)\]", categorical, re.M)
     assert len(rows) == 6 and all(float(upper) - float(lower) < widest for lower, upper in rows), last
-    # The strings metric: nine 10-second periods before its first values, so not within this run.
-    assert re.search(r"^crash_signature: strings, epsilon = 8: No period has reached round 8", last, re.M), last
+    # The strings metric: ROUNDS (7) 10-second periods before its first values, so seldom within
+    # this run; a run slowed past them by a loaded machine shows what the verification found.
+    head = r"^crash_signature: strings, epsilon = 8"
+    no_values = rf"{head}: No period has reached round {ROUNDS - 1}"
+    assert re.search(rf"{no_values}|{head}, n = .*found inside", last, re.M), last
     # The numeric metric: its mean near the truth (about 600 ms), an interval far narrower than the range.
     truth, estimate, lower, upper = map(
         float, re.search(r"^  mean +(\S+) +(\S+) +\[ *(\S+), *(\S+)\]", last, re.M).groups()
@@ -108,7 +111,9 @@ def test_demo_runs_non_interactively_until_stopped_with_estimates_in_their_inter
     assert truth == round(LOAD_MS.truth_mean) and upper - lower < 500 and abs(estimate - truth) < 250, last
     assert len(re.findall(r"^  q(?:50|90|99) ", last, re.M)) == 3
     inside, total = map(int, re.search(r"final: (\d+) of (\d+) truths", stdout).groups())
-    assert total == 130 and inside >= 0.85 * total  # no strings value found yet
+    # 130 truths of the declared and numeric metrics, and the strings values found, if any (at most
+    # the 32 survivors)
+    assert 130 <= total <= 130 + 32 and inside >= 0.85 * total
 
 
 def estimates(estimand: str, withheld: str = "") -> dict[str, veil_pb2.WindowEstimate]:
@@ -167,7 +172,10 @@ def test_every_screen_fits_an_80x24_terminal_and_keeps_the_addresses_on_its_firs
     mean = rf"^  mean +{LOAD_MS.truth_mean:.0f} +{LOAD_MS.truth_mean + 12.3:.0f} "
     assert re.search(mean, screen, re.M) and re.search(r"^  q99 +3\d{3} ", screen, re.M), screen
     assert "crash_signature: strings, epsilon = 8, n = 123,456, floor 0.4%: 5/6 found inside" in screen
-    assert re.search(r"^  SIGSEGV +12\.0 +12\.1 ", screen, re.M), screen
+    # SIGSEGV is longer than a code (6 bytes): the aggregator knows its hash, the demo shows its text beside it.
+    hashed = re.escape(code_text(string_code("SIGSEGV"))[:7])
+    assert re.search(rf"^  SIGSEGV\.\. {hashed} +12\.0 +12\.1 ", screen, re.M), screen
+    assert re.search(r"^  ANR +7\.0 +7\.1 ", screen, re.M), screen  # a short one as its text
     assert "every category on the dashboard" in lines[-1]
     assert "  chrome" in "\n".join(lines) and "country-004" not in "\n".join(lines)  # the largest truths only
 

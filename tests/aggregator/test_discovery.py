@@ -27,6 +27,7 @@ from veil.aggregator.discovery import (
 )
 from veil.aggregator.estimate import Z95, Estimate, estimate
 from veil.mechanism import (
+    CODE_BYTES,
     MODULUS,
     REPORT_WORDS,
     ROUNDS,
@@ -43,8 +44,8 @@ from veil.mechanism import (
 
 def random_reports(rng: np.random.Generator, count: int, buckets: int) -> np.ndarray:
     reports = np.empty((count, REPORT_WORDS), np.uint32)
-    reports[:, :9] = rng.integers(0, MODULUS, (count, 9))
-    reports[:, 9] = rng.integers(0, buckets, count)
+    reports[:, : CODE_BYTES + 1] = rng.integers(0, MODULUS, (count, CODE_BYTES + 1))
+    reports[:, CODE_BYTES + 1] = rng.integers(0, buckets, count)
     return reports
 
 
@@ -55,8 +56,8 @@ def reference_held(strings: StringsRound, reports: np.ndarray) -> np.ndarray:
     report's; no table of extensions, no running reduction (the kernel's shortcuts)."""
     candidates = np.array([list(c) for c in strings.candidates], np.int64).reshape(len(strings.candidates), -1)
     a = reports[:, : candidates.shape[1]].astype(np.int64)
-    h = reports[:, 8].astype(np.int64)[:, None] + a @ candidates.T
-    return (h % MODULUS) % strings.buckets == reports[:, 9].astype(np.int64)[:, None]
+    h = reports[:, CODE_BYTES].astype(np.int64)[:, None] + a @ candidates.T
+    return (h % MODULUS) % strings.buckets == reports[:, CODE_BYTES + 1].astype(np.int64)[:, None]
 
 
 # --- counting ------------------------------------------------------------------------------------
@@ -67,14 +68,14 @@ def reference_held(strings: StringsRound, reports: np.ndarray) -> np.ndarray:
     [
         StringsRound("m", 0, 64, (b"",)),
         StringsRound("m", 4, 8, (b"\x00\x00\x00\x00", b"SIGS", b"\xff\xfe\x80\x01")),
-        StringsRound("m", ROUNDS - 1, 64, (b"SIGSEGV\x00", b"\xff" * 8, bytes(8), b"\x80abcdefg")),
+        StringsRound("m", ROUNDS - 1, 64, (b"SIGBUS", b"\xff" * CODE_BYTES, bytes(CODE_BYTES), b"\x80abcde")),
     ],
-    ids=["round0", "round4", "round8"],
+    ids=["round0", "round4", "verification"],
 )
 def test_decode_hashed_counts_the_reports_each_candidate_hashes_into(strings):
     rng = np.random.default_rng(28)
     reports = random_reports(rng, 600, strings.buckets)
-    reports[:3, :9] = MODULUS - 1  # the largest coefficients: sums near the top of int64's use
+    reports[:3, : CODE_BYTES + 1] = MODULUS - 1  # the largest coefficients: sums near the top of int64's use
     spec = MetricSpec.strings_round(strings, 4.0)
     counts = Counts.zeros(spec.mechanism)
     assert count_hashed(spec, reports, counts) == -1
@@ -99,7 +100,10 @@ def test_counts_add_up_over_batches():
     assert whole == parts
 
 
-@pytest.mark.parametrize(("column", "value"), [(0, MODULUS), (8, MODULUS), (3, 0xFFFFFFFF), (9, 64), (9, 0xFFFFFFFF)])
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [(0, MODULUS), (CODE_BYTES, MODULUS), (3, 0xFFFFFFFF), (CODE_BYTES + 1, 64), (CODE_BYTES + 1, 0xFFFFFFFF)],
+)
 def test_a_bad_report_is_named_and_nothing_is_counted_as_reports(column, value):
     strings = StringsRound("m", 2, 64, (b"ab",))
     spec = MetricSpec.strings_round(strings, 4.0)
@@ -153,7 +157,7 @@ def test_next_round_stops_after_verification_with_nothing_above_zero_or_no_repor
     spec = MetricSpec.strings_round(strings, 4.0)
     assert next_round(spec, fixed_estimate([0.0] * 255 + [-0.1])) is None
     assert next_round(spec, fixed_estimate([0.1] * 256, n=0)) is None
-    last = StringsRound("m", 7, 16, (b"abcdefg",))
+    last = StringsRound("m", ROUNDS - 2, 16, (b"abcdefg"[: ROUNDS - 2],))
     following = next_round(MetricSpec.strings_round(last, 4.0), fixed_estimate([0.1] * 256))
     assert following is not None and following.verification and len(following.candidates) == 32
     verification = MetricSpec.strings_round(following, 4.0)
@@ -168,7 +172,7 @@ def test_first_round_extends_the_empty_prefix():
 
 
 def verification(codes: int = 12, epsilon: float = 4.0, buckets: int = 64) -> MetricSpec:
-    parents = tuple(bytes([i]) * 8 for i in range(codes))
+    parents = tuple(bytes([i]) * CODE_BYTES for i in range(codes))
     return MetricSpec.strings_round(StringsRound("m", ROUNDS - 1, buckets, parents), epsilon)
 
 
@@ -224,7 +228,7 @@ def test_discovered_reports_only_values_above_the_floor_largest_first():
     x = np.array(values)
     found = discovered(spec, Estimate(n, "minimax", x, np.full(12, 0.001), x, x))
     assert found.floor == floor and found.n == n and found.candidates == 12 and found.metric == "m"
-    assert [v.code for v in found.values] == [bytes([i]) * 8 for i in (7, 3, 1, 4, 2)]
+    assert [v.code for v in found.values] == [bytes([i]) * CODE_BYTES for i in (7, 3, 1, 4, 2)]
     for value in found.values:
         assert value.text == code_text(value.code)
         assert value.stderr == 0.001  # the estimate's, as served
@@ -244,7 +248,7 @@ def test_discovered_from_counts_finds_the_planted_values():
     spec = verification(10, 8.0, 2048)
     source = SeededRandomSource(5)
     codes = spec.strings.candidates
-    population = [codes[2]] * 1500 + [codes[6]] * 900 + [b"\x77" * 8] * 2600  # 30% and 18%, the rest another
+    population = [codes[2]] * 1500 + [codes[6]] * 900 + [b"\x77" * CODE_BYTES] * 2600  # 30% and 18%, the rest another
     reports = np.array([spec.mechanism.randomize_prefix(code, source) for code in population], np.uint32)
     counts = Counts.zeros(spec.mechanism)
     assert count_hashed(spec, reports, counts) == -1
@@ -310,7 +314,7 @@ def test_the_selective_interval_has_its_coverage_under_selection():
 # --- the benchmark's reports are randomize_prefix's ----------------------------------------------
 
 
-@pytest.mark.parametrize(("epsilon", "length"), [(4.0, 1), (2.0, 5), (8.0, 8)])
+@pytest.mark.parametrize(("epsilon", "length"), [(4.0, 1), (2.0, 5), (8.0, CODE_BYTES)])
 def test_the_vectorized_reports_are_randomize_prefix_on_the_same_words(epsilon, length):
     bench = load_script("bench_discovery")
     hashed = MetricSpec.strings_round(first_round("m", buckets_for(epsilon_to_gamma(epsilon))), epsilon).mechanism
@@ -321,10 +325,11 @@ def test_the_vectorized_reports_are_randomize_prefix_on_the_same_words(epsilon, 
     # Words Lemire's rule rejects, in a coefficient's place and in the other bucket's, and a
     # keep decision on each side of the threshold: the rows taken by the scalar path and the edges.
     words[0, 3] = 0
-    words[1, 9:12] = [0xFFFFFFFF, 0xFFFFFFFF, 0]
+    keep = CODE_BYTES + 1  # the words after the coefficients: keep's two, then the other bucket's
+    words[1, keep : keep + 3] = [0xFFFFFFFF, 0xFFFFFFFF, 0]
     t = hashed.keep_threshold
-    words[2, 9:11] = [(t - 1) >> 32, (t - 1) & 0xFFFFFFFF]
-    words[3, 9:11] = [t >> 32, t & 0xFFFFFFFF]
+    words[2, keep : keep + 2] = [(t - 1) >> 32, (t - 1) & 0xFFFFFFFF]
+    words[3, keep : keep + 2] = [t >> 32, t & 0xFFFFFFFF]
     reports = bench.draw_reports(hashed, prefixes, words)
     for i in range(count):
         expected = hashed.randomize_prefix(prefixes[i].tobytes(), WordRandomSource(words[i].tolist()))

@@ -1,9 +1,9 @@
 """Discovery against its theory, end to end on the aggregator's code (slow, seeded; docs/math.md
-10): populations of n = 2 x 10^5 devices holding Zipf(1.1) values over 2^64, through the nine
+10): populations of n = 2 x 10^5 devices holding Zipf(1.1) values over 2^64, through the seven
 rounds, at epsilon 4 and 8.
 
 - recall: the top 20 values whose share is at least twice the detection floor are found in at
-  least 95% of their chances (each clears eight rounds and the floor with a margin of about three
+  least 95% of their chances (each clears six rounds and the floor with a margin of about three
   standard errors). The top 20, not every value above twice the floor: no more than the 32
   survivors of a round can go on, and at epsilon 8 some 44 values are that frequent;
 - coverage: the 95% selective intervals of the values found hold their true shares at least 93%

@@ -19,7 +19,7 @@ from veil.aggregator.discovery import Discovery, discovered
 from veil.aggregator.estimates_wire import ResponseCache, encode_window, estimates_field
 from veil.aggregator.live import WindowEstimate, estimates_json
 from veil.aggregator.strings_estimates import StringsGauges
-from veil.mechanism import HASHED, HashedSpec, code_text, string_code
+from veil.mechanism import HASHED, ROUNDS, HashedSpec, code_text, round_name, string_code
 from veil.wire.v1 import veil_pb2
 
 
@@ -30,7 +30,7 @@ def found() -> WindowEstimate:
 
 def test_the_json_names_the_metric_and_lists_what_the_round_found(found):
     body = found.to_json()
-    assert found.metric.spec.name == "crash_signature.r8" and body["metric"] == "crash_signature"
+    assert found.metric.spec.name == round_name("crash_signature", ROUNDS - 1) and body["metric"] == "crash_signature"
     assert body["mechanism"] == HASHED == "hashed" and body["categories"] == []
     strings = body["strings"]
     assert found.strings is not None

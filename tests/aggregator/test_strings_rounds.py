@@ -1,7 +1,7 @@
 """A strings metric's rounds in the aggregator: declared in the config, derived period by period
 from the store's counts, served and checked by ingest, found by the live estimates
 (docs/protocol.md 10). In process, on the memory store and an injected clock: the rounds move
-with the period, and a test drives ten periods in a second."""
+with the period, and a test drives seven periods in a second."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from veil.aggregator.instruments import Instruments
 from veil.aggregator.live import LiveEstimates
 from veil.aggregator.rounds import Rounds, settle_seconds
 from veil.aggregator.store import MemoryStore
-from veil.mechanism import ROUNDS, SeededRandomSource, round_name, string_code
+from veil.mechanism import REPORT_BYTES, REPORT_WORDS, ROUNDS, SeededRandomSource, round_name, string_code
 from veil.wire.v1 import veil_pb2
 
 PERIOD = 20
@@ -95,13 +95,13 @@ class Field:
             batch_id=os.urandom(16),
             metric=name,
             spec_fingerprint=fingerprint,
-            count=len(words) // 40,
+            count=len(words) // REPORT_BYTES,
             hashed=veil_pb2.HashedReports(words=words),
             made_unix=int(made // PERIOD) * PERIOD,
         )
 
 
-PLANTED = {"SIGSEGV": 0.3, "OOM": 0.15, "ANR": 0.1, "NullPointerException at Foo.bar": 0.08}
+PLANTED = {"SIGBUS": 0.3, "OOM": 0.15, "ANR": 0.1, "NullPointerException at Foo.bar": 0.08}
 
 
 def population(n: int, seed: int = 1) -> list[str]:
@@ -111,7 +111,7 @@ def population(n: int, seed: int = 1) -> list[str]:
     return [names[i] if i < len(names) else os.urandom(5).hex() for i in picks]  # the rest: all different
 
 
-def test_rounds_open_one_a_period_and_the_ninth_period_finds_the_planted_values():
+def test_rounds_open_one_a_period_and_the_last_rounds_period_finds_the_planted_values():
     field = Field(population(6000))
     versions = set()
     for period in range(ROUNDS):
@@ -146,7 +146,7 @@ def test_what_was_found_is_kept_until_a_bucket_it_may_show_changes(monkeypatch):
     reads.clear()
     # Nothing written since: the estimate kept, on the buckets' versions alone.
     assert field.live.current("crash")[0] is found and not any(reads)
-    field.report()  # now's period's rounds, round 8 among them, hear from every device again
+    field.report()  # now's period's rounds, the verification round among them, hear from every device again
     (again,) = field.live.current("crash")
     assert again is not found and any(reads)
 
@@ -172,12 +172,12 @@ def test_a_rounds_batch_from_another_period_or_a_round_not_served_is_stale():
     field.report()
     specs = {s.name: s for s in field.ingest.specs().specs}
     r0 = specs["crash.r0"]
-    words = np.zeros(10, "<u4").tobytes()
+    words = np.zeros(REPORT_WORDS, "<u4").tobytes()
     late = field.ingest.upload(field.upload("crash.r0", r0.fingerprint, words, made=field.now - PERIOD))
     assert late.status.label == "stale_spec" and "over" in late.message
     unserved = field.ingest.upload(field.upload("crash.r5", r0.fingerprint, words))
     assert unserved.status.label == "stale_spec"
-    unknown = field.ingest.upload(field.upload("crash.r9", r0.fingerprint, words))
+    unknown = field.ingest.upload(field.upload(round_name("crash", ROUNDS), r0.fingerprint, words))
     assert unknown.status.label == "unknown_metric"
 
 
@@ -185,12 +185,12 @@ def test_a_malformed_hashed_report_refuses_the_batch_naming_it():
     field = Field(population(10))
     field.next_period()
     r0 = {s.name: s for s in field.ingest.specs().specs}["crash.r0"]
-    words = np.zeros((3, 10), "<u4")
+    words = np.zeros((3, REPORT_WORDS), "<u4")
     words[1, 2] = 2**31 - 1  # a coefficient not below P
     outcome = field.ingest.upload(field.upload("crash.r0", r0.fingerprint, words.tobytes()))
     assert outcome.status.label == "invalid" and "report 1" in outcome.message
     words[1, 2] = 0
-    words[2, 9] = 1 << 12  # epsilon 8: 4096 buckets
+    words[2, REPORT_WORDS - 1] = 1 << 12  # epsilon 8: 4096 buckets
     outcome = field.ingest.upload(field.upload("crash.r0", r0.fingerprint, words.tobytes()))
     assert outcome.status.label == "invalid" and "bucket" in outcome.message
     index_sets = veil_pb2.UploadRequest(
@@ -204,11 +204,11 @@ def test_a_malformed_hashed_report_refuses_the_batch_naming_it():
     assert field.ingest.upload(index_sets).status.label == "invalid"
 
 
-def test_until_round_8_has_reports_the_estimate_is_withheld_saying_when_values_come():
+def test_until_the_verification_round_has_reports_the_estimate_is_withheld_saying_when_values_come():
     field = Field(population(100))
     field.next_period()
     (withheld,) = field.live.current("crash")
-    assert withheld.withheld and "round 8" in withheld.reason
+    assert withheld.withheld and f"round {ROUNDS - 1}" in withheld.reason
     assert [e.metric.name for e in field.live.current()] == ["browser", "crash.r0"]
     assert [e.metric.name for e in field.live.current(window="period")] == ["crash.r0"]
 

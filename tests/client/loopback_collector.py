@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 from veil.aggregator.counts import Counts
-from veil.mechanism import MetricSpec
+from veil.mechanism import CODE_BYTES, REPORT_BYTES, REPORT_WORDS, MetricSpec
 from veil.wire.v1 import veil_pb2, veil_pb2_grpc
 
 # Fast settings for tests: small delays so retries and batching happen within milliseconds.
@@ -101,11 +101,11 @@ def decode(spec: MetricSpec, request: veil_pb2.UploadRequest) -> np.ndarray:
     kind = request.WhichOneof("reports")
     rows = np.zeros((count, k), dtype=np.int64)
     if kind == "hashed" and spec.strings is not None:
-        if len(request.hashed.words) != 40 * count:
-            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "hashed reports are 40 bytes each")
-        words = np.frombuffer(request.hashed.words, dtype="<u4").reshape(count, 10).tolist()
+        if len(request.hashed.words) != REPORT_BYTES * count:
+            raise Reject(grpc.StatusCode.INVALID_ARGUMENT, f"hashed reports are {REPORT_BYTES} bytes each")
+        words = np.frombuffer(request.hashed.words, dtype="<u4").reshape(count, REPORT_WORDS).tolist()
         for r, report in enumerate(words):
-            if any(a >= 2**31 - 1 for a in report[:9]) or report[9] >= spec.strings.buckets:
+            if any(a >= 2**31 - 1 for a in report[: CODE_BYTES + 1]) or report[-1] >= spec.strings.buckets:
                 raise Reject(grpc.StatusCode.INVALID_ARGUMENT, f"report {r}: a coefficient or bucket out of range")
             rows[r, spec.mechanism.support(report, spec.strings.candidates)] = 1  # type: ignore[attr-defined]
     elif kind == "index_sets" and q is not None:
@@ -246,7 +246,7 @@ class CollectorState:
         np.add.at(counts.v, weight_rows, rows)
         seen = self.responses.setdefault(spec.fingerprint, collections.Counter())
         if spec.strings is not None:  # a hashed report is its words
-            seen.update(map(tuple, np.frombuffer(request.hashed.words, "<u4").reshape(-1, 10).tolist()))
+            seen.update(map(tuple, np.frombuffer(request.hashed.words, "<u4").reshape(-1, REPORT_WORDS).tolist()))
         else:
             seen.update(tuple(np.flatnonzero(row).tolist()) for row in rows)
 

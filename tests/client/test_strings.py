@@ -1,5 +1,5 @@
 """Strings metrics through the real SDK (issue 28, docs/protocol.md section 10):
-`reporter.report("crash_signature", "SIGSEGV")` reports the string's code in the one round its
+`reporter.report("crash_signature", "SIGBUS")` reports the string's code in the one round its
 device secret assigns it, randomizing the code's prefix under that round's served spec; the
 round, the memo key and the specs' protos follow the shared vectors; a value whose round is not
 served waits, as made, and is dropped when its period ends first; a steady value keeps its report
@@ -25,6 +25,8 @@ from veil.client import PrivacySpent, Reporter, UnknownCategoryError, spec_from_
 from veil.client._log import LogOnce
 from veil.client._memo import MemoStore, device_round
 from veil.mechanism import (
+    CODE_BYTES,
+    ROUNDS,
     MechanismError,
     MetricSpec,
     SeededRandomSource,
@@ -80,7 +82,7 @@ def _round_specs() -> list[MetricSpec]:
                     strings, s["epsilon"], period=s["period"], reports_per_period=s["reports_per_period"]
                 )
             )
-    assert {spec.strings.round for spec in rounds if spec.strings} >= {0, 3, 8}
+    assert {spec.strings.round for spec in rounds if spec.strings} >= {0, 3, ROUNDS - 1}
     return rounds
 
 
@@ -89,7 +91,7 @@ def test_a_rounds_spec_travels_as_the_aggregator_serves_it():
         message = spec_to_proto(spec)
         # HASHED, no labels (the candidates follow from the parents), the round in `strings`.
         assert message.mechanism == veil_pb2.HASHED and not message.labels and message.q == 0
-        assert message.strings.metric == spec.strings.metric and message.strings.rounds == 9
+        assert message.strings.metric == spec.strings.metric and message.strings.rounds == ROUNDS
         assert spec_from_proto(veil_pb2.MetricSpec.FromString(message.SerializeToString())) == spec
 
 
@@ -101,6 +103,8 @@ def test_a_rounds_spec_travels_as_the_aggregator_serves_it():
         lambda m: setattr(m, "mechanism", veil_pb2.KRR),  # a round is hashed
         lambda m: setattr(m.strings, "buckets", 3),  # not a power of two
         lambda m: m.ClearField("strings"),  # HASHED alone is no mechanism a spec may name
+        lambda m: setattr(m.strings, "rounds", 9),  # a revision-4 round (8-byte codes)
+        lambda m: setattr(m.strings, "rounds", ROUNDS + 1),
     ],
 )
 def test_a_round_the_device_cannot_reproduce_is_refused(tamper: Callable[[veil_pb2.MetricSpec], None]):
@@ -112,6 +116,45 @@ def test_a_round_the_device_cannot_reproduce_is_refused(tamper: Callable[[veil_p
 
 
 # --- the SDK, end to end ------------------------------------------------------------------------
+
+
+def _other_revision(round_: int, parents: tuple[bytes, ...], rounds: int) -> MetricSpec:
+    """A round as an aggregator of another wire revision serves it: ``rounds`` rounds (a
+    revision-4 one: 9, its codes 8 bytes), under the fingerprint of its own canonical form."""
+    strings = StringsRound(METRIC, round_, BUCKETS, parents)
+    object.__setattr__(strings, "rounds", rounds)  # what StringsRound refuses to make
+    return MetricSpec.strings_round(strings, EPSILON)
+
+
+@pytest.mark.parametrize("rounds", [9, ROUNDS - 1, ROUNDS + 1])
+def test_rounds_of_another_revision_are_refused_and_the_other_metrics_reported(
+    state: CollectorState,
+    make_reporter,
+    clock: SimulatedTime,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    rounds: int,
+):
+    """A strings round whose count of rounds is not this SDK's (an aggregator of another wire
+    revision) is refused as any spec the device cannot reproduce: its strings are dropped and
+    counted, nothing is raised into the app, and the other metrics are reported."""
+    state.specs = [
+        _other_revision(0, (b"",), rounds),
+        _other_revision(1, (b"S", b"N"), rounds),
+        MetricSpec.create("browser", ["chrome", "safari"], "krr", 1.0),
+    ]
+    ours = MetricSpec.strings_round(StringsRound(METRIC, 1, BUCKETS, (b"S", b"N")), EPSILON)
+    assert state.specs[1].fingerprint != ours.fingerprint  # the count of rounds is in the canonical form
+    reporter = _device(make_reporter, clock, _device_dir(tmp_path, 1))
+    assert set(reporter.metrics) == {"browser"}
+    reporter.report(METRIC, "SIGBUS")
+    reporter.report(METRIC, b"SIGBUS")
+    reporter.report("browser", "chrome")
+    assert reporter.force_flush(10) is False  # the drops since the start
+    counters = reporter.counters()
+    assert (counters.dropped, counters.queued, counters.sent) == (2, 0, 1)
+    assert state.total("browser") == 1 and state.total() == 1
+    assert f"{METRIC}.r1" in caplog.text and "Refusing" in caplog.text
 
 
 def _secret_of_round(metric: str, wanted: int) -> bytes:
@@ -138,10 +181,14 @@ def _round(round_: int, parents: tuple[bytes, ...], **rule: object) -> MetricSpe
 
 
 def _rounds(*served: int, parents: dict[int, tuple[bytes, ...]] | None = None) -> list[MetricSpec]:
-    """Rounds of METRIC: each round r's parents the r-byte prefixes of SIGSEGV and SIGABRT!, or given."""
-    codes = (string_code("SIGSEGV"), string_code("SIGABRT!"))
+    """Rounds of METRIC: each round r's parents the r-byte prefixes of the codes of SIGBUS (itself) and
+    SIGABRT! (hashed), or given."""
+    codes = (string_code("SIGBUS"), string_code("SIGABRT!"))
     chosen = parents or {}
-    return [_round(r, chosen.get(r, tuple({c[: 8 if r == 8 else r] for c in codes}) if r else (b"",))) for r in served]
+    return [
+        _round(r, chosen.get(r, tuple({c[: CODE_BYTES if r == ROUNDS - 1 else r] for c in codes}) if r else (b"",)))
+        for r in served
+    ]
 
 
 @pytest.fixture
@@ -160,18 +207,18 @@ def _device(make_reporter: Callable[..., Reporter], clock: SimulatedTime, direct
 def test_a_string_is_reported_in_the_devices_round(
     state: CollectorState, make_reporter, clock: SimulatedTime, tmp_path: Path
 ):
-    state.specs = _rounds(*range(9))
-    for round_ in (0, 3, 8):
+    state.specs = _rounds(*range(ROUNDS))
+    for round_ in (0, 3, ROUNDS - 1):
         reporter = _device(
             make_reporter, clock, _device_dir(tmp_path, round_, f"d{round_}"), random_source=SeededRandomSource(round_)
         )
-        reporter.report(METRIC, "SIGSEGV" if round_ != 3 else b"SIGSEGV")
+        reporter.report(METRIC, "SIGBUS" if round_ != 3 else b"SIGBUS")
         assert reporter.force_flush(10)
         spec = state.by_name(f"{METRIC}.r{round_}")
         assert spec.strings is not None
         # The report is the prefix's, randomized from the device's source, and nothing else leaves.
         expected = spec.mechanism.randomize_prefix(
-            spec.strings.prefix_of(string_code("SIGSEGV")), SeededRandomSource(round_)
+            spec.strings.prefix_of(string_code("SIGBUS")), SeededRandomSource(round_)
         )
         assert state.distinct(spec.name) == {expected: 1}
         assert state.total(spec.name) == 1 and reporter.counters().sent == 1
@@ -185,7 +232,7 @@ def test_a_string_waits_for_its_round_as_made(
     state.specs = _rounds(0)  # round 5 has no parents yet
     reporter = _device(make_reporter, clock, _device_dir(tmp_path, 5), spec_ttl_ms=20)
     made = clock.now
-    reporter.report(METRIC, "SIGSEGV")
+    reporter.report(METRIC, "SIGBUS")
     assert reporter.force_flush(5)  # nothing to deliver yet: the value waits, not lost
     assert reporter.counters().queued == 1 and state.total() == 0
     clock.now += 600  # later in the same period the round is served
@@ -203,7 +250,7 @@ def test_a_string_whose_period_ends_before_its_round_is_dropped(
 ):
     state.specs = _rounds(0)
     reporter = _device(make_reporter, clock, _device_dir(tmp_path, 5), spec_ttl_ms=20)
-    reporter.report(METRIC, "SIGSEGV")
+    reporter.report(METRIC, "SIGBUS")
     assert reporter.counters().queued == 1
     clock.now += DAY  # the next period: a round of it would not count a value made in this one
     with state.lock:
@@ -240,13 +287,13 @@ def test_a_steady_value_keeps_its_report_as_the_parents_change(
 
     sent = []
     for parents in ((b"SI",), (b"SI", b"NU"), (b"AB", b"SI", b"ZZ")):
-        assert report_a_day("SIGSEGV", parents).lifetime_epsilon == EPSILON
+        assert report_a_day("SIGBUS", parents).lifetime_epsilon == EPSILON
         sent.append(state.distinct(name))
     assert len({report for counter in sent for report in counter}) == 1, "one report, three fingerprints"
     assert report_a_day("NULL", (b"SI",)).lifetime_epsilon == 2 * EPSILON  # another prefix: a fresh response
     # The metric's name covers its rounds. (New rounds every day: the loopback collector's HTTP 304
     # would say the real time, not the simulated one.)
-    assert report_a_day("SIGSEGV", (b"NU",), memoize={METRIC: False}).lifetime_epsilon == 3 * EPSILON
+    assert report_a_day("SIGBUS", (b"NU",), memoize={METRIC: False}).lifetime_epsilon == 3 * EPSILON
 
 
 def test_values_of_the_wrong_kind_are_dropped_and_counted(
@@ -256,12 +303,12 @@ def test_values_of_the_wrong_kind_are_dropped_and_counted(
     reporter = _device(make_reporter, clock, _device_dir(tmp_path, 0))
     reporter.report(METRIC, 3)  # an index
     reporter.report(METRIC, 2.5)  # a number
-    reporter.report(f"{METRIC}.r0", "SIGSEGV")  # a round by its own name
+    reporter.report(f"{METRIC}.r0", "SIGBUS")  # a round by its own name
     reporter.report("browser", b"chrome")  # bytes for a metric of categories
     with pytest.raises(UnknownCategoryError):
         reporter.report(METRIC, None)  # type: ignore[arg-type]  # misuse whatever the specs say
     assert reporter.counters().dropped == 4 and reporter.counters().accepted == 0
-    reporter.report(METRIC, bytearray(b"SIGSEGV"))
+    reporter.report(METRIC, bytearray(b"SIGBUS"))
     assert reporter.force_flush(10) is False  # the drops since the start
     assert state.total(f"{METRIC}.r0") == 1
 
@@ -272,7 +319,7 @@ def test_a_round_batch_refused_as_stale_is_counted_failed(
     """The round it answered is over (its parents changed): FAILED_PRECONDITION, as any stale spec."""
     state.specs = _rounds(0, 1)
     reporter = _device(make_reporter, clock, _device_dir(tmp_path, 1), schedule_delay_ms=60_000)
-    reporter.report(METRIC, "SIGSEGV")
+    reporter.report(METRIC, "SIGBUS")
     calls = state.spec_calls
     with state.lock:
         state.specs = _rounds(0, 1, parents={1: (b"X",)})
@@ -288,7 +335,7 @@ def test_a_string_made_before_the_specs_is_reported_in_its_round(
     state.specs = _rounds(0, 4)
     collector.stop()  # a first start offline
     reporter = make_reporter(queue_dir=_device_dir(tmp_path, 4), clock=clock, elapsed_clock=clock)
-    reporter.report(METRIC, "SIGSEGV")
+    reporter.report(METRIC, "SIGBUS")
     assert reporter.counters().queued == 1 and not reporter.metrics
     collector.start()
     assert reporter.wait_for_specs(10) and state.wait_for(lambda: state.total(f"{METRIC}.r4") == 1)

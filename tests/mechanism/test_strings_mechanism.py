@@ -13,6 +13,7 @@ import pytest
 from veil.mechanism import (
     CODE_BYTES,
     MODULUS,
+    REPORT_BYTES,
     REPORT_WORDS,
     ROUNDS,
     HashedSpec,
@@ -36,30 +37,37 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 # --- codes -------------------------------------------------------------------------------------
 
 
+def test_the_wire_revision_5_sizes():
+    # A code is 6 bytes: rounds 0-5 extend a byte each, round 6 verifies; a report is a_0..a_5, c, bucket.
+    assert (CODE_BYTES, ROUNDS, REPORT_WORDS, REPORT_BYTES) == (6, 7, 8, 32)
+
+
 def test_a_short_string_is_its_own_code_zero_padded():
-    assert string_code("SIGSEGV") == b"SIGSEGV\x00"
-    assert string_code("") == bytes(8)
-    assert string_code("12345678") == b"12345678"
-    assert string_code("é") == "é".encode() + bytes(6)
-    assert string_code(b"\x01\x02") == b"\x01\x02" + bytes(6)
+    assert string_code("SIGBUS") == b"SIGBUS"
+    assert string_code("SEGV") == b"SEGV" + bytes(CODE_BYTES - 4)
+    assert string_code("") == bytes(CODE_BYTES)
+    assert string_code("123456") == b"123456"
+    assert string_code("é") == "é".encode() + bytes(CODE_BYTES - 2)
+    assert string_code(b"\x01\x02") == b"\x01\x02" + bytes(CODE_BYTES - 2)
     assert string_code(bytearray(b"ab")) == string_code("ab") == string_code(b"ab")
 
 
-def test_a_long_string_is_0xff_and_seven_bytes_of_its_sha256():
+def test_a_long_string_is_0xff_and_five_bytes_of_its_sha256():
     value = "NullPointerException at Foo.bar"
     digest = hashlib.sha256(b"veil.strings.v1\x00" + value.encode()).digest()
-    assert string_code(value) == b"\xff" + digest[:7]
-    assert string_code("123456789") == b"\xff" + hashlib.sha256(b"veil.strings.v1\x00123456789").digest()[:7]
+    assert string_code(value) == b"\xff" + digest[:5]
+    assert string_code("1234567") == b"\xff" + hashlib.sha256(b"veil.strings.v1\x001234567").digest()[:5]
+    assert string_code("SIGSEGV")[0] == 0xFF  # 7 bytes: one too many to be its own code
     assert string_code(value.encode()) == string_code(value)
 
 
 def test_code_collisions_are_the_documented_ones():
     # A value and the same value with trailing zero bytes share a code ...
-    assert string_code(b"ab") == string_code(b"ab\x00") == string_code(b"ab\x00\x00\x00\x00\x00\x00")
-    # ... but not once the zeros make it longer than 8 bytes (it is hashed then).
-    assert string_code(b"ab" + bytes(7)) != string_code(b"ab")
+    assert string_code(b"ab") == string_code(b"ab\x00") == string_code(b"ab" + bytes(CODE_BYTES - 2))
+    # ... but not once the zeros make it longer than CODE_BYTES (it is hashed then).
+    assert string_code(b"ab" + bytes(CODE_BYTES - 1)) != string_code(b"ab")
     # A hashed code starts with 0xFF, which no UTF-8 text has, so it never equals a short string's.
-    assert string_code("x" * 9)[0] == 0xFF
+    assert string_code("x" * (CODE_BYTES + 1))[0] == 0xFF
     assert all(string_code(chr(c))[0] != 0xFF for c in range(1, 0x800))
     assert len({string_code(f"value number {i}") for i in range(2000)}) == 2000
 
@@ -71,19 +79,19 @@ def test_only_text_and_bytes_have_codes(value):
 
 
 def test_code_text_shows_short_codes_as_text_and_hashed_ones_as_hex():
-    assert code_text(string_code("SIGSEGV")) == "SIGSEGV"
+    assert code_text(string_code("SIGBUS")) == "SIGBUS"
     assert code_text(string_code("é")) == "é"
     assert code_text(string_code("")) == ""
     long = string_code("a long crash signature")
     assert code_text(long) == "#" + long[1:].hex()
-    assert code_text(b"\xc3\x28ab" + bytes(4)) == "\\xc3(ab"  # undecodable bytes escaped
+    assert code_text(b"\xc3\x28ab" + bytes(CODE_BYTES - 4)) == "\\xc3(ab"  # undecodable bytes escaped
     assert code_text(b"SIG") == "SIG"  # a prefix of a code reads the same way
-    assert code_text(b"a\x00b" + bytes(5)) == "a\x00b"  # only the trailing zeros are padding
+    assert code_text(b"a\x00b" + bytes(CODE_BYTES - 3)) == "a\x00b"  # only the trailing zeros are padding
 
 
 def test_round_names_and_buckets():
     assert round_name("crash_signature", 0) == "crash_signature.r0"
-    assert round_name("m", 8) == "m.r8"
+    assert round_name("m", ROUNDS - 1) == "m.r6"
     # g: the power of two nearest gamma + 1 on a log scale, from 2 to 2^16.
     for epsilon in (0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0):
         target = epsilon_to_gamma(epsilon) + 1.0
@@ -97,9 +105,9 @@ def test_round_names_and_buckets():
 
 
 def test_prefix_hash_is_the_linear_form_mod_p():
-    coefficients = [MODULUS - 1 - 7 * i for i in range(8)] + [MODULUS - 2]
-    for prefix in (b"", b"\x00", b"\xff", b"ab", bytes(range(250, 256)) + b"\x01\x02"):
-        expected = (coefficients[8] + sum(a * u for a, u in zip(coefficients, prefix))) % MODULUS
+    coefficients = [MODULUS - 1 - 7 * i for i in range(CODE_BYTES)] + [MODULUS - 2]
+    for prefix in (b"", b"\x00", b"\xff", b"ab", bytes(range(256 - CODE_BYTES, 256))):
+        expected = (coefficients[CODE_BYTES] + sum(a * u for a, u in zip(coefficients, prefix))) % MODULUS
         assert prefix_hash(coefficients, prefix) == expected
 
 
@@ -120,12 +128,12 @@ def test_candidate_i_256_plus_b_is_parent_i_and_byte_b_parents_sorted():
     for i, parent in enumerate(strings.parents):
         for b in (0, 1, 97, 255):
             assert strings.candidates[i * 256 + b] == parent + bytes((b,))
-    assert strings.prefix_of(b"abcdefgh") == b"abcd"
+    assert strings.prefix_of(b"abcdef") == b"abcd"
     assert strings.labels[256 + 0x64] == b"abcd".hex()
 
 
 def test_the_verification_round_estimates_its_parents_themselves():
-    codes = (b"SIGSEGV\x00", string_code("a long one"))
+    codes = (b"SIGBUS", string_code("a long one"))
     strings = StringsRound("m", ROUNDS - 1, 8, codes)
     assert strings.verification and strings.prefix_bytes == strings.parent_bytes == CODE_BYTES
     assert strings.candidates == tuple(sorted(codes))
@@ -134,8 +142,8 @@ def test_the_verification_round_estimates_its_parents_themselves():
         "buckets": 8,
         "metric": "m",
         "parents": [c.hex() for c in sorted(codes)],
-        "round": 8,
-        "rounds": 9,
+        "round": ROUNDS - 1,
+        "rounds": ROUNDS,
     }
 
 
@@ -153,7 +161,9 @@ def test_the_verification_round_estimates_its_parents_themselves():
         ("m", 2, 64, ()),  # no parents
         ("m", 2, 64, (b"ab", b"ab")),  # duplicates
         ("m", 2, 64, (b"ab", b"abc")),  # a wrong length
+        ("m", ROUNDS - 1, 64, (b"12345",)),  # the verification round's parents are full codes
         ("m", ROUNDS - 1, 64, (b"1234567",)),
+        ("m", ROUNDS - 1, 64, (b"12345678",)),  # a revision-4 code
     ],
 )
 def test_a_malformed_round_is_refused(metric, round_index, buckets, parents):
@@ -161,9 +171,10 @@ def test_a_malformed_round_is_refused(metric, round_index, buckets, parents):
         StringsRound(metric, round_index, buckets, parents)
 
 
-def test_a_round_with_another_number_of_rounds_is_refused():
+@pytest.mark.parametrize("rounds", [9, ROUNDS - 1, ROUNDS + 1, 0])  # 9: a revision-4 aggregator's
+def test_a_round_with_another_number_of_rounds_is_refused(rounds):
     with pytest.raises(MechanismError):
-        StringsRound("m", 0, 64, (b"",), rounds=8)
+        StringsRound("m", 0, 64, (b"",), rounds=rounds)
 
 
 def test_a_round_spec_is_hashed_over_its_candidates():
@@ -225,26 +236,26 @@ def test_the_estimator_is_unbiased_with_the_design_moments():
 def test_randomize_prefix_reads_the_words_in_the_documented_order():
     spec = spec_at(4.0)  # g = 64
     g = spec.buckets
-    coefficient_words = [0x9E3779B9 * (i + 1) % (1 << 32) for i in range(9)]
+    coefficient_words = [0x9E3779B9 * (i + 1) % (1 << 32) for i in range(CODE_BYTES + 1)]
     coefficients = [w * MODULUS >> 32 for w in coefficient_words]  # below(P), no word rejected here
     prefix = b"SIG"
     true_bucket = prefix_hash(coefficients, prefix) & (g - 1)
     # Kept: bits64 from the next two words (high first) below T.
     kept = WordRandomSource([*coefficient_words, 0, 0, 0xFFFFFFFF])
     assert spec.randomize_prefix(prefix, kept) == (*coefficients, true_bucket)
-    assert kept.position == 11
+    assert kept.position == CODE_BYTES + 3
     # Not kept: one more word, o = below(g - 1), sent as o or o + 1 from the true bucket up.
     for other_word in (1, 0x80000000, 0xFFFFFFFF):
         source = WordRandomSource([*coefficient_words, 0xFFFFFFFF, 0xFFFFFFFF, other_word])
         other = other_word * (g - 1) >> 32
         expected = other + (other >= true_bucket)
         assert spec.randomize_prefix(prefix, source) == (*coefficients, expected)
-        assert source.position == 12 and expected != true_bucket
+        assert source.position == CODE_BYTES + 4 and expected != true_bucket
     # Word 0 is one Lemire's rule rejects for below(63) ((0 x 63) mod 2^32 < 2^32 mod 63): the next word decides.
     source = WordRandomSource([*coefficient_words, 0xFFFFFFFF, 0xFFFFFFFF, 0, 0xFFFFFFFF])
     other = 0xFFFFFFFF * (g - 1) >> 32
     assert spec.randomize_prefix(prefix, source)[-1] == other + (other >= true_bucket)
-    assert source.position == 13
+    assert source.position == CODE_BYTES + 5
     # The keep decision is bits64 < T exactly: T - 1 keeps, T does not.
     t = spec.keep_threshold
     edge = [*coefficient_words, (t - 1) >> 32, (t - 1) & 0xFFFFFFFF]
@@ -256,7 +267,7 @@ def test_randomize_prefix_reads_the_words_in_the_documented_order():
 def test_randomize_prefix_takes_a_prefix_and_randomize_is_refused():
     spec = spec_at(1.0)
     with pytest.raises(MechanismError):
-        spec.randomize_prefix(b"123456789", SeededRandomSource(1))
+        spec.randomize_prefix(bytes(CODE_BYTES + 1), SeededRandomSource(1))
     with pytest.raises(MechanismError):
         spec.randomize_prefix("abc", SeededRandomSource(1))  # type: ignore[arg-type]
     with pytest.raises(MechanismError):
@@ -273,7 +284,7 @@ def test_support_is_the_candidates_hashing_to_the_bucket():
     candidates = [bytes((a, b)) for a in (3, 200) for b in range(256)]
     for _ in range(30):
         report = spec.randomize_prefix(b"\x03\x07", source)
-        a, c, bucket = report[:8], report[8], report[9]
+        a, c, bucket = report[:CODE_BYTES], report[CODE_BYTES], report[CODE_BYTES + 1]
         brute = [
             i
             for i, cand in enumerate(candidates)
@@ -285,12 +296,13 @@ def test_support_is_the_candidates_hashing_to_the_bucket():
 
 def test_check_report_names_what_is_wrong():
     spec = spec_at(4.0)
-    good = [1] * 9 + [63]
+    good = [1] * (CODE_BYTES + 1) + [63]
     assert spec.check_report(good) is None
     assert "words" in spec.check_report(good[:-1])
+    assert "words" in spec.check_report([1] * 9 + [63])  # a revision-4 report: 10 words
     assert "coefficient" in spec.check_report([MODULUS] + good[1:])
-    assert "coefficient" in spec.check_report(good[:8] + [-1, 0])
-    assert "bucket 64" in spec.check_report(good[:9] + [64])
+    assert "coefficient" in spec.check_report(good[:CODE_BYTES] + [-1, 0])
+    assert "bucket 64" in spec.check_report(good[: CODE_BYTES + 1] + [64])
 
 
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])

@@ -22,6 +22,7 @@ from veil.mechanism import (
     HASHED,
     MECHANISMS,
     REPORT_WORDS,
+    ROUNDS,
     MetricSpec,
     NumericSpec,
     StringsRound,
@@ -118,7 +119,7 @@ def test_encoded_vectors_decode_to_their_reports_at_the_aggregator():
         spec = _spec_of(v["spec"])
         request = veil_pb2.UploadRequest.FromString(bytes.fromhex(v["upload_hex"]))
         if spec.strings is not None:
-            # 40 bytes a report, and the aggregator counts what each report holds.
+            # REPORT_WORDS words (32 bytes) a report, and the aggregator counts what each report holds.
             assert len(request.hashed.words) == 4 * REPORT_WORDS * request.count
             assert _hashed_rows(request).tolist() == v["reports"]
             counts = Counts.zeros(spec.mechanism)
@@ -150,18 +151,18 @@ def test_strings_codes_and_how_they_are_shown():
 
 def test_strings_rounds_of_devices():
     vectors = _load("strings_rounds.json")
-    assert {v["round"] for v in vectors} == set(range(9))
+    assert {v["round"] for v in vectors} == set(range(ROUNDS))
     for v in vectors:
         secret = bytes.fromhex(v["secret"])
         assert round_message(v["metric"]).hex() == v["message_hex"]
-        assert (int(v["x"]) * 9) >> 64 == v["round"] == device_round(secret, v["metric"]), v
+        assert (int(v["x"]) * ROUNDS) >> 64 == v["round"] == device_round(secret, v["metric"]), v
 
 
 def test_hashed_randomize_from_the_words_listed():
     vectors = _load("hashed_randomize.json")
     notes = {v["note"] for v in vectors}
     assert {"kept", "not kept", "below() rejections"} <= notes
-    assert {v["spec"]["strings"]["round"] for v in vectors} >= {0, 3, 8}
+    assert {v["spec"]["strings"]["round"] for v in vectors} >= {0, 3, ROUNDS - 1}
     for v in vectors:
         spec = _spec_of(v["spec"])
         assert spec.fingerprint == v["fingerprint"] and spec.mechanism.buckets == v["buckets"]

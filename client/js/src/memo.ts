@@ -75,7 +75,7 @@ export class Memo {
 
   /** The round this device answers of a strings metric (docs/protocol.md section 10): the first 8
    * bytes of HMAC-SHA256(secret, round domain | len | metric) as a little-endian uint64 x, and
-   * floor(x * 9 / 2**64). Fixed by the secret, whatever the device reports. */
+   * floor(x * ROUNDS / 2**64) (ROUNDS = 7). Fixed by the secret, whatever the device reports. */
   round(metric: string): number {
     let round = this.rounds.get(metric);
     if (round === undefined) {

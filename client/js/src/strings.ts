@@ -1,5 +1,5 @@
 // Strings metrics (docs/protocol.md section 10), as the Python SDK's veil.mechanism _strings.py: a
-// string becomes an 8-byte code; a metric has nine rounds, each served as a spec of its own
+// string becomes a 6-byte code; a metric has seven rounds, each served as a spec of its own
 // (`<metric>.r<round>`, mechanism HASHED) that estimates prefixes of the codes; a device answers
 // the one round its secret picks (memo.ts: Memo.round) by hashing its code's prefix with a hash
 // drawn at random and sending the hash and the bucket, the bucket through k-ary randomized
@@ -10,12 +10,12 @@ import { below, bernoulli, type WordSource } from "./random.js";
 import { hex, sha256 } from "./sha256.js";
 
 export const HASHED = "hashed";
-export const CODE_BYTES = 8;
+export const CODE_BYTES = 6;
 /** A byte per round, then the round that verifies the full codes. */
 export const ROUNDS = CODE_BYTES + 1;
 /** P = 2^31 - 1, the hash's prime modulus. */
 export const MODULUS = 2 ** 31 - 1;
-/** a_0 .. a_7, c, the bucket sent. */
+/** a_0 .. a_5, c, the bucket sent: 8 words, 32 bytes. */
 export const REPORT_WORDS = CODE_BYTES + 2;
 const MAX_BUCKETS = 1 << 16;
 const HASH_DOMAIN = new TextEncoder().encode("veil.strings.v1\u0000");
@@ -28,12 +28,13 @@ export interface Strings {
   rounds: number;
   /** g, a power of two from 2 to 2^16. */
   buckets: number;
-  /** The prefixes (round bytes each; 8 in the last round) the round's candidates extend. */
+  /** The prefixes (round bytes each; CODE_BYTES in the last round) the round's candidates extend. */
   parents: readonly Uint8Array[];
 }
 
-/** The 8-byte code of a string (its UTF-8 bytes) or of raw bytes: the bytes zero-padded when there
- * are at most 8, else 0xff and the first 7 bytes of SHA-256("veil.strings.v1" 0x00 | bytes). */
+/** The CODE_BYTES-byte code of a string (its UTF-8 bytes) or of raw bytes: the bytes zero-padded when
+ * there are at most CODE_BYTES, else 0xff and the first CODE_BYTES - 1 bytes of
+ * SHA-256("veil.strings.v1" 0x00 | bytes). */
 export function stringCode(value: string | Uint8Array): Uint8Array {
   const data = typeof value === "string" ? new TextEncoder().encode(value) : value;
   if (!(data instanceof Uint8Array)) throw new VeilUsageError("A strings metric takes a string or bytes.");
@@ -97,7 +98,8 @@ export function roundName(metric: string, round: number): string {
   return `${metric}.r${round}`;
 }
 
-/** The length of the prefixes a round estimates (and a device hashes): round + 1, 8 in the last. */
+/** The length of the prefixes a round estimates (and a device hashes): round + 1, CODE_BYTES in the
+ * last. */
 export function prefixBytes(strings: Strings): number {
   return strings.round === ROUNDS - 1 ? CODE_BYTES : strings.round + 1;
 }
@@ -162,17 +164,17 @@ export function hashedDesign(k: number, epsilon: number, buckets: number): Desig
   return { mechanism: HASHED, k, epsilon, gamma, q: 0, threshold: keepThreshold(1, buckets, gamma), buckets };
 }
 
-/** h(u) = (c + sum_i a_i u_i) mod P over a prefix's bytes u_i (coefficients a_0..a_7 then c). Each
- * a_i u_i is below 2^39 and the sum below 2^43: exact in doubles. */
+/** h(u) = (c + sum_i a_i u_i) mod P over a prefix's bytes u_i (coefficients a_0..a_5 then c). Each
+ * a_i u_i is below 2^39 and the sum below 2^42: exact in doubles. */
 export function prefixHash(coefficients: readonly number[], prefix: Uint8Array): number {
   let total = coefficients[CODE_BYTES];
   prefix.forEach((byte, i) => { total += coefficients[i] * byte; });
   return total % MODULUS;
 }
 
-/** The report of a device whose prefix is `prefix`: a_0..a_7 and c, each below(P) in that order,
+/** The report of a device whose prefix is `prefix`: a_0..a_5 and c, each below(P) in that order,
  * then the bucket h(prefix) mod g through k-RR over g (keep = bernoulli(T); when not kept, o =
- * below(g - 1), sent as o, or o + 1 from the true bucket up). Ten words. */
+ * below(g - 1), sent as o, or o + 1 from the true bucket up). REPORT_WORDS (8) words. */
 export function randomizeHashed(d: Design, prefix: Uint8Array, source: WordSource): number[] {
   if (d.mechanism !== HASHED || d.buckets === undefined) throw new VeilUsageError("A prefix is randomized by a hashed design.");
   if (!(prefix instanceof Uint8Array) || prefix.length > CODE_BYTES) {

@@ -3,7 +3,8 @@
 // device's round as the prefix of its code, hashed; a steady string keeps its memoized report
 // across rounds whose candidates change; a string waits while its round is not served, or until an
 // answer of its period confirms the specs, and is dropped once its period is over; a stale round's
-// batch is dropped, counted and the specs fetched again; the wrong kind is dropped.
+// batch is dropped, counted and the specs fetched again; the wrong kind is dropped; rounds of another
+// wire revision are refused, the other metrics still reported.
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
 
@@ -15,7 +16,7 @@ import {
 import { Collector, servedStrings, stringsRound, type Arrival } from "./collector.js";
 
 const METRIC = "crash";
-const VALUE = "SIGSEGV";
+const VALUE = "SIGBUS";  // CODE_BYTES long: its own code
 const BUCKETS = 64;
 const EPSILON = 8;  // with BUCKETS, a report keeps the true bucket unless bits64 >= 0.979 * 2^64
 
@@ -25,7 +26,7 @@ const SECRET = [7, 11, 13, 17].map((s) => Uint8Array.from({ length: 32 }, (_, i)
   .find((secret) => new Memo(secret).round(METRIC) !== 0)!;
 const ROUND = new Memo(SECRET).round(METRIC);
 
-/** Round r's parents: the r-byte prefix of VALUE's code and one other (round 8: full codes). */
+/** Round r's parents: the r-byte prefix of VALUE's code and one other (the last round: full codes). */
 function parents(round: number, other = 0x7a): Uint8Array[] {
   const code = stringCode(VALUE);
   if (round === 0) return [new Uint8Array(0)];
@@ -52,7 +53,7 @@ async function reporter(collector: Collector, options: Partial<ReporterOptions> 
   return new Reporter({ endpoint: collector.url, store, scheduleDelayMs: 60_000, log: () => undefined, ...options });
 }
 
-/** The reports (10 words each) of a hashed batch. */
+/** The reports (REPORT_WORDS words each) of a hashed batch. */
 function reports(arrival: Arrival): number[][] {
   const view = new DataView(arrival.columns.buffer, arrival.columns.byteOffset, arrival.columns.byteLength);
   assert.equal(arrival.columns.byteLength, arrival.count * 4 * REPORT_WORDS);
@@ -75,7 +76,7 @@ test("a string is reported in the device's round, as the hashed prefix of its co
     const r = await reporter(c, { words: steady(), clock: () => 1_700_000_123_000 });
     assert.ok(await r.whenReady());
     r.report(METRIC, VALUE);
-    r.report(METRIC, "a value longer than eight bytes");
+    r.report(METRIC, "a value longer than six bytes");
     assert.ok(await r.flush(5000));
     const name = roundName(METRIC, ROUND);
     assert.deepEqual(c.arrivals.map((a) => [a.metric, a.count, a.madeUnix, a.outcome]),
@@ -84,7 +85,7 @@ test("a string is reported in the device's round, as the hashed prefix of its co
     const prefixLength = ROUND === ROUNDS - 1 ? CODE_BYTES : ROUND + 1;
     const d = hashedDesign(candidates(round).length, EPSILON, BUCKETS);
     const sent = reports(c.arrivals[0]);
-    for (const [i, value] of [VALUE, "a value longer than eight bytes"].entries()) {
+    for (const [i, value] of [VALUE, "a value longer than six bytes"].entries()) {
       const prefix = stringCode(value).subarray(0, prefixLength);
       assert.deepEqual(sent[i], randomizeHashed(d, prefix, steady()), value);
       assert.equal(sent[i][CODE_BYTES + 1], prefixHash(sent[i], prefix) & (BUCKETS - 1), `${value}: kept`);
@@ -242,7 +243,8 @@ test("a round is used only as served: its name, no labels, the hashed design, it
   const reversed = { ...served, strings: { ...served.strings, parents: [...served.strings.parents as string[]].reverse() } };
   assert.equal(parseSpecs({ specs: [reversed] }).metrics.length, 1);
   for (const wrong of [{ name: "crash.r3" }, { labels: ["a"] }, { mechanism: "KRR" }, { q: 1 }, { fingerprint: "0".repeat(32) },
-    { strings: undefined }, { strings: { ...served.strings, rounds: 8 } }, { strings: { ...served.strings, buckets: 48 } },
+    { strings: undefined }, { strings: { ...served.strings, rounds: 9 } }, { strings: { ...served.strings, rounds: ROUNDS + 1 } },
+    { strings: { ...served.strings, buckets: 48 } },
     { strings: { ...served.strings, parents: ["AA=="] } }, { strings: { ...served.strings, parents: [] } }]) {
     assert.deepEqual(parseSpecs({ specs: [{ ...served, ...wrong }] }).metrics, [], JSON.stringify(wrong));
   }
@@ -256,16 +258,49 @@ test("a round is used only as served: its name, no labels, the hashed design, it
 
 test("hashed reports travel as little-endian words, in UploadRequest.hashed (field 8, after made_unix)", () => {
   const d = hashedDesign(256, 1, 4);
-  const reports = [[1, 2, 3, 4, 5, 6, 7, 8, 2 ** 31 - 2, 3], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]];
+  // a_0 .. a_5, c, the bucket; then a report of zeros.
+  const reports = [[...Array.from({ length: CODE_BYTES }, (_, i) => i + 1), 2 ** 31 - 2, 3], Array(REPORT_WORDS).fill(0)];
+  assert.deepEqual(reports.map((r) => r.length), [REPORT_WORDS, REPORT_WORDS]);
   const id = new Uint8Array(16).fill(1);
   const json = uploadJson(d, "m.r0", "f", reports, id, 1700006400);
   const words = Buffer.from((json.hashed as { words: string }).words, "base64");
-  assert.equal(words.length, 80);
-  assert.deepEqual([words.readUInt32LE(0), words.readUInt32LE(32), words.readUInt32LE(36)], [1, 2 ** 31 - 2, 3]);
+  assert.equal(words.length, 2 * 4 * REPORT_WORDS);
+  assert.equal(words.length, 64);  // 32 bytes a report
+  assert.deepEqual([words.readUInt32LE(0), words.readUInt32LE(4 * CODE_BYTES), words.readUInt32LE(4 * CODE_BYTES + 4)],
+    [1, 2 ** 31 - 2, 3]);
   assert.equal(json.madeUnix, "1700006400");
   const bytes = Buffer.from(encodeUpload(d, "m.r0", "f", reports, id, 1700006400));
-  // ... count (field 4) = 2, made_unix (7) as a varint, then field 8: 80 bytes of words in a HashedReports.
+  // ... count (field 4) = 2, made_unix (7) as a varint, then field 8: 64 bytes of words in a HashedReports.
   const tail = Buffer.concat([Buffer.from([0x20, 2, 0x38]), Buffer.from([0x80, 0x94, 0xd0, 0xaa, 0x06]),
-    Buffer.from([0x42, 82, 0x0a, 80]), words]);
+    Buffer.from([0x42, words.length + 2, 0x0a, words.length]), words]);
   assert.ok(bytes.subarray(bytes.length - tail.length).equals(tail), bytes.toString("hex"));
 });
+
+test("rounds of another wire revision are refused: their strings dropped and counted, the other metrics reported",
+  async () => {
+    // 9: a revision-4 aggregator's rounds (8-byte codes), each under the fingerprint of its own canonical form.
+    for (const rounds of [9, ROUNDS - 1, ROUNDS + 1]) {
+      const collector = new Collector();
+      collector.metrics.push(...[0, ROUND].map((r) => {
+        const served = stringsRound(METRIC, r, BUCKETS, parents(r), EPSILON);
+        return { ...served, strings: { ...served.strings!, rounds } };
+      }));
+      await collector.start();
+      try {
+        const lines: string[] = [];
+        const r = await reporter(collector, { log: (m) => lines.push(m) });
+        assert.ok(await r.whenReady());
+        r.report(METRIC, VALUE);
+        r.report(METRIC, new TextEncoder().encode(VALUE));
+        r.report("browser", "browser1");
+        assert.equal(await r.flush(5000), false, `rounds ${rounds}`);  // the drops since the start
+        assert.deepEqual([r.counters().dropped, r.counters().queued, r.counters().sent], [2, 0, 1], `rounds ${rounds}`);
+        assert.deepEqual(collector.arrivals.map((a) => [a.metric, a.count, a.outcome]), [["browser", 1, "counted"]]);
+        assert.equal(r.privacySpent(METRIC), undefined);
+        assert.ok(lines.some((l) => l.includes("does not match")), lines.join("\n"));
+        await r.shutdown(1000);
+      } finally {
+        await collector.stop();
+      }
+    }
+  });

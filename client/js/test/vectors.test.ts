@@ -5,9 +5,10 @@ import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import {
-  candidates, canonicalJson, checkNumeric, checkStrings, clip, codeText, design, designSpec, encodeUpload, encodeUploads,
-  fingerprint, GivenWords, hashedDesign, hashedSupport, Memo, numericCategory, numericLabels, parseSpecs, partName,
-  prefixBytes, randomize, randomizeHashed, stringCode, uploadJson, usesBitmaps, type Design, type Numeric, type Strings,
+  candidates, canonicalJson, checkNumeric, checkStrings, clip, CODE_BYTES, codeText, design, designSpec, encodeUpload,
+  encodeUploads, fingerprint, GivenWords, hashedDesign, hashedSupport, Memo, numericCategory, numericLabels, parseSpecs,
+  partName, prefixBytes, randomize, randomizeHashed, REPORT_WORDS, ROUNDS, stringCode, uploadJson, usesBitmaps,
+  type Design, type Numeric, type Strings,
 } from "../src/index.js";
 import { servedNumeric, servedStrings } from "./collector.js";
 
@@ -152,7 +153,7 @@ test("memo_keys: HMAC-SHA256 over lengths in bytes of UTF-8", () => {
 
 test("strings fingerprints: a round's k from its parents, used as served (proto3 JSON, parents as base64)", () => {
   const rounds = load("fingerprints.json").filter((v) => v.spec.strings);
-  assert.ok(rounds.some((v) => v.spec.strings.round === 0) && rounds.some((v) => v.spec.strings.round === 8));
+  assert.ok(rounds.some((v) => v.spec.strings.round === 0) && rounds.some((v) => v.spec.strings.round === ROUNDS - 1));
   for (const v of rounds) {
     const strings = stringsOf(v.spec.strings);
     const served = { name: v.spec.name, mechanism: "HASHED", epsilon: v.spec.epsilon, fingerprint: v.fingerprint,
@@ -167,13 +168,14 @@ test("strings fingerprints: a round's k from its parents, used as served (proto3
   }
 });
 
-test("strings_codes: a string's (or bytes') 8-byte code and how it is shown", () => {
+test(`strings_codes: a string's (or bytes') ${CODE_BYTES}-byte code and how it is shown`, () => {
   const vectors = load("strings_codes.json");
   assert.ok(vectors.some((v) => v.bytes_hex !== undefined) && vectors.some((v) => v.code.startsWith("ff")));
   for (const v of vectors) {
     const where = JSON.stringify(v.string ?? v.bytes_hex);
     if (v.string !== undefined) assert.equal(hex(new TextEncoder().encode(v.string)), v.utf8_hex, where);
     const code = stringCode(v.string ?? bytes(v.bytes_hex));
+    assert.equal(code.length, CODE_BYTES, where);
     assert.equal(hex(code), v.code, where);
     assert.equal(codeText(code), v.shown, where);
   }
@@ -181,11 +183,11 @@ test("strings_codes: a string's (or bytes') 8-byte code and how it is shown", ()
 
 test("strings_rounds: the device's round from its secret", () => {
   const vectors = load("strings_rounds.json");
-  assert.equal(new Set(vectors.map((v) => v.round)).size, 9, "every round is covered");
+  assert.equal(new Set(vectors.map((v) => v.round)).size, ROUNDS, "every round is covered");
   for (const v of vectors) assert.equal(new Memo(bytes(v.secret)).round(v.metric), v.round, `${v.secret} ${v.metric}`);
 });
 
-test("hashed_randomize: the same words give the same 10 words, using every word", () => {
+test(`hashed_randomize: the same words give the same ${REPORT_WORDS} words, using every word`, () => {
   const vectors = load("hashed_randomize.json");
   assert.ok(["kept", "not kept", "below() rejections"].every((note) => vectors.some((v) => v.note === note)));
   for (const v of vectors) {
@@ -196,6 +198,7 @@ test("hashed_randomize: the same words give the same 10 words, using every word"
     const prefix = bytes(v.code).subarray(0, prefixBytes(stringsOf(v.spec.strings)));
     assert.equal(hex(prefix), v.prefix, where);
     const source = new GivenWords(v.words);
+    assert.equal(v.report.length, REPORT_WORDS, where);
     assert.deepEqual(randomizeHashed(d, prefix, source), v.report, where);
     assert.equal(source.position, v.words.length, where);
   }

@@ -21,14 +21,14 @@ __all__ = ["DAY", "PLANTED", "strings_round", "verified", "withheld"]
 DAY = Window("1d", 86400, 7 * 86400)
 START = 1_790_000_000 // 86400 * 86400  # a period's start (Unix seconds)
 # Frequent values and their shares of the devices: a short value, one with a character that is not
-# ASCII, and one of more than 8 bytes (shown by its hash); the rest of the devices hold values of
-# their own, none of them a candidate.
-PLANTED = {"SIGSEGV": 0.30, "timeout": 0.18, "NullPointerException at Foo.bar": 0.12, "é": 0.06}
+# ASCII, and one of more than CODE_BYTES (6) bytes (shown by its hash); the rest of the devices hold
+# values of their own, none of them a candidate.
+PLANTED = {"SIGBUS": 0.30, "hang": 0.18, "NullPointerException at Foo.bar": 0.12, "é": 0.06}
 ABSENT = ("never", "OOM at Baz.qux(Baz.java:12)")  # candidates no device holds
 
 
 def strings_round(metric: str = "crash_signature", epsilon: float = 4.0) -> MetricSpec:
-    """The verification round (round 8) over the planted values' codes and the absent ones'."""
+    """The verification round (round ROUNDS - 1) over the planted values' codes and the absent ones'."""
     codes = tuple(string_code(v) for v in (*PLANTED, *ABSENT))
     strings = StringsRound(metric, ROUNDS - 1, buckets_for(math.exp(epsilon)), codes)
     return MetricSpec.strings_round(strings, epsilon, period=DAY.span)

@@ -480,7 +480,7 @@ def decode_index_sets(reports, k, v):
 @_kernel
 def decode_hashed(reports, parents, extend, modulus, buckets, v):
     """Hashed reports of a strings round (veil.mechanism.HashedSpec), one report per row of
-    uint32 words (a_0..a_7, c, bucket). The candidates are the rows of ``parents`` (uint8,
+    uint32 words (a_0..a_(L-1), c, bucket; L = the code's bytes). The candidates are the rows of ``parents`` (uint8,
     one prefix per row), each extended by every byte when ``extend`` (v: 256 per parent, in
     byte order), else the parents themselves. A report is bad when a coefficient is not below
     the modulus or its bucket not below ``buckets``. Adds into v (int64) the reports that hold
@@ -489,12 +489,13 @@ def decode_hashed(reports, parents, extend, modulus, buckets, v):
     mod P per report makes each parent's 256 tests independent of one another."""
     mask = np.int64(buckets - 1)
     size = parents.shape[1]
+    c = reports.shape[1] - 2  # the constant's word; the bucket's follows it
     table = np.empty(256, np.int64)
     for i in range(reports.shape[0]):
-        for w in range(9):
+        for w in range(c + 1):
             if np.int64(reports[i, w]) >= modulus:
                 return i
-        bucket = np.int64(reports[i, 9])
+        bucket = np.int64(reports[i, c + 1])
         if bucket > mask:
             return i
         if extend:
@@ -506,7 +507,7 @@ def decode_hashed(reports, parents, extend, modulus, buckets, v):
                 if step >= modulus:
                     step -= modulus
         for j in range(parents.shape[0]):
-            h = np.int64(reports[i, 8])
+            h = np.int64(reports[i, c])
             for b in range(size):
                 h = (h + np.int64(reports[i, b]) * np.int64(parents[j, b])) % modulus
             if not extend:

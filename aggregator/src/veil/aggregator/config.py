@@ -262,7 +262,7 @@ class StringsConfig:
     @property
     def window(self) -> Window:
         """The one window of its rounds: the period, kept while a round of a later period
-        may still need it (nine periods) and a week of periods beyond for the estimates."""
+        may still need it (ROUNDS periods) and a week of periods beyond for the estimates."""
         return Window(STRINGS_WINDOW, self.period, (ROUNDS + _DEFAULT_RETENTION_BUCKETS) * self.period)
 
     @property

@@ -6,7 +6,7 @@ module decides what follows from them:
 - ``next_round``: the prefixes that survive a round are its candidates with the ``keep`` largest
   estimates above zero (ties in candidate order). No test is made here: a prefix only needs to
   rank, and a wrong survivor costs one parent's worth of candidates in the next round, while a
-  floor would lose true values to noise in every one of the eight rounds.
+  floor would lose true values to noise in every one of the six rounds that extend prefixes.
 - ``discovered``: the verification round's candidates were chosen by other devices, so its
   estimates carry no selection bias and their intervals are those of a declared category. A code
   is reported when its estimate reaches the detection floor, the share of the smallest count

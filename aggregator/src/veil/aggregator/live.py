@@ -322,7 +322,7 @@ class LiveEstimates:
         return found
 
     def _strings_current(self, strings: tuple[StringsConfig, ...], window: str | None) -> list[WindowEstimate]:
-        """What each strings metric found: its verification round (8) of the period before now's
+        """What each strings metric found: its verification round (ROUNDS - 1) of the period before now's
         (complete) when it has enough reports to show, else of now's (provisional);
         withheld with the reason until a first period gets that far (docs/protocol.md 10)."""
         if window and window != STRINGS_WINDOW:

@@ -1,15 +1,15 @@
 """The rounds of every strings metric, period by period (docs/protocol.md 10).
 
 In period t a strings metric serves round 0 (the first byte of every code) and each round r of 1
-to 8 whose parents survived round r - 1 in period t - 1. Those parents follow from counts that
-stopped changing when period t - 1 ended (a round's batches made in another period are refused),
-so every process of the aggregator, and the same process after a restart, derives the same
-rounds from the store: nothing about them is kept anywhere else. Writes admitted just before a
-period ended may still be landing as it begins, so the later rounds are fixed only `settle`
-seconds into the period (a tenth of it, at most 10 s); until then round 0 is served alone.
+to ROUNDS - 1 (6) whose parents survived round r - 1 in period t - 1. Those parents follow from
+counts that stopped changing when period t - 1 ended (a round's batches made in another period
+are refused), so every process of the aggregator, and the same process after a restart, derives
+the same rounds from the store: nothing about them is kept anywhere else. Writes admitted just
+before a period ended may still be landing as it begins, so the later rounds are fixed only
+`settle` seconds into the period (a tenth of it, at most 10 s); until then round 0 is served alone.
 
 A round's spec for a past period is cached once made (its counts are final); a period's rounds
-need at most eight reads when the period begins, each of one bucket.
+need at most ROUNDS - 1 (six) reads when the period begins, each of one bucket.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ found (veil.aggregator.discovery.Discovery) as the JSON of /v1/estimates, as the
 message, and as /metrics gauges.
 
 A strings metric is served under its own name, not its round's ("crash_signature", not
-"crash_signature.r8"), with no categories: the round's candidates are codes chosen by the
+"crash_signature.r6"), with no categories: the round's candidates are codes chosen by the
 rounds before, and only those above the detection floor mean anything (the floor says what
 could not have been found). /metrics is bounded like the categories: per metric and window the
 ``top`` largest values (each with its standard error and selective 95% interval), and the

@@ -21,8 +21,9 @@ device holds a number drawn from a known lognormal distribution and reports it w
 number), which the SDK reports in both parts (docs/protocol.md 9); the screen shows the mean and
 the quantiles beside the distribution's own. And a strings one (CRASHES, crash signatures): each
 device holds a signature, a few common ones or one of its own, reports it with report(name,
-text), and the aggregator finds the common ones nine periods in (docs/protocol.md 10); the
-screen shows what it found beside the truth."""
+text), and the aggregator finds the common ones seven periods in, a round a period
+(docs/protocol.md 10); the screen shows what it found beside the truth (a value longer than 6
+bytes, which the aggregator knows by its hash, as its text beside the hash)."""
 
 from __future__ import annotations
 

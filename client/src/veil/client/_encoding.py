@@ -4,8 +4,8 @@ Reports travel in the encoding veil.mechanism.encoding chooses for the design: a
 little-endian uint32 indices per report, each report's indices strictly increasing (as
 ``randomize`` returns them), or as Bitmaps, ceil(k/8) bytes per report, category j being bit
 j % 8 (least significant first) of byte j // 8: the report's bit mask as a little-endian integer.
-A strings round's reports (HASHED) travel as HashedReports, their own path: each report's 10 words
-(the hash's coefficients and the bucket sent) as little-endian uint32, 40 bytes at every epsilon.
+A strings round's reports (HASHED) travel as HashedReports, their own path: each report's 8 words
+(the hash's coefficients and the bucket sent) as little-endian uint32, 32 bytes at every epsilon.
 Several stored batches go in one UploadBatchesRequest as they are: the request is nothing but its
 batches, each a length-delimited field 1 holding the batch's bytes.
 """

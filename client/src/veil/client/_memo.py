@@ -87,7 +87,7 @@ def device_round(secret: bytes, metric: str) -> int:
     """The one round of a strings metric this device answers (docs/protocol.md section 10;
     strings_rounds.json): the first 8 bytes of HMAC-SHA256(secret, round_message) as a
     little-endian uint64 x, and floor(x * ROUNDS / 2^64). Chosen without regard to the value, so
-    each round hears from a ninth of the devices, and a device's answers never combine."""
+    each round hears from a seventh of the devices, and a device's answers never combine."""
     digest = hmac.new(secret, round_message(metric), hashlib.sha256).digest()
     return (int.from_bytes(digest[:8], "little") * ROUNDS) >> 64
 

@@ -1,22 +1,23 @@
 """Strings metrics: finding the frequent values of an open dictionary (docs/math.md 10).
 
-A string becomes an 8-byte **code** (``string_code``): itself when its UTF-8 bytes number 8 or
-fewer (zero-padded, so it reads back as text), otherwise the byte 0xFF and 7 bytes of its
-SHA-256 (0xFF is never a byte of UTF-8 text, so a hashed code never equals a short string's).
+A string becomes a 6-byte (``CODE_BYTES``) **code** (``string_code``): itself when its UTF-8 bytes
+number 6 or fewer (zero-padded, so it reads back as text), otherwise the byte 0xFF and 5 bytes of
+its SHA-256 (0xFF is never a byte of UTF-8 text, so a hashed code never equals a short string's).
 
-The aggregator finds the frequent codes by prefix extension (PEM; Wang et al., TDSC 2019): round
-r (0..7) estimates the shares of the (r+1)-byte prefixes that extend the prefixes that survived
-round r-1 by one byte; round 8 re-estimates the survivors' full codes from devices that took no
-part in choosing them, so its intervals are those of a declared category. Each device answers one
-round, fixed by its secret, so a device's answer is one report and nothing composes.
+The aggregator finds the frequent codes by prefix extension (PEM; Wang et al., TDSC 2019) in
+``ROUNDS`` = 7 rounds: round r (0..5) estimates the shares of the (r+1)-byte prefixes that extend
+the prefixes that survived round r-1 by one byte; round 6 (``ROUNDS - 1``) re-estimates the
+survivors' full codes from devices that took no part in choosing them, so its intervals are those
+of a declared category. Each device answers one round, fixed by its secret (a round hears about
+n/7 devices), so a device's answer is one report and nothing composes.
 
 A round's report is **local hashing** (Wang et al., USENIX Security 2017, "OLH"): the device
 draws a hash h from a pairwise-independent family over byte strings, h(u) = (c + sum_i a_i u_i)
-mod P with P = 2^31 - 1 and a_0..a_7, c uniform in [0, P), and sends h's nine coefficients with
+mod P with P = 2^31 - 1 and a_0..a_5, c uniform in [0, P), and sends h's seven coefficients with
 its prefix's bucket h(u) mod g randomized by k-ary randomized response over the g buckets. The
-report is 40 bytes at every epsilon, and it does not depend on the round's candidates: the
-aggregator counts, for each candidate, the reports whose bucket is the candidate's under the
-report's hash (``HashedSpec.support``).
+report is ``REPORT_WORDS`` = 8 words, 32 bytes, at every epsilon, and it does not depend on the
+round's candidates: the aggregator counts, for each candidate, the reports whose bucket is the
+candidate's under the report's hash (``HashedSpec.support``).
 
 Privacy: given the hash (drawn independently of the value), the bucket is k-RR over g buckets,
 whose likelihood ratio is gamma; so is the report's.
@@ -55,10 +56,10 @@ __all__ = [
     "prefix_hash",
 ]
 
-CODE_BYTES = 8
+CODE_BYTES = 6
 ROUNDS = CODE_BYTES + 1  # a byte per round, then the verification round
 MODULUS = 2**31 - 1  # prime: a nonzero byte difference times a uniform coefficient is uniform
-REPORT_WORDS = CODE_BYTES + 2  # a_0..a_7, c, the reported bucket
+REPORT_WORDS = CODE_BYTES + 2  # a_0..a_5, c, the reported bucket
 REPORT_BYTES = 4 * REPORT_WORDS  # each a little-endian uint32 (HashedReports)
 HASHED = "hashed"
 DEFAULT_SURVIVORS = 32  # the prefixes a round passes on, unless the aggregator's config says otherwise
@@ -68,10 +69,11 @@ _SYSTEM = SystemRandomSource()
 
 
 def string_code(value: str | bytes) -> bytes:
-    """The 8-byte code of a string (its UTF-8 bytes) or of raw bytes: the bytes themselves,
-    zero-padded, when there are at most 8 of them; else 0xFF and the first 7 bytes of
-    SHA-256("veil.strings.v1" 0x00 bytes). Collisions: a value and the same value with trailing
-    zero bytes share a code; two longer values share one with probability 2^-56."""
+    """The CODE_BYTES-byte code of a string (its UTF-8 bytes) or of raw bytes: the bytes
+    themselves, zero-padded, when there are at most CODE_BYTES of them; else 0xFF and the first
+    CODE_BYTES - 1 bytes of SHA-256("veil.strings.v1" 0x00 bytes). Collisions: a value and the
+    same value with trailing zero bytes share a code; two longer values share one with
+    probability 2^-40."""
     if isinstance(value, str):
         data = value.encode("utf-8")
     elif isinstance(value, (bytes, bytearray)):
@@ -108,7 +110,7 @@ def buckets_for(epsilon_gamma: float) -> int:
 
 
 def prefix_hash(coefficients: Sequence[int], prefix: bytes) -> int:
-    """h(u) = (c + sum_i a_i u_i) mod P over the prefix's bytes u_i (a_0..a_7 then c)."""
+    """h(u) = (c + sum_i a_i u_i) mod P over the prefix's bytes u_i (a_0..a_5 then c)."""
     total = coefficients[CODE_BYTES]
     for a, byte in zip(coefficients, prefix):
         total = (total + a * byte) % MODULUS
@@ -142,7 +144,9 @@ class StringsRound:
         if not isinstance(self.metric, str) or not self.metric:
             raise MechanismError("A strings round needs its metric's name.")
         if self.rounds != ROUNDS or not isinstance(self.round, int) or not 0 <= self.round < ROUNDS:
-            raise MechanismError(f"A strings metric has rounds 0 to {ROUNDS - 1} of {ROUNDS}, not {self.round!r}.")
+            raise MechanismError(
+                f"A strings metric has rounds 0 to {ROUNDS - 1} of {ROUNDS}, not {self.round!r} of {self.rounds!r}."
+            )
         _check_buckets(self.buckets)
         parents = tuple(bytes(p) for p in self.parents)
         length = self.parent_bytes
@@ -256,7 +260,7 @@ class HashedSpec(MechanismSpec):
         raise MechanismError("A hashed report randomizes a prefix, not a category: use randomize_prefix.")
 
     def randomize_prefix(self, prefix: bytes, source: RandomSource = _SYSTEM) -> tuple[int, ...]:
-        """The report of a device whose prefix is ``prefix``: a_0..a_7 and c, each below(P) in that
+        """The report of a device whose prefix is ``prefix``: a_0..a_5 and c, each below(P) in that
         order, then the bucket h(prefix) mod g through k-RR over g: keep = bernoulli(T); when
         not kept, o = below(g - 1) and the bucket sent is o, or o + 1 from the true one up."""
         if not isinstance(prefix, (bytes, bytearray)) or len(prefix) > CODE_BYTES:
