@@ -53,7 +53,7 @@
     name = "crash_signature"      # (docs/protocol.md section 10, docs/estimates.md)
     type = "strings"
     epsilon = 4.0                 # per report; a device answers one round per period
-    period = "1d"                 # rounds move on each period; the first values after 9 periods
+    period = "1d"                 # rounds move on each period; the first values after 7 periods
     survivors = 32                # prefixes kept per round (default 32): what can be found at most
 
     [tls]                         # TLS on both listeners (gRPC and HTTP); absent: plaintext
