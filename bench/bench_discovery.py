@@ -57,7 +57,8 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln, ndtr
+from scipy.special import ndtr
+from scipy.stats import binom
 from veil_testing.benchlib import (
     QUICK_RESULTS_DIR,
     RESULTS_DIR,
@@ -295,26 +296,17 @@ def survival_chances(
                 count *= 1.0 - q[:, None]
                 count[:, 1:] += moved[:, :-1]
                 count[:, -1] += moved[:, -1]
-            # P(j nulls above x), j < keep: the two binomials' sum
-            empty = _binomial_pmf(keep, empty_nulls, ndtr(-grid / empty_sd))
-            if spread_nulls:
-                spread_above = _binomial_pmf(keep, spread_nulls, ndtr((spread - grid) / spread_sd))
-                null_count = np.stack([np.convolve(x, y)[:keep] for x, y in zip(spread_above, empty)])
-            else:
-                null_count = empty
+            # P(j nulls above x), j < keep: the two binomials' sum (in logs: scipy's pmf overflows
+            # at p near 0)
+            j = np.arange(keep)
+            empty = np.exp(binom.logpmf(j, empty_nulls, ndtr(-grid / empty_sd)[:, None]))
+            spread_above = np.exp(binom.logpmf(j, spread_nulls, ndtr((spread - grid) / spread_sd)[:, None]))
+            null_count = np.stack([np.convolve(x, y)[:keep] for x, y in zip(spread_above, empty)])
             fewer = np.cumsum(null_count, axis=1)  # P(nulls above x <= m)
             chance = sum(count[:, m] * fewer[:, keep - m - 1] for m in range(keep))
             chances[r, i] = float(chance @ density)
         present = present * chances[r]
     return chances
-
-
-def _binomial_pmf(m: int, n: int, p: np.ndarray) -> np.ndarray:
-    """(len(p), m): P(binomial(n, p) = j) for j < m, in logs (scipy's pmf overflows at p near 0)."""
-    j = np.arange(m)
-    p = np.clip(p, 1e-300, 1.0 - 1e-16)[:, None]
-    log = gammaln(n + 1) - gammaln(j + 1) - gammaln(np.maximum(n - j, 0) + 1) + j * np.log(p) + (n - j) * np.log1p(-p)
-    return np.where(j <= n, np.exp(log), 0.0)
 
 
 # --- a cell: S simulations ---------------------------------------------------------------------
