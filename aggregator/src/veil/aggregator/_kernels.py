@@ -480,13 +480,14 @@ def decode_index_sets(reports, k, v):
 @_kernel
 def decode_hashed(reports, parents, extend, modulus, buckets, v):
     """Hashed reports of a strings round (veil.mechanism.HashedSpec), one report per row of
-    uint32 words (a_0..a_(L-1), c, bucket; L = the code's bytes). The candidates are the rows of ``parents`` (uint8,
-    one prefix per row), each extended by every byte when ``extend`` (v: 256 per parent, in
-    byte order), else the parents themselves. A report is bad when a coefficient is not below
-    the modulus or its bucket not below ``buckets``. Adds into v (int64) the reports that hold
-    each candidate: h(u) = (c + sum_i a_i u_i) mod P in bucket mask; returns the first bad
-    report or -1. The 256 extensions' hashes are (h(parent) + a_L x) mod P: a table of a_L x
-    mod P per report makes each parent's 256 tests independent of one another."""
+    uint32 words (a_0 .. a_(CODE_BYTES - 1), c, bucket: the row's length says how many). The
+    candidates are the rows of ``parents`` (uint8, one prefix of L bytes per row), each extended
+    by every byte when ``extend`` (v: 256 per parent, in byte order), else the parents
+    themselves. A report is bad when a coefficient is not below the modulus or its bucket not
+    below ``buckets``. Adds into v (int64) the reports that hold each candidate: h(u) = (c +
+    sum_i a_i u_i) mod P in bucket mask; returns the first bad report or -1. The 256
+    extensions' hashes are (h(parent) + a_L x) mod P: a table of a_L x mod P per report makes
+    each parent's 256 tests independent of one another."""
     mask = np.int64(buckets - 1)
     size = parents.shape[1]
     c = reports.shape[1] - 2  # the constant's word; the bucket's follows it
