@@ -300,6 +300,28 @@ def test_redis_down_means_unavailable_and_not_serving_then_exact_counts(start_ag
     assert total_n(endpoint, "os") == 250
 
 
+def test_a_store_check_failing_unexpectedly_means_not_serving_and_the_watch_goes_on(
+    start_aggregator, monkeypatch, caplog
+):
+    """The store's ping raising something no store error covers (a client library's own fault)
+    is the store unavailable, logged with its traceback; the health watch is not ended by it, so
+    the aggregator is SERVING again once the ping answers."""
+    aggregator = start_aggregator()
+    endpoint = f"127.0.0.1:{aggregator.grpc_port}"
+    assert health_status(endpoint) == health_pb2.HealthCheckResponse.SERVING
+    answers = aggregator.store.ping
+
+    def broken() -> None:
+        raise AttributeError("'list' object has no attribute 'splitlines'")
+
+    monkeypatch.setattr(aggregator.store, "ping", broken)
+    assert wait_until(lambda: health_status(endpoint) == health_pb2.HealthCheckResponse.NOT_SERVING)
+    monkeypatch.setattr(aggregator.store, "ping", answers)
+    assert wait_until(lambda: health_status(endpoint) == health_pb2.HealthCheckResponse.SERVING)
+    failed = [r for r in caplog.records if "check failed unexpectedly" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None  # once per outage, with the traceback
+
+
 def test_server_reflection_lists_the_services(start_aggregator):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 

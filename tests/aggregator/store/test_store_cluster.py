@@ -171,6 +171,29 @@ def test_a_set_of_many_metrics_takes_one_call_per_master_across_their_slots(redi
         assert batches_added(store, [key(metric=f"m{i}")]) == [len(counted)]
 
 
+def test_a_master_whose_replicas_fall_short_fails_its_own_batches_and_every_connection_stays_in_step(
+    redis_cluster, stores, rng
+):
+    """WAIT 2 where every master has one replica: each master's call is applied and falls short.
+    Every master's answer is still read, so no connection goes back to its pool with a reply
+    waiting for its next command (which would take another call's answer for its own: an
+    INFO answered by a script's list, a batch acknowledged by another group's reply)."""
+    store = stores(wait_replicas=2, wait_timeout_ms=20)
+    writes = [batch(random_counts((1,), 4, rng), key(metric=f"m{i % 10}")) for i in range(30)]
+    assert len({redis_cluster.owner(key_slot(tag_of(w).encode())).port for w in writes}) == 3  # a call per master
+    for _ in range(2):  # the second time: found applied, and unacknowledged all the same
+        results = store.add_many(writes)
+        assert all(isinstance(r, StoreUnavailable) and "of 2 replicas acknowledged" in str(r) for r in results)
+        for _ in range(3):  # every master's pooled connection answers its own command
+            with pytest.raises(StoreUnavailable, match="a master with 1 of the 2 replicas"):
+                store.ping()
+    for i in range(10):
+        counted = [w for w in writes if w.metric == f"m{i}"]
+        total = Counts((1,), sum(w.counts.n for w in counted), sum(w.counts.v for w in counted))
+        assert store.read(key(metric=f"m{i}"), (1,), 4) == total  # applied once, as "may have been" says
+        assert batches_added(store, [key(metric=f"m{i}")]) == [len(counted)]
+
+
 def tag_of(write) -> str:
     """The hash tag of a write's shard (of 3)."""
     return shard_tags(write.metric, 3)[shard_of(write.batch_id, 3)]

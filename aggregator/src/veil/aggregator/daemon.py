@@ -354,6 +354,10 @@ class Aggregator:
                 log.error("the counter store would count batches twice: NOT_SERVING", extra={"error": str(err)})
         except StoreError:
             ok = False
+        except Exception:  # noqa: BLE001 (a store client's own fault: the watch goes on, NOT_SERVING)
+            ok = False
+            if self._store_ok is not False:
+                log.exception("the counter store's check failed unexpectedly: NOT_SERVING")
         if ok is not self._store_ok:
             status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
             for service in ("", *_SERVICES):

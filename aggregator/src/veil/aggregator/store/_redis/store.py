@@ -35,7 +35,10 @@ waits once, however many masters its batches' shards are on), each spanning the 
 shards its master holds (the script's ``allow-cross-slot-keys`` flag; the keys in its
 arguments, one declared to route it). A call whose routing key's slot has moved or is moving
 (MOVED, ASK, TRYAGAIN) runs nowhere, and a group whose slot is not its master's fails there
-before any write of it; those go again per slot, as the slot map has it when read again.
+before any write of it; those go again per slot, as the slot map has it when read again. A
+master whose call fails (no answer, an error, too few replicas acknowledging) fails its own
+call's batches only: every other master's answer is still read, since a connection holding an
+unread answer would hand it to its next command.
 
 Durability is Redis's own:
 
@@ -564,27 +567,39 @@ class RedisStore(Store):
     def _call_masters(self, script: Script, parts: list[tuple[redis.Redis, list[_Section]]]) -> list[Any]:
         """_call on several masters at once: every call (and its WAIT) written on a connection of
         its master before any answer is read, so that they run side by side and the caller
-        waits once. For each, its answer, or the redis-py error it ended with."""
+        waits once. For each, its answer, or the error it ended with (redis-py's, or
+        StoreUnavailable when too few replicas acknowledged).
+
+        A connection goes back to its pool only with every reply sent for read: one whose
+        replies were left unread would hand them to its next command (another call's answer
+        taken for this one's). So one master's failure never stops the others' answers being
+        read, and a connection left mid-exchange by anything else is closed, not reused."""
         answers: list[Any] = [None] * len(parts)
         taken: list[redis.Connection | None] = [None] * len(parts)
+        in_step = [False] * len(parts)
         try:
             for i, (client, sections) in enumerate(parts):
                 try:
                     taken[i] = client.connection_pool.get_connection()
                     self._send(taken[i], script.sha, sections)  # type: ignore[arg-type]  # taken just now
                 except redis.RedisError as error:
-                    if taken[i] is not None:
-                        taken[i].disconnect()  # type: ignore[union-attr]  # taken just now
-                    answers[i] = error
+                    answers[i] = error  # the connection is closed below (maybe partly written)
             for i, (held, (_, sections)) in enumerate(zip(taken, parts)):
                 if answers[i] is None and held is not None:
                     try:
                         answers[i] = self._receive(held, script, sections)
+                        in_step[i] = True
+                    except StoreUnavailable as error:  # every reply read: too few replicas acknowledged
+                        answers[i] = error
+                        in_step[i] = True
                     except redis.RedisError as error:
                         answers[i] = error
+                        in_step[i] = isinstance(error, ResponseError)  # an error reply, read in full
         finally:
-            for (client, _), held in zip(parts, taken):
+            for (client, _), held, settled in zip(parts, taken, in_step):
                 if held is not None:
+                    if not settled:
+                        held.disconnect()
                     client.connection_pool.release(held)
         return answers
 
