@@ -216,9 +216,21 @@ def test_expired_ids_and_buckets_are_purged_in_chunks_and_logged(path, opened, r
     assert store.purge() == (0, 0)
 
 
-def test_the_maintenance_thread_purges_by_itself(path, opened, rng):
+@pytest.mark.parametrize("first_purge", ["works", "raises"])
+def test_the_maintenance_thread_purges_by_itself(path, opened, rng, first_purge, caplog):
+    """Even after a purge failed in a way no store error covers: the thread goes on."""
     clock = Clock()
     store = opened(SqliteStore(path, clock=clock, maintenance_interval=0.05))
+    if first_purge == "raises":
+        purge, failures = store.purge, []
+
+        def failing_once() -> tuple[int, int]:
+            if not failures:
+                failures.append(1)
+                raise RuntimeError("not the store's own error")
+            return purge()
+
+        store.purge = failing_once  # type: ignore[method-assign]
     assert store.add(batch(random_counts((1,), 2, rng), (key(window="1m", bucket=60), int(clock.now) + 60), ttl=30))
     clock.now += 61
     for _ in range(200):
@@ -227,6 +239,8 @@ def test_the_maintenance_thread_purges_by_itself(path, opened, rng):
         threading.Event().wait(0.05)
     else:
         raise AssertionError("nothing purged")
+    if first_purge == "raises":
+        assert any("failed unexpectedly" in r.getMessage() and r.exc_info for r in caplog.records)
 
 
 def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(path, rng):

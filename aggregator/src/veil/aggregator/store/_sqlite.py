@@ -377,6 +377,10 @@ class SqliteStore(Store):
                         "SQLite maintenance failed; retried in a moment",
                         extra={"path": self._path, "error": str(error)},
                     )
+                except Exception:  # noqa: BLE001 (not the store's: logged whole, and the thread goes on)
+                    log.exception(
+                        "SQLite maintenance failed unexpectedly; retried in a moment", extra={"path": self._path}
+                    )
         finally:
             checkpointer.close()
 
